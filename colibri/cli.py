@@ -1,0 +1,54 @@
+"""The ``colibri`` command line: one sub-command per module in ``colibri.commands``.
+
+Each command module exposes ``register(subparsers)``; it adds its parser and sets
+``handler`` to a function ``(argparse.Namespace) -> int``. Handlers import heavy modules
+lazily so that ``colibri --help`` and ``colibri version`` stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from colibri import __version__
+
+#: Sub-command modules, in the order ``--help`` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "colibri.commands.version",
+    "colibri.commands.doctor",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="colibri",
+        description=(
+            "Reference implementation and conformance suite for colibri, "
+            "the GLM-5-class mixture-of-experts inference system."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"colibri {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        result: int = handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # A closed stdout (e.g. `colibri ... | head`) is not an error worth a traceback.
+        sys.stderr.close()
+        return 141
+    return result

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``colibri`` CLI; see ``colibri.cli``."""

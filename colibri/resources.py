@@ -1,0 +1,61 @@
+"""One place that knows where colibri's package data lives.
+
+Everything shipped as data (the normative ``spec/`` folder and the small committed fixture
+models) is reached through ``importlib.resources``, so an installed wheel and an editable
+checkout behave the same. Callers get real filesystem paths because the engines memory-map
+model files.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+#: The model `colibri serve`, `colibri engine` and `colibri generate` use when none is given.
+DEFAULT_MODEL_NAME = "glm5-chat-tiny"
+
+#: Environment variable that overrides the default model directory (used by doctor's tests
+#: and by anyone who wants a different default without passing --model everywhere).
+DEFAULT_MODEL_ENV = "COLIBRI_DEFAULT_MODEL"
+
+
+def _package_dir(package: str) -> Path:
+    root = resources.files(package)
+    # Both wheel installs and setuptools' editable finder expose a real directory; a zipped
+    # install would not, and the engines need files they can memory-map.
+    path = Path(str(root))
+    if not path.is_dir():
+        raise FileNotFoundError(f"package data for {package} is not a directory: {path}")
+    return path
+
+
+def spec_dir() -> Path:
+    """The normative ``spec/`` folder (protocol.json, schemas, model.md, ...)."""
+    return _package_dir("colibri.spec")
+
+
+def spec_path(*parts: str) -> Path:
+    """A file inside ``spec/``; raises FileNotFoundError naming it when absent."""
+    path = spec_dir().joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"spec file missing from the installation: {path}")
+    return path
+
+
+def fixtures_dir() -> Path:
+    """The committed fixtures folder (``fixtures/``)."""
+    return _package_dir("colibri.fixtures")
+
+
+def fixture_model_dir(name: str) -> Path:
+    """The directory of a committed fixture model, e.g. ``glm5-tiny``."""
+    return fixtures_dir() / "models" / name
+
+
+def default_model_dir() -> Path:
+    """The embedded default model, unless ``COLIBRI_DEFAULT_MODEL`` points elsewhere."""
+    override = os.environ.get(DEFAULT_MODEL_ENV)
+    if override:
+        return Path(override)
+    return fixture_model_dir(DEFAULT_MODEL_NAME)

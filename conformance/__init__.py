@@ -1,0 +1,1 @@
+"""colibri.conformance: the conformance suite for engines (stdio protocol) and servers (HTTP)."""

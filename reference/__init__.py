@@ -1,0 +1,1 @@
+"""colibri.reference: the plain-numpy engine that defines correct behaviour."""

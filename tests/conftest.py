@@ -1,0 +1,59 @@
+"""Shared pytest configuration: hypothesis profiles, marker-driven skips, snapshot flavour."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, settings
+from syrupy.assertion import SnapshotAssertion
+from syrupy.extensions.json import JSONSnapshotExtension
+
+# `dev` explores more; `ci` is bounded and derandomised so CI verdicts are reproducible.
+settings.register_profile("dev", max_examples=200, deadline=None)
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def _have_oracle() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+def _have_gpu() -> bool:
+    from colibri.doctor import cuda_device_count
+
+    return cuda_device_count()[0] > 0
+
+
+def _have_browser() -> bool:
+    return shutil.which("chromium") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    available = {
+        "oracle": _have_oracle,
+        "gpu": _have_gpu,
+        "browser": _have_browser,
+    }
+    cache: dict[str, bool] = {}
+    for item in items:
+        for marker, probe in available.items():
+            if marker in item.keywords:
+                if marker not in cache:
+                    cache[marker] = probe()
+                if not cache[marker]:
+                    item.add_marker(pytest.mark.skip(reason=f"needs {marker} (not available)"))
+
+
+@pytest.fixture
+def snapshot_json(snapshot: SnapshotAssertion) -> SnapshotAssertion:
+    """Golden outputs are stored as readable JSON files."""
+    return snapshot.use_extension(JSONSnapshotExtension)
