@@ -79,7 +79,7 @@ def web_root(configured: str | None) -> Path | None:
 
 
 class Handler(tornado.web.RequestHandler):
-    SUPPORTED_METHODS = ("GET", "POST", "OPTIONS")  # type: ignore[assignment]
+    SUPPORTED_METHODS = ("GET", "POST", "OPTIONS")
 
     def initialize(self, state: ServerState) -> None:
         self.state = state

@@ -74,12 +74,13 @@ def validate(config: ServerConfig, port: int) -> None:
 class CappedHTTPServer(tornado.httpserver.HTTPServer):
     """Closes sockets beyond the total and per-peer connection caps without a response."""
 
-    def initialize(self, *args: Any, max_connections: int = 64,  # type: ignore[override]
+    def initialize(self, *args: Any, max_connections: int = 64,
                    max_per_ip: int = 8, **kwargs: Any) -> None:
         super().initialize(*args, **kwargs)
         self.max_connections = max_connections
         self.max_per_ip = max_per_ip
         self.per_ip: Counter[str] = Counter()
+        self.peers: dict[object, str] = {}
         self.live = 0
 
     def handle_stream(self, stream: tornado.iostream.IOStream, address: Any) -> None:
@@ -90,21 +91,17 @@ class CappedHTTPServer(tornado.httpserver.HTTPServer):
             return
         self.live += 1
         self.per_ip[peer] += 1
+        before = set(self._connections)
+        super().handle_stream(stream, address)
+        for conn in set(self._connections) - before:
+            self.peers[conn] = peer
 
-        def released() -> None:
+    def on_close(self, server_conn: object) -> None:
+        peer = self.peers.pop(server_conn, None)
+        if peer is not None:
             self.live -= 1
             self.per_ip[peer] -= 1
-
-        super().handle_stream(stream, address)
-        # HTTP1ServerConnection replaced the stream's close callback; chain ours after it.
-        previous = stream._close_callback
-
-        def on_close() -> None:
-            released()
-            if previous is not None:
-                previous()
-
-        stream.set_close_callback(on_close)
+        super().on_close(server_conn)  # type: ignore[arg-type]
 
 
 def bind(host: str, port: int) -> list[socket.socket]:

@@ -77,13 +77,13 @@ class EngineSupervisor:
             engine = self.engine
             assert engine is not None and engine.exited is not None
             reason = await engine.exited
-            if self._closing:
+            if self.closing():
                 return
             self.last_exit = reason
             self.state = "restarting"
             self._ready.clear()
             print(f"[colibri] engine exited: {reason}; restarting", file=sys.stderr)
-            while not self._closing:
+            while not self.closing():
                 await asyncio.sleep(backoff)
                 try:
                     await self._spawn()
@@ -94,6 +94,9 @@ class EngineSupervisor:
                 self.restarts += 1
                 backoff = BACKOFF_START_S
                 break
+
+    def closing(self) -> bool:
+        return self._closing
 
     async def submit(self, request: SubmitRequest) -> tuple[EngineProcess, int,
                                                             asyncio.Queue[Event]]:

@@ -7,7 +7,8 @@ from a table: the last ``@@name@@`` or ``@@name:N@@`` directive in the prompt pi
 script; without one it answers ``"Hé"``, ``"llo"`` like colibri's own gateway fakes. Tokens
 are the prompt's UTF-8 bytes, so ``prompt_tokens`` is the payload length. Fault injection:
 ``die`` (exit mid-stream), ``dieearly`` (exit before ACCEPT), ``prefill:N`` (N×100 ms after
-ACCEPT), ``hold:N`` (N×10 ms per token), ``fault`` (an unknown ERROR code).
+ACCEPT), ``hold:N`` (N×10 ms per token), ``fault`` (an unknown ERROR code); ``echo`` replies
+with the rendered prompt (``<`` shown as ``\u2039`` so no marker fires).
 
 Environment: ``KV_SLOTS`` (1), ``CTX`` (4096), ``FAKE_CAPS`` (a CAPS line body, e.g.
 ``seed=1``), ``FAKE_START_DELAY_S``.
@@ -60,6 +61,7 @@ SCRIPTS: dict[str, list[str]] = {
     "die": ["partial", "more", "more"],
     "seed": [],  # filled per request
     "fault": [],
+    "echo": [],  # filled per request
 }
 
 DIRECTIVE = re.compile(r"@@([a-z_0-9]+)(?::([0-9]+))?@@")
@@ -189,6 +191,10 @@ class Engine:
             delay = int(arg or "1") * 0.01
         if name == "seed":
             script = [f"seed={ext['seed']}" if "seed" in ext else "seed=none"]
+        if name == "echo":
+            # The rendered prompt with markers defused, so tests can pin the template bytes.
+            shown = text.replace("<", "\u2039")
+            script = [shown[i:i + 24] for i in range(0, len(shown), 24)]
         if name == "fault":
             self.line(f"ERROR {rid} ENGINE_FAULT")
             return

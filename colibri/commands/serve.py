@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from colibri import resources
     from colibri.server.context import ServerConfig
+    from colibri.server.engine_client import EngineStartError
     from colibri.server.runner import (
         ConfigError,
         EngineSpec,
@@ -69,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
         serve_forever,
         validate,
     )
-    from colibri.server.supervisor import EngineStartError
 
     allowed = list(args.allowed_host) + [
         h.strip() for h in os.environ.get("COLI_ALLOWED_HOSTS", "").split(",") if h.strip()]
