@@ -259,9 +259,7 @@ class _Walker:
 
     def pattern(self, type_name: str) -> re.Pattern[str]:
         if type_name not in self._patterns:
-            self._patterns[type_name] = re.compile(
-                f"(?:{self.spec.types[type_name]['regex']})\\Z"
-            )
+            self._patterns[type_name] = re.compile(f"(?:{self.spec.types[type_name]['regex']})\\Z")
         return self._patterns[type_name]
 
     def matches(self, item: Mapping[str, Any]) -> bool:
@@ -294,8 +292,9 @@ class _Walker:
         else:
             value = token
         if isinstance(value, int):
-            low, high = item.get("min", self.spec.types[type_name].get("min")), item.get(
-                "max", self.spec.types[type_name].get("max")
+            low, high = (
+                item.get("min", self.spec.types[type_name].get("min")),
+                item.get("max", self.spec.types[type_name].get("max")),
             )
             if isinstance(low, int) and value < low:
                 raise self.fail(f"field {name}={value} is below {low}")
