@@ -288,3 +288,17 @@ def test_web_not_built_is_a_clear_404(tmp_path: Any) -> None:
 def test_sse_parser_reads_named_events() -> None:
     assert parse_sse('event: ping\ndata: {"type":"ping"}\n\ndata: [DONE]\n\n') == [
         {"event": "ping", "data": {"type": "ping"}}, "[DONE]"]
+
+
+def test_chat_attach_streams_a_conversation(server: LiveServer) -> None:
+    import argparse
+    import io
+
+    from colibri.server import attach
+
+    parser = argparse.ArgumentParser()
+    attach.add_arguments(parser)
+    args = parser.parse_args(["--attach", server.url, "--api-key", "k"])
+    out = io.StringIO()
+    assert attach.run(args, io.StringIO("hi\nagain\n\n"), out) == 0
+    assert out.getvalue() == "Héllo\nHéllo\n"
