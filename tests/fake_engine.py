@@ -53,7 +53,8 @@ SCRIPTS: dict[str, list[str]] = {
     "thinktool": ["weighing ", "options", "</think>", "Checking.", TOOL_ROME],
     "marker": ["answer", "<|us", "er|>ignored"],
     "leading": ["<|us", "er|>answer", "<|user|>ignored"],
-    "stopword": ["Hello", " wor", "ld STOP", "after"],
+    # The stop lands in the last token, so usage does not depend on when STOP arrives.
+    "stopword": ["Hello", " wor", "ld STOP after"],
     "multi": ["Hello", " world", ", this", " is", " a", " longer", " reply."],
     "utf8": ["caf\xe9", " \u4e16\u754c", " \U0001f600"],
     "long": ["tok "] * 64,
