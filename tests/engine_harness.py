@@ -148,3 +148,25 @@ def normalize(frame: Frame) -> str:
 
 def transcript(run: EngineRun) -> list[str]:
     return [normalize(f) for f in run.frames]
+
+
+def run_legacy(
+    script: bytes,
+    *,
+    model: FakeModel | None = None,
+    env: Mapping[str, str] | None = None,
+    ctx: int = 64,
+    state_dir: Path | None = None,
+) -> tuple[bytes, str]:
+    from colibri.reference.legacy_engine import LegacyEngine
+
+    model = model or FakeModel()
+    environment = {"COLI_PERSIST": "1" if state_dir else "0", **(env or {})}
+    settings = from_environment(environment, model_dir=Path("fake-model"), ctx=ctx, legacy=True)
+    log = io.StringIO()
+    runtime = EngineRuntime(
+        model, None, settings, log, state_dir=state_dir, codec=FakeCodec(model), model_tag=0x1234
+    )
+    stdout = io.BytesIO()
+    assert LegacyEngine(runtime, BytesSource(script), FrameWriter(stdout)).run() == 0
+    return stdout.getvalue(), log.getvalue()
