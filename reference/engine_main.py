@@ -166,7 +166,13 @@ def serve(
     )
     source = FdSource(stdin_fd)
     if not settings.mux:
-        return LegacyEngine(runtime, source, out).run()
+        return LegacyEngine(
+            runtime,
+            source,
+            out,
+            temperature=settings.legacy_temperature,
+            top_p=settings.legacy_top_p,
+        ).run()
     flags = SignalFlags()
 
     def on_interrupt(signum: int, frame: object) -> None:

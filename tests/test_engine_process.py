@@ -181,3 +181,21 @@ def test_sigkill_during_save_then_resume(tmp_path: Path, kill_after: str) -> Non
         return [f.line + (f.payload or b"") for f in _frames(run.stdout) if f.kind == "DATA"]
 
     assert data(resumed) == data(cold)
+
+
+def test_colibri_chat_drives_a_private_legacy_engine() -> None:
+    env = _env(COLI_PERSIST="0", NGEN="4", COLI_TEMP="0")
+    del env["SERVE_BATCH"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "colibri", "chat", "--model", str(TINY)],
+        input=b"3 14 159\n:more\n:reset\n3 14 159\n:quit\n",
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    answers = proc.stdout.decode().splitlines()
+    assert len(answers) == 3
+    assert answers[0] == answers[2]  # greedy, and :reset really started over
+    assert all(len(a.split()) == 4 for a in answers)
+    assert "[conversation cleared]" in proc.stderr.decode()
