@@ -96,6 +96,8 @@ class MuxEngine:
         self.steps_since_repin = 0
         self.drafted = 0
         self.accepted = 0
+        #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
+        self.step_log: list[tuple[int, float]] = []
 
     # --- handshake -------------------------------------------------------------------
 
@@ -364,7 +366,9 @@ class MuxEngine:
         tokens = [r.pending for _, r in ready]
         started = time.perf_counter()
         logits = self.rt.model.decode_batch(states, [t for t in tokens if t is not None])
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        elapsed = time.perf_counter() - started
+        elapsed_ms = elapsed * 1000.0
+        self.step_log.append((len(ready), elapsed))
         self.steps += 1
         self.rows += len(ready)
         for row_index, (slot_index, request) in enumerate(ready):
@@ -400,7 +404,9 @@ class MuxEngine:
         draft = greedy(drafter.mtp_draft(slot.state, pending))
         started = time.perf_counter()
         rows = self.rt.model.prefill(slot.state, [pending, draft])
-        request.forward_ms.append((time.perf_counter() - started) * 1000.0)
+        elapsed = time.perf_counter() - started
+        request.forward_ms.append(elapsed * 1000.0)
+        self.step_log.append((2, elapsed))
         request.forwards += 1
         slot.history.extend([pending, draft])
         request.pending = None
