@@ -19,6 +19,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.version",
     "colibri.commands.doctor",
     "colibri.commands.serve",
+    "colibri.commands.engine",
+    "colibri.commands.chat",
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,22 +91,36 @@ def run_engine(
     ctx: int = 64,
     env: Mapping[str, str] | None = None,
     state_dir: Path | None = None,
+    model_dir: Path | None = None,
+    configure: Callable[[EngineRuntime], None] | None = None,
 ) -> EngineRun:
-    model = model or FakeModel()
+    """Run on the fake model, or with `model_dir` on a real model (the reference engine)."""
     environment = {"COLI_PERSIST": "1" if state_dir else "0", **(env or {})}
-    settings = from_environment(
-        environment, model_dir=Path("fake-model"), kv_slots=kv_slots, ctx=ctx
-    )
+    if state_dir is not None:
+        environment["COLI_STATE_DIR"] = str(state_dir)
     log = io.StringIO()
-    runtime = EngineRuntime(
-        model,
-        tokenizer,
-        settings,
-        log,
-        state_dir=state_dir,
-        codec=FakeCodec(model),
-        model_tag=0x1234,
-    )
+    runtime: EngineRuntime
+    if model_dir is not None:
+        from colibri.reference.engine_main import build_runtime
+
+        settings = from_environment(environment, model_dir=model_dir, kv_slots=kv_slots, ctx=ctx)
+        runtime = build_runtime(settings, environment, log)
+    else:
+        model = model or FakeModel()
+        settings = from_environment(
+            environment, model_dir=Path("fake-model"), kv_slots=kv_slots, ctx=ctx
+        )
+        runtime = EngineRuntime(
+            model,
+            tokenizer,
+            settings,
+            log,
+            state_dir=state_dir,
+            codec=FakeCodec(model),
+            model_tag=0x1234,
+        )
+    if configure is not None:
+        configure(runtime)
     stdout = io.BytesIO()
     source = BytesSource(script) if isinstance(script, bytes) else WavesSource(script)
     engine = MuxEngine(runtime, source, FrameWriter(stdout))
@@ -148,3 +162,25 @@ def normalize(frame: Frame) -> str:
 
 def transcript(run: EngineRun) -> list[str]:
     return [normalize(f) for f in run.frames]
+
+
+def run_legacy(
+    script: bytes,
+    *,
+    model: FakeModel | None = None,
+    env: Mapping[str, str] | None = None,
+    ctx: int = 64,
+    state_dir: Path | None = None,
+) -> tuple[bytes, str]:
+    from colibri.reference.legacy_engine import LegacyEngine
+
+    model = model or FakeModel()
+    environment = {"COLI_PERSIST": "1" if state_dir else "0", **(env or {})}
+    settings = from_environment(environment, model_dir=Path("fake-model"), ctx=ctx, legacy=True)
+    log = io.StringIO()
+    runtime = EngineRuntime(
+        model, None, settings, log, state_dir=state_dir, codec=FakeCodec(model), model_tag=0x1234
+    )
+    stdout = io.BytesIO()
+    assert LegacyEngine(runtime, BytesSource(script), FrameWriter(stdout)).run() == 0
+    return stdout.getvalue(), log.getvalue()
