@@ -1,1 +1,5 @@
 """colibri.reference: the plain-numpy engine that defines correct behaviour."""
+
+from colibri.reference.tokenizer import Tokenizer
+
+__all__ = ["Tokenizer"]
