@@ -17,8 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from colibri.reference import Tokenizer
-from colibri.reference.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE
-from colibri.reference.pretokenize import UnsupportedTokenizerError
+from colibri.reference.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE, bytes_to_chars
+from colibri.reference.pretokenize import (
+    UnsupportedTokenizerError,
+    pin_unicode_classes,
+    pre_tokenize,
+)
 from colibri.reference.tokenizer import TokenizerFileError
 from colibri.resources import fixtures_dir
 
@@ -224,3 +228,37 @@ def test_long_whitespace_run_is_fast_enough_to_finish() -> None:
     tok = Tokenizer.from_file(FIXTURE)
     text = " " * 20_000 + "x"
     assert tok.decode(tok.encode(text)) == text
+
+
+@given(text=st.text(st.characters(codec="utf-8"), max_size=30)
+       | st.lists(st.sampled_from(FRAGMENTS + ("'S", "'ſ", "'ﬅ", "'Ve", "x'D")), max_size=8)
+       .map("".join))
+def test_pre_tokenization_equals_hf(
+    glm5: tuple[Tokenizer, object], other: tuple[Tokenizer, object], text: str
+) -> None:
+    """Pieces, not just ids: a vocabulary this small could hide a wrong split."""
+    for ours, hf in (glm5, other):
+        pieces = [bytes_to_chars(p.encode("utf-8")) for p in pre_tokenize(text, ours._splitters)]
+        expected = [p for p, _ in hf.pre_tokenizer.pre_tokenize_str(text)]  # type: ignore[attr-defined]
+        assert pieces == expected
+
+
+@pytest.mark.parametrize("text", [":\U0003d000", "a\u0558b", "x\U00011de0y", "\u1c89'S"])
+def test_letters_newer_than_hfs_unicode_split_like_hf(
+    glm5: tuple[Tokenizer, object], other: tuple[Tokenizer, object], text: str
+) -> None:
+    """Code points the regex module calls letters/digits but HF's Oniguruma does not yet."""
+    for ours, hf in (glm5, other):
+        assert ours.encode(text) == _hf_ids(hf, text)
+        pieces = [bytes_to_chars(p.encode("utf-8")) for p in pre_tokenize(text, ours._splitters)]
+        expected = [p for p, _ in hf.pre_tokenizer.pre_tokenize_str(text)]  # type: ignore[attr-defined]
+        assert pieces == expected
+
+
+def test_pinning_rewrites_only_real_class_escapes() -> None:
+    pinned = pin_unicode_classes(r"[^\r\n\p{L}\p{N}]?\p{L}+|\\p{L}|[]\p{N}]")
+    assert r"\p{" not in pinned.replace(r"\\p{L}", "")
+    assert r"|\\p{L}|" in pinned  # an escaped backslash followed by "p{L}" is literal text
+    assert pinned.startswith(r"[^\r\n\U00000041-\U0000005A")
+    assert "]?[\\U00000041-" in pinned  # outside a class the ranges get their own brackets
+    assert pinned.endswith("]") and "[]\\U00000030-" in pinned
