@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-
 from colibri.reference.rng import Rng
 
 FloatRow = npt.NDArray[np.float32]

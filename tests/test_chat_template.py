@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 import pytest
-
 from colibri.reference import Tokenizer
+
 from colibri.resources import fixtures_dir
 
 jinja2_sandbox = pytest.importorskip("jinja2.sandbox")

@@ -7,10 +7,6 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
-
 from colibri.reference.rng import GOLDEN, Rng, seed_state
 from colibri.reference.sampling import (
     NO_PREDICTOR_TAIL,
@@ -23,6 +19,10 @@ from colibri.reference.sampling import (
     sorted_by_logprob,
     top_k_table,
 )
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
 from colibri.resources import spec_path
 
 rows = hnp.arrays(

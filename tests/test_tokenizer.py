@@ -13,9 +13,6 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from colibri.reference import Tokenizer
 from colibri.reference.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE, bytes_to_chars
 from colibri.reference.pretokenize import (
@@ -24,6 +21,9 @@ from colibri.reference.pretokenize import (
     pre_tokenize,
 )
 from colibri.reference.tokenizer import TokenizerFileError
+from hypothesis import given
+from hypothesis import strategies as st
+
 from colibri.resources import fixtures_dir
 
 tokenizers = pytest.importorskip("tokenizers")
