@@ -279,7 +279,7 @@ def servers(request: pytest.FixtureRequest,
     # A real engine decodes with numpy: a small server ceiling keeps the battery fast.
     ceiling = 256 if request.param == "fake" else 12
     base = ServerConfig(model_id=M, kv_slots=2, max_tokens=ceiling, web_dist=str(dist))
-    env = {"CTX": "2048"}
+    env = {"CTX": "2048", "COLI_PERSIST": "0"}  # no KV or usage files outside the test
     try:
         open_server = launch(base, argv, env)
     except EngineStartError:

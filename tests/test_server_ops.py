@@ -302,3 +302,17 @@ def test_chat_attach_streams_a_conversation(server: LiveServer) -> None:
     out = io.StringIO()
     assert attach.run(args, io.StringIO("hi\nagain\n\n"), out) == 0
     assert out.getvalue() == "Héllo\nHéllo\n"
+
+
+def test_bench_section_reports_both_sides() -> None:
+    import os
+    import sys
+
+    from colibri.server.bench import measure
+    from server_harness import FAKE_ENGINE
+
+    report = measure([sys.executable, FAKE_ENGINE], dict(os.environ), tokens=8, rounds=1,
+                     warmup=0)
+    assert report["engine_alone"]["completion_tokens"] == 2
+    assert report["through_server"]["completion_tokens"] == 2
+    assert set(report) >= {"ratio_decode", "ratio_end_to_end", "meets_target"}
