@@ -65,6 +65,7 @@ SCRIPTS: dict[str, list[str]] = {
     "fault": [],
     "echo": [],  # filled per request
     "header": [],  # filled per request
+    "noise": ["Hé", "llo"],
 }
 
 DIRECTIVE = re.compile(r"@@([a-z_0-9]+)(?::([0-9]+))?@@")
@@ -201,6 +202,14 @@ class Engine:
         if name == "header":
             # The SUBMIT header as received (without the id, which depends on test order).
             script = [" ".join(fields[2:])]
+        if name == "noise":
+            # Unknown kinds and advisory telemetry in the middle of a turn.
+            self.line("FUTURE_KIND 1 2 3")
+            self.line(f"TOPK {rid} 5 -0.1 41 -0.2 42 -0.3 43 -0.4 44 -0.5 45")
+            self.line(f"PERF {rid} 0.1 0.0 0.0 0.0 0.0 0.0 0.0")
+            self.line("REPIN 1 2 0 0")
+            self.line("ENTROPY 1.5 2.5")
+            self.line("GPUS 1 1.500 24.000 7")
         if name == "fault":
             self.line(f"ERROR {rid} ENGINE_FAULT")
             return

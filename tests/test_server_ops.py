@@ -118,7 +118,7 @@ def test_loopback_load_exact_rejections_and_counters() -> None:
                                                            "content": content}]})["status"])
 
         pool = concurrent.futures.ThreadPoolExecutor(12)
-        holder = pool.submit(post, "@@hold:30@@")
+        holder = pool.submit(post, "@@hold:15@@")
         wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
         fillers = []
         for n in range(2):
@@ -146,7 +146,7 @@ def test_queue_full_response_shape() -> None:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             holder = pool.submit(exchange, live.url, "POST", "/v1/chat/completions",
                                  {"model": M, "messages": [{"role": "user",
-                                                            "content": "@@hold:20@@"}]})
+                                                            "content": "@@hold:10@@"}]})
             wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
             refused = exchange(live.url, "POST", "/v1/messages", {
                 "model": M, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]})
@@ -316,3 +316,60 @@ def test_bench_section_reports_both_sides() -> None:
     assert report["engine_alone"]["completion_tokens"] == 2
     assert report["through_server"]["completion_tokens"] == 2
     assert set(report) >= {"ratio_decode", "ratio_end_to_end", "meets_target"}
+
+
+def test_unknown_lines_ignored_and_turn_telemetry_kept(server: LiveServer) -> None:
+    reply = exchange(server.url, "POST", "/v1/chat/completions", {
+        "model": M, "messages": [{"role": "user", "content": "@@noise@@"}]},
+        headers={"x-api-key": "k"})["body"]
+    assert reply["choices"][0]["message"]["content"] == "Héllo"
+    stats = reply["colibri"]
+    assert stats["repin"] == [{"layer": 1, "expert": 2, "old_tier": 0, "gpu": 0}]
+    assert stats["entropy"] == [1.5, 2.5]
+    assert stats["gpus"] == [{"used_gb": 1.5, "total_gb": 24.0, "experts": 7}]
+    assert stats["perf"]["forwards"] == 3 and stats["stats"]["completion_tokens"] == 2
+
+
+def test_queue_timeout_cancel_while_queued_and_shutdown() -> None:
+    live = launch(ServerConfig(model_id=M, kv_slots=1, max_queue=4, queue_timeout=0.3,
+                               max_tokens=64))
+    stopped = False
+    try:
+        def post(content: str) -> dict[str, Any]:
+            return exchange(live.url, "POST", "/v1/chat/completions", {
+                "model": M, "messages": [{"role": "user", "content": content}]})
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            holder = pool.submit(post, "@@hold:15@@")
+            wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
+            late = post("x")
+            assert late["status"] == 429 and late["headers"]["retry-after"] == "1"
+            assert late["body"]["error"]["code"] == "queue_timeout"
+            # A queued client that hangs up is cancelled without being admitted.
+            body = json.dumps({"model": M, "messages": [{"role": "user", "content": "y"}]})
+            sock = socket.create_connection(("127.0.0.1", live.server.port))
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                         + body.encode())
+            wait_for(lambda: health(live)["scheduler"]["queued"] == 1, "queued")
+            sock.close()
+            wait_for(lambda: health(live)["scheduler"]["cancelled"] == 1, "queued cancel")
+            snap = health(live)["scheduler"]
+            assert snap["timed_out"] == 1 and snap["admitted"] == 1 and snap["queued"] == 0
+            assert holder.result(30)["status"] == 200
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            holder = pool.submit(post, "@@hold:15@@")
+            wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
+            live.state.scheduler.queue_timeout = 60.0
+            waiter = pool.submit(post, "z")
+            wait_for(lambda: health(live)["scheduler"]["queued"] == 1, "waiter queued")
+            live.state.scheduler.close()
+            closed = waiter.result(30)
+            assert closed["status"] == 503
+            assert closed["body"]["error"]["code"] == "scheduler_closed"
+            holder.result(30)
+            live.stop()
+            stopped = True
+    finally:
+        if not stopped:
+            live.stop()
