@@ -169,3 +169,48 @@ class Checkpoint:
         if info.dtype == "F32" and raw.flags.aligned:
             return raw
         return raw.astype(np.float32)
+
+
+def dtype_name(dtype: np.dtype[np.generic]) -> str:
+    for name, candidate in DTYPES.items():
+        if candidate == dtype:
+            return name
+    raise ValueError(f"no safetensors dtype for numpy dtype {dtype}")
+
+
+def write_safetensors(
+    path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+) -> None:
+    """Write tensors as a safetensors file.
+
+    The data has no holes (the format forbids them); tensors go widest dtype first, then by
+    name, so every tensor starts at a multiple of its element size (what safetensors does).
+    """
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    blobs: list[bytes] = []
+    for name in sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n)):
+        array = np.ascontiguousarray(tensors[name])
+        data = array.tobytes()
+        header[name] = {
+            "dtype": dtype_name(array.dtype),
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * ((-len(encoded)) % 8)
+    with path.open("wb") as fh:
+        fh.write(len(encoded).to_bytes(8, "little"))
+        fh.write(encoded)
+        for blob in blobs:
+            fh.write(blob)
+
+
+def read_all(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of one file, copied into memory in its stored dtype (for tools and tests)."""
+    f = SafetensorsFile(path)
+    return {name: np.array(f.raw(info)) for name, info in f.tensors.items()}
