@@ -27,6 +27,7 @@ class BenchOptions:
     model: Path | None = None
     cache_dir: Path = Path.home() / ".cache" / "colibri" / "bench"
     tokens: int = 16
+    warmup: int = 4
     batch: int = 4
     peers: bool = True  # also run peer engines (e.g. HF transformers) where installed
     extra: dict[str, Any] = field(default_factory=dict)

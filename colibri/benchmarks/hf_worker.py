@@ -23,7 +23,7 @@ def rss_bytes() -> int:
     return 0
 
 
-def run(model_dir: Path, tokens: int, prompt: list[int]) -> dict[str, Any]:
+def run(model_dir: Path, tokens: int, prompt: list[int], warmup: int) -> dict[str, Any]:
     rss_before = rss_bytes()
     t0 = time.perf_counter()
     import torch  # type: ignore[import-not-found]
@@ -41,7 +41,7 @@ def run(model_dir: Path, tokens: int, prompt: list[int]) -> dict[str, Any]:
         out = model(input_ids=torch.tensor([prompt]), use_cache=True)
         cache = out.cache
         logits = out.logits[0, -1]
-        for _ in range(tokens):
+        for _ in range(warmup + tokens):
             token = int(torch.argmax(logits))
             ids.append(token)
             t = time.perf_counter()
@@ -49,6 +49,7 @@ def run(model_dir: Path, tokens: int, prompt: list[int]) -> dict[str, Any]:
             times.append(time.perf_counter() - t)
             cache = out.cache
             logits = out.logits[0, -1]
+    times = times[warmup:]
     return {
         "load_s": load_s,
         "rss_before_load_bytes": rss_before,
@@ -65,8 +66,10 @@ def main() -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--prompt", required=True)
+    parser.add_argument("--warmup", type=int, default=4)
     args = parser.parse_args()
-    print(json.dumps(run(args.model, args.tokens, [int(t) for t in args.prompt.split()])))
+    prompt = [int(t) for t in args.prompt.split()]
+    print(json.dumps(run(args.model, args.tokens, prompt, args.warmup)))
     return 0
 
 

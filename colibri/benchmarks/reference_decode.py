@@ -6,7 +6,9 @@ other's numbers) on the same checkpoint and prompt:
 
 * load time, and the process RSS right after opening the model vs the checkpoint size (the
   reference memory-maps weights, so little should be resident);
-* greedy decode: tokens/s over ``tokens`` steps after a 12-token prefill, and achieved GB/s =
+* greedy decode: tokens/s over ``tokens`` steps after a 12-token prefill and ``warmup``
+  untimed steps (the first steps fault in experts never used before; their times are listed
+  apart), and achieved GB/s =
   bytes of weights a step touches (every non-expert matrix, one embedding row, and each routed
   expert chosen in that step, counted once) / seconds per step;
 * for the reference also ``decode_batch`` with ``batch`` sequences (aggregate tokens/s, GB/s
@@ -81,7 +83,7 @@ def touched_bytes(model_dir: Path, steps: list[list[tuple[int, tuple[int, ...]]]
 # workers (run in a fresh interpreter)
 
 
-def _reference_worker(model_dir: Path, tokens: int, batch: int) -> dict[str, Any]:
+def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> dict[str, Any]:
     import numpy as np
 
     rss_before = rss_bytes()
@@ -98,7 +100,7 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int) -> dict[str, Any
     ids: list[int] = []
     steps: list[list[tuple[int, tuple[int, ...]]]] = []
     times: list[float] = []
-    for _ in range(tokens):
+    for _ in range(warmup + tokens):
         token = int(np.argmax(logits))
         ids.append(token)
         routes.clear()
@@ -106,6 +108,9 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int) -> dict[str, Any
         logits = model.decode(state, token)
         times.append(time.perf_counter() - t)
         steps.append(list(routes))
+    # The first steps page in experts never used before; report them apart from steady state.
+    warm_times, times = times[:warmup], times[warmup:]
+    steps = steps[warmup:]
     # Batched decode: `batch` sequences that share the prompt but diverge by their first token.
     states = []
     batch_tokens = []
@@ -122,12 +127,14 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int) -> dict[str, Any
         batch_times.append(time.perf_counter() - t)
         batch_steps.append(list(routes))
         batch_tokens = [int(i) for i in np.argmax(out, axis=-1)]
+    alone_ms = [1000 * t for t in warm_times]
     return {
         "load_s": load_s,
         "rss_before_load_bytes": rss_before,
         "rss_after_load_bytes": rss_after,
         "ids": ids,
         "step_s": times,
+        "warmup_step_ms": alone_ms,
         "routes": [[[layer, list(e)] for layer, e in s] for s in steps],
         "batch_step_s": batch_times,
         "batch_routes": [[[layer, list(e)] for layer, e in s] for s in batch_steps],
@@ -186,7 +193,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
                               "prompt_tokens": len(PROMPT)}
     ref = _spawn([sys.executable, "-m", "colibri.benchmarks.reference_decode",
                   "--model", str(model_dir), "--tokens", str(options.tokens),
-                  "--batch", str(options.batch)], "reference")
+                  "--batch", str(options.batch), "--warmup", str(options.warmup)], "reference")
     if "error" in ref:
         result["reference"] = ref
         return result
@@ -203,6 +210,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         "rss_growth_at_load_bytes": loaded,
         "rss_after_load_vs_checkpoint": ref["rss_after_load_bytes"] / size,
         "decode": _decode_summary(ref["step_s"], touched, 1),
+        "warmup_steps_ms": ref["warmup_step_ms"],
         "decode_batch": {"batch": options.batch,
                          **_decode_summary(ref["batch_step_s"], batch_touched, options.batch)},
         "greedy_ids": ref["ids"],
@@ -212,6 +220,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     if options.peers and _torch_available(python):
         hf = _spawn([python, str(Path(__file__).with_name("hf_worker.py")), "--model",
                      str(model_dir), "--tokens", str(options.tokens),
+                     "--warmup", str(options.warmup),
                      "--prompt", " ".join(map(str, PROMPT))], "hf")
         if "error" in hf:
             result["hf_transformers_eager"] = hf
@@ -249,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=4)
     args = parser.parse_args(argv)
-    print(json.dumps(_reference_worker(args.model, args.tokens, args.batch)))
+    print(json.dumps(_reference_worker(args.model, args.tokens, args.batch, args.warmup)))
     return 0
 
 

@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="where generated benchmark models are kept")
     parser.add_argument("--tokens", type=int, default=16, help="decode steps to time (16)")
     parser.add_argument("--batch", type=int, default=4, help="sequences in a batched step (4)")
+    parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps first (4)")
     parser.add_argument("--no-peers", action="store_true",
                         help="skip peer engines such as HF transformers")
     parser.add_argument("--peer-python", default=None,
@@ -49,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{section.name:24} engines: {', '.join(section.engines):20} "
                   f"{section.description}")
         return 0
-    if args.tokens < 1 or args.batch < 1:
-        print("error: --tokens and --batch must be >= 1", file=sys.stderr)
+    if args.tokens < 1 or args.batch < 1 or args.warmup < 0:
+        print("error: --tokens and --batch must be >= 1, --warmup >= 0", file=sys.stderr)
         return 2
     try:
         sections = select(args.section, args.engine)
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     options = BenchOptions(model=args.model, cache_dir=args.cache_dir, tokens=args.tokens,
-                           batch=args.batch, peers=not args.no_peers,
+                           warmup=args.warmup, batch=args.batch, peers=not args.no_peers,
                            extra={"peer_python": args.peer_python} if args.peer_python else {})
     report: dict[str, Any] = {
         "colibri_version": __version__,
