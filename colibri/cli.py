@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.doctor",
     "colibri.commands.generate",
     "colibri.commands.bench",
+    "colibri.commands.engine",
+    "colibri.commands.chat",
 )
 
 
