@@ -208,4 +208,9 @@ def load_model(model_dir: str | Path, expert_store: ExpertStore | None = None) -
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
+    if expert_store is None:
+        # A colibri container (quantized experts, U8 + .qs) gets the dequantizing store.
+        from colibri.reference.quant.loading import quantized_expert_store
+
+        expert_store = quantized_expert_store(path, config)
     return Model(config, Checkpoint(path), expert_store)

@@ -202,15 +202,15 @@ def test_expert_store_is_a_byte_bounded_lru(tmp_path: Path) -> None:
     container = expert_container(tmp_path, "int4-grouped")
     one = 3 * INTER * HIDDEN * 4
     store = QuantizedExpertStore(container, HIDDEN, INTER, budget_bytes=2 * one)
-    first = store.get(3, 0)
-    assert store.get(3, 0) is first and store.stats.hits == 1
-    store.get(3, 1)
-    store.get(3, 0)  # 0 becomes most recent
-    store.get(3, 2)  # evicts 1
+    first = store.expert(3, 0)
+    assert store.expert(3, 0) is first and store.stats.hits == 1
+    store.expert(3, 1)
+    store.expert(3, 0)  # 0 becomes most recent
+    store.expert(3, 2)  # evicts 1
     assert store.stats.evictions == 1 and store.resident_bytes == 2 * one
-    assert store.get(3, 0) is first
+    assert store.expert(3, 0) is first
     misses = store.stats.misses
-    store.get(3, 1)
+    store.expert(3, 1)
     assert store.stats.misses == misses + 1
     np.testing.assert_array_equal(
         first.down, container.weight(expert_name(3, 0, "down_proj"), (HIDDEN, INTER))
@@ -220,7 +220,7 @@ def test_expert_store_is_a_byte_bounded_lru(tmp_path: Path) -> None:
 
 def test_expert_larger_than_budget_is_served_uncached(tmp_path: Path) -> None:
     store = QuantizedExpertStore(expert_container(tmp_path, "int8-row", 1), HIDDEN, INTER, 1000)
-    assert store.get(3, 0).gate.shape == (INTER, HIDDEN)
+    assert store.expert(3, 0).gate.shape == (INTER, HIDDEN)
     assert len(store) == 0 and store.resident_bytes == 0
 
 
@@ -232,4 +232,4 @@ def test_e8_must_cover_all_three_projections(tmp_path: Path) -> None:
     tensors.update(quantized(expert_name(3, 0, "down_proj"), e8, weights((HIDDEN, INTER))))
     store = QuantizedExpertStore(write(tmp_path, tensors), HIDDEN, INTER)
     with pytest.raises(QuantFormatError, match="all three projections"):
-        store.get(3, 0)
+        store.expert(3, 0)

@@ -272,7 +272,7 @@ def convert(
             report.quantized += 1
             if _stamp_needed(name, shape, fmt, out):
                 stamps[name] = FORMAT_NAMES[fmt]
-        label = FORMAT_NAMES[fmt] + (f"/g{gs}" if gs else "")
+        label = "kept" if fmt == Fmt.F32 else FORMAT_NAMES[fmt] + (f"/g{gs}" if gs else "")
         report.formats[label] = report.formats.get(label, 0) + 1
         out_bytes = sum(a.nbytes for a in out.values())
         if shard and size + out_bytes > shard_bytes:
@@ -292,12 +292,9 @@ def convert(
 
 
 def _kept(source: _Source, name: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
-    """A tensor left unquantized: floats (fp8 included) become F32, anything else is copied."""
+    """A tensor left unquantized, in its stored dtype (HF FP8 weights become F32)."""
     if source.fp8_parts(name) is not None:
         return source.float32(name, shape)
-    entry = source.files.entry(name)
-    if entry.dtype in ("F32", "F16", "BF16"):
-        return source.files.float32(name)
     return np.array(source.files.array(name))
 
 

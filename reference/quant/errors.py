@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from colibri.reference.errors import CheckpointError
 
-class QuantFormatError(ValueError):
+
+class QuantFormatError(CheckpointError):
     """A tensor's bytes break a rule of its quantized format.
 
     The message always names the tensor and the rule, because a container is untrusted input

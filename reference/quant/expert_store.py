@@ -9,34 +9,20 @@ not single matrices.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
+from colibri.reference.experts import ExpertWeights
 from colibri.reference.quant.container import QuantContainer, TensorFormat
 from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import Fmt
 
-F32 = npt.NDArray[np.float32]
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 DEFAULT_BUDGET_BYTES = 256 << 20
 
 
 def expert_name(layer: int, expert: int, projection: str) -> str:
     return f"model.layers.{layer}.mlp.experts.{expert}.{projection}.weight"
-
-
-@dataclass(frozen=True)
-class ExpertWeights:
-    """One routed expert in HF layout: gate/up ``[M, D]``, down ``[D, M]``."""
-
-    gate: F32
-    up: F32
-    down: F32
-
-    @property
-    def nbytes(self) -> int:
-        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
 
 
 @dataclass
@@ -47,7 +33,11 @@ class StoreStats:
 
 
 class QuantizedExpertStore:
-    """``get(layer, expert) -> ExpertWeights``, decoding lazily, bounded by bytes."""
+    """The reference engine's ``ExpertStore`` over a container: decodes lazily, bounded by bytes.
+
+    ``expert(layer, e)`` returns the float32 ``ExpertWeights`` (HF layout: gate/up ``[M, D]``,
+    down ``[D, M]``), whatever format each projection is stored in.
+    """
 
     def __init__(
         self,
@@ -99,7 +89,16 @@ class QuantizedExpertStore:
     def bytes_on_disk(self, layer: int, expert: int) -> int:
         return sum(f.nbytes for f in self.formats(layer, expert).values())
 
-    def get(self, layer: int, expert: int) -> ExpertWeights:
+    def check_present(self, layers: Iterable[int], n_experts: int) -> None:
+        """Resolve every expert's format up front, so a bad container is refused at load."""
+        for layer in layers:
+            for e in range(n_experts):
+                self.formats(layer, e)
+
+    def is_resident(self, layer: int, expert: int) -> bool:
+        return (layer, expert) in self._cache
+
+    def expert(self, layer: int, expert: int) -> ExpertWeights:
         key = (layer, expert)
         cached = self._cache.get(key)
         if cached is not None:

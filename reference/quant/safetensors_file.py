@@ -19,6 +19,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
+from colibri.reference.errors import CheckpointError
 
 #: safetensors dtype string -> numpy dtype.
 DTYPES: dict[str, np.dtype[Any]] = {
@@ -39,7 +40,7 @@ MAX_HEADER_BYTES = 256 << 20
 FMT_STAMP_KEY = "colibri.fmt"
 
 
-class ContainerError(ValueError):
+class ContainerError(CheckpointError):
     """A safetensors file or directory that cannot be read as a container."""
 
 
