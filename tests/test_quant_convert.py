@@ -181,6 +181,7 @@ def test_e8_dense_width_must_be_a_multiple_of_256(
     assert rc == 1
     err = capsys.readouterr().err
     assert "o_proj" in err and "multiple of 256" in err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
 def test_progress_bar_reaches_the_total(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from colibri.reference.quant.codec import quantize
 from colibri.reference.quant.errors import QuantFormatError
-from colibri.reference.quant.formats import FORMAT_NAMES, Fmt
+from colibri.reference.quant.formats import E8_BLOCK, FORMAT_NAMES, Fmt
 from colibri.reference.quant.fp8 import dequantize_fp8
 from colibri.reference.quant.progress import ProgressBar
 from colibri.reference.quant.resolve import resolve_format
@@ -116,6 +116,11 @@ class _Source:
         """``(logical name, shape, source bytes)`` in sorted order, fused experts split."""
         out: list[tuple[str, tuple[int, ...], int]] = []
         for name, entry in self.files.tensors.items():
+            if name.endswith(".qs"):
+                raise ConvertError(
+                    f"{self.files.directory}: {name} is a colibri scale sidecar; the input is "
+                    "already a colibri container, convert from the HF checkpoint instead"
+                )
             if name.endswith(SCALE_INV_SUFFIX):
                 if name[: -len(SCALE_INV_SUFFIX)] not in self.files:
                     raise ConvertError(f"{name}: scale without its weight")
@@ -248,26 +253,20 @@ def convert(
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise ConvertError(f"{dst}: output exists and is not empty; refusing to overwrite it")
     source = _Source(src_dir)
-    plan = list(source.names())
+    plan = [(name, shape, nbytes, *_target(name, shape, experts, dense))
+            for name, shape, nbytes in source.names()]
+    _preflight(plan)
     report = ConvertReport()
-    bar = ProgressBar("convert", len(plan), sum(n for _, _, n in plan), progress)
+    bar = ProgressBar("convert", len(plan), sum(p[2] for p in plan), progress)
     dst.mkdir(parents=True, exist_ok=True)
     shard: dict[str, npt.NDArray[Any]] = {}
     shards: list[dict[str, npt.NDArray[Any]]] = []
     stamps: dict[str, str] = {}
     size = 0
-    for name, shape, nbytes in plan:
-        if is_routed_expert(name):
-            fmt, gs = SCHEMES[experts]
-        elif is_dense_linear(name, shape):
-            fmt, gs = SCHEMES[dense]
-        else:
-            fmt, gs = Fmt.F32, 0
+    for name, shape, nbytes, fmt, gs in plan:
         if fmt == Fmt.F32:
             out = {name: _kept(source, name, shape)}
         else:
-            if len(shape) != 2:
-                raise ConvertError(f"{name}: only 2-D weights are quantized, shape {list(shape)}")
             out = _encode(source, name, shape, fmt, gs)
             report.quantized += 1
             if _stamp_needed(name, shape, fmt, out):
@@ -289,6 +288,28 @@ def convert(
     _copy_json(src_dir, dst)
     report.stamped = sorted(stamps)
     return report
+
+
+def _target(name: str, shape: tuple[int, ...], experts: str, dense: str) -> tuple[Fmt, int]:
+    if is_routed_expert(name):
+        return SCHEMES[experts]
+    if is_dense_linear(name, shape):
+        return SCHEMES[dense]
+    return Fmt.F32, 0
+
+
+def _preflight(plan: list[tuple[str, tuple[int, ...], int, Fmt, int]]) -> None:
+    """Refuse before writing anything when a tensor cannot take its target format."""
+    for name, shape, _, fmt, _ in plan:
+        if fmt == Fmt.F32:
+            continue
+        if len(shape) != 2:
+            raise ConvertError(f"{name}: only 2-D weights are quantized, shape {list(shape)}")
+        if fmt == Fmt.E8_IQ3 and shape[1] % E8_BLOCK != 0:
+            raise QuantFormatError(
+                name,
+                f"e8-iq3-lattice needs a width that is a multiple of {E8_BLOCK}, got {shape[1]}",
+            )
 
 
 def _kept(source: _Source, name: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
