@@ -79,3 +79,15 @@ def test_rotation_preserves_norms(width: int, seed: int) -> None:
 def test_one_dimensional_input_rotates_like_a_row() -> None:
     x = np.arange(256, dtype=np.float32)
     np.testing.assert_array_equal(rotate_activations(x), rotate_activations(x[None])[0])
+
+
+def test_e8_stored_weights_with_rotated_activations_give_the_plain_product() -> None:
+    from colibri.reference.quant import dequantize, dequantize_stored, quantize
+
+    rng = np.random.default_rng(7)
+    w = rng.normal(0, 0.05, (8, 512)).astype(np.float32)
+    x = rng.normal(0, 1.0, (2, 512)).astype(np.float32)
+    payload, tag = quantize(6, w)
+    colibri_path = dequantize_stored(6, payload, tag, w.shape) @ rotate_activations(x).T
+    reference_path = dequantize(6, payload, tag, w.shape) @ x.T
+    np.testing.assert_allclose(colibri_path, reference_path, rtol=0, atol=2e-5)

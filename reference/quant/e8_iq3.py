@@ -28,6 +28,7 @@ from colibri.reference.quant.int_row import U8
 
 GROUPS_PER_BLOCK = E8_BLOCK // 4
 SUB_BLOCKS = E8_BLOCK // E8_SUB_BLOCK
+SMALLEST_NORMAL_HALF = 2.0**-14
 #: Super-blocks encoded per vectorised batch; bounds the [batch, 8, 8, 256] score array.
 _ENCODE_BATCH = 512
 
@@ -103,8 +104,11 @@ def _super_scale(magnitude: F32) -> tuple[npt.NDArray[np.uint16], F32]:
     """``d = sqrt(mean(w^2)) / 20 + 1e-12`` per block, stored fp16 and read back exactly."""
     mean_sq = np.sum(magnitude.astype(np.float64) ** 2, axis=1) / E8_BLOCK
     d = np.sqrt(mean_sq.astype(np.float32)) / np.float32(20.0) + np.float32(1e-12)
+    # colibri's engine misreads subnormal halves (as 2^-14 (1 + m/1024)), so a block whose d
+    # would be subnormal gets the smallest normal half instead: then every reader decodes the
+    # value the search below assumed.
+    d = np.maximum(d, np.float32(SMALLEST_NORMAL_HALF))
     half = d.astype(np.float16)
-    # The encoder's search sees the exact fp16 value (subnormals included).
     return half.view(np.uint16), half.astype(np.float32)
 
 
