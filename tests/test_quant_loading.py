@@ -88,3 +88,15 @@ def test_cache_budget_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, "lots")
     with pytest.raises(ValueError, match=CACHE_ENV):
         cache_budget_bytes()
+
+
+def test_ue8m0_expert_scales_are_refused_at_load(tmp_path: Path) -> None:
+    import ml_dtypes
+
+    src = fixture_model_dir("glm5-tiny-fp8")
+    qs = np.array(SafetensorsDir(src).array(EXPERT + ".qs"))
+    ue8m0 = qs.astype(ml_dtypes.float8_e8m0fnu)
+    broken = rewrite(src, tmp_path / "ue8m0", **{EXPERT.replace(".", "__") + "__qs": ue8m0})
+    with pytest.raises(QuantFormatError, match="UE8M0") as info:
+        load_model(broken)
+    assert EXPERT in str(info.value)
