@@ -29,8 +29,9 @@ from colibri.reference.quant.int_row import U8
 GROUPS_PER_BLOCK = E8_BLOCK // 4
 SUB_BLOCKS = E8_BLOCK // E8_SUB_BLOCK
 SMALLEST_NORMAL_HALF = 2.0**-14
-#: Super-blocks encoded per vectorised batch; bounds the [batch, 8, 8, 256] score array.
-_ENCODE_BATCH = 512
+#: Super-blocks encoded per vectorised batch: small enough that the [batch, 8, 8, 256] score
+#: array stays in cache (16 measured fastest, ~0.2 ms per block).
+_ENCODE_BATCH = 16
 
 
 @lru_cache(maxsize=1)
