@@ -271,7 +271,7 @@ def convert(
             report.quantized += 1
             if _stamp_needed(name, shape, fmt, out):
                 stamps[name] = FORMAT_NAMES[fmt]
-        label = "kept" if fmt == Fmt.F32 else FORMAT_NAMES[fmt] + (f"/g{gs}" if gs else "")
+        label = FORMAT_NAMES[fmt] + (f"/g{gs}" if gs else "")
         report.formats[label] = report.formats.get(label, 0) + 1
         out_bytes = sum(a.nbytes for a in out.values())
         if shard and size + out_bytes > shard_bytes:
@@ -313,9 +313,12 @@ def _preflight(plan: list[tuple[str, tuple[int, ...], int, Fmt, int]]) -> None:
 
 
 def _kept(source: _Source, name: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
-    """A tensor left unquantized, in its stored dtype (HF FP8 weights become F32)."""
+    """A tensor left unquantized: every float (BF16, F16, HF FP8) becomes F32, as colibri's
+    converter keeps norms, the router and the correction bias; other dtypes are copied."""
     if source.fp8_parts(name) is not None:
         return source.float32(name, shape)
+    if source.files.entry(name).dtype in ("F32", "F16", "BF16"):
+        return source.files.float32(name)
     return np.array(source.files.array(name))
 
 
