@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.doctor",
     "colibri.commands.generate",
     "colibri.commands.convert",
+    "colibri.commands.bench",
 )
 
 
