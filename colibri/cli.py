@@ -19,6 +19,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.version",
     "colibri.commands.doctor",
     "colibri.commands.serve",
+    "colibri.commands.generate",
+    "colibri.commands.convert",
+    "colibri.commands.bench",
     "colibri.commands.engine",
     "colibri.commands.chat",
 )

@@ -103,12 +103,19 @@ def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
         assert drafted.engine.accepted == 0
 
 
-def test_resume_on_the_real_model(tmp_path: Path) -> None:
+DEEPSEEK = resources.fixture_model_dir("deepseek3-tiny")
+
+
+@pytest.mark.parametrize(
+    "model_dir", [TINY, DSA, DEEPSEEK, MTP], ids=["glm5-tiny", "dsa", "deepseek3", "mtp"]
+)
+def test_resume_on_real_models(tmp_path: Path, model_dir: Path) -> None:
     first = submit(1, 0, ids(*PROMPT), 5, ext="ids=1")
-    a = run_engine([first], model_dir=TINY, state_dir=tmp_path)
+    a = run_engine([first], model_dir=model_dir, state_dir=tmp_path)
     answer = [int(f.payload or b"") for f in a.for_id(1) if f.kind == "DATA"]
+    assert len(answer) == 5
     follow = submit(2, 0, ids(*PROMPT, *answer[:-1], 9, 10), 6, ext="ids=1")
-    resumed = run_engine([follow], model_dir=TINY, state_dir=tmp_path)
+    resumed = run_engine([follow], model_dir=model_dir, state_dir=tmp_path)
     assert "resumed conversation from disk: 16 tokens" in resumed.stderr
-    cold = run_engine([follow], model_dir=TINY)
+    cold = run_engine([follow], model_dir=model_dir)
     assert comparable(resumed.for_id(2)) == comparable(cold.for_id(2))

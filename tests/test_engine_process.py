@@ -122,6 +122,28 @@ def test_sigterm_finishes_active_requests() -> None:
     assert rest[-1].parsed is not None and rest[-1].parsed.get_int("length_limited") == 0
 
 
+def test_sigint_finishes_active_requests_and_keeps_serving() -> None:
+    proc = _engine(_env(COLI_PERSIST="0"))
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(submit(1, 0, ids(*PROMPT), 4000, ext="ids=1"))
+    proc.stdin.flush()
+    reader = FrameReader(proc.stdout)
+    reader.read_preamble()
+    while (frame := reader.read_frame()) is not None and frame.kind != "DATA":
+        pass
+    proc.send_signal(signal.SIGINT)
+    while (frame := reader.read_frame()) is not None and frame.kind != "DONE":
+        pass
+    assert frame is not None and frame.line.startswith(b"DONE 1 STAT")
+    proc.stdin.write(submit(2, 0, ids(*PROMPT), 2, ext="ids=1"))
+    proc.stdin.close()
+    rest = []
+    while (frame := reader.read_frame()) is not None:
+        rest.append(frame.line.split(b" ")[0] + b" " + frame.line.split(b" ")[1])
+    assert b"ACCEPT 2" in rest and rest[-1] == b"DONE 2"
+    assert proc.wait(timeout=30) == 0
+
+
 def _kv_tokens(path: Path) -> list[int]:
     data = path.read_bytes()
     n_layers, kv_lora, rope, index_hd, nic, _vocab, nrec, _tag = struct.unpack_from("<8i", data, 8)
