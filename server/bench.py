@@ -135,7 +135,10 @@ def run(options: Any) -> dict[str, Any]:
     """The ``colibri bench`` section entry: reads ``model``, ``tokens`` and ``warmup``."""
     from colibri import resources
 
-    model = getattr(options, "model", None) or resources.default_model_dir()
+    model = getattr(options, "model", None)
+    if model is None or not (Path(model) / "tokenizer.json").exists():
+        # The HTTP path sends text: it needs a model with a tokenizer.
+        model = resources.default_model_dir()
     argv = [sys.executable, "-m", "colibri", "engine", "--model", str(Path(model))]
     env = dict(os.environ)
     return measure(argv, env, tokens=max(int(getattr(options, "tokens", 32)), 2),
