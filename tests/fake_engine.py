@@ -66,7 +66,9 @@ SCRIPTS: dict[str, list[str]] = {
     "echo": [],  # filled per request
     "header": [],  # filled per request
     "noise": ["Hé", "llo"],
+    "badtail": ["bad", "tail", "after"],
 }
+MALFORMED_TOKENS = [t.encode() for t in SCRIPTS["badtail"]]
 
 DIRECTIVE = re.compile(r"@@([a-z_0-9]+)(?::([0-9]+))?@@")
 
@@ -248,6 +250,8 @@ class Engine:
             token = req.tokens[req.emitted]
             k = req.ext.get("logprobs", 0)
             tail = self.tail(token[0] if token else 0, req.emitted, k) if k else ""
+            if k and req.tokens == MALFORMED_TOKENS:
+                tail = " -0.5 2 7"  # a count that does not match its table
             self.payload_frame(f"DATA {req.rid} {len(token)}{tail}", token)
             req.emitted += 1
             if req.die_after is not None and req.emitted >= req.die_after:

@@ -142,6 +142,8 @@ CASES: list[tuple[str, str, str, str, Any, dict[str, str], bytes | None]] = [
      {}, None),
     ("chat-logprobs-stop-cut", "open", "POST", C,
      chat("q @@stopword@@", logprobs=True, stop="ld"), {}, None),
+    ("chat-logprobs-tail-malformed", "open", "POST", C,
+     chat("q @@badtail@@", logprobs=True), {}, None),
     ("chat-logprobs-stream", "open", "POST", C, chat("q", logprobs=True, stream=True), {},
      None),
     ("chat-top-logprobs-range", "open", "POST", C, chat("q", top_logprobs=33), {}, None),

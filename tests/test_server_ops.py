@@ -373,3 +373,22 @@ def test_queue_timeout_cancel_while_queued_and_shutdown() -> None:
     finally:
         if not stopped:
             live.stop()
+
+
+def test_prompts_never_reach_logs(server: LiveServer, caplog: pytest.LogCaptureFixture,
+                                  capfd: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    secret = "SECRET-PROMPT-7f3a"
+    with caplog.at_level(logging.DEBUG):
+        for path, body in (("/v1/chat/completions", {"model": M, "messages": [
+                {"role": "user", "content": secret + " @@fault@@"}]}),
+                ("/v1/completions", {"model": M, "prompt": secret, "max_tokens": 2}),
+                ("/v1/messages", {"model": M, "max_tokens": 2, "messages": [
+                    {"role": "user", "content": secret}]})):
+            exchange(server.url, "POST", path, body, headers={"x-api-key": "k"})
+    captured = capfd.readouterr()
+    assert secret not in caplog.text
+    assert secret not in captured.err and secret not in captured.out
+    metrics = exchange(server.url, "GET", "/metrics", headers={"x-api-key": "k"})["text"]
+    assert secret not in metrics
