@@ -5,11 +5,14 @@ ACCEPT, DATA interleaved one per step in slot order, the telemetry block before 
 CONTEXT_EXCEEDED, SLOT_BUSY, CANCELLED, logprob tails and ECHO frames) but its replies come
 from a table: the last ``@@name@@`` or ``@@name:N@@`` directive in the prompt picks the
 script; without one it answers ``"Hé"``, ``"llo"`` like colibri's own gateway fakes. Tokens
-are the prompt's UTF-8 bytes, so ``prompt_tokens`` is the payload length. Fault injection:
-``die`` (exit mid-stream), ``dieearly`` (exit before ACCEPT), ``prefill:N`` (N×100 ms after
-ACCEPT), ``hold:N`` (N×10 ms per token), ``fault`` (an unknown ERROR code); ``echo`` replies
-with the rendered prompt (``<`` shown as ``\u2039`` so no marker fires); ``header`` with the
-SUBMIT header fields after the id.
+are the prompt's UTF-8 bytes, so ``prompt_tokens`` is the payload length.
+
+Fault injection and probes: ``die`` (exit mid-stream), ``dieearly`` (exit before ACCEPT),
+``prefill:N`` (N x 100 ms after ACCEPT), ``hold:N`` (N x 10 ms per token), ``gate:N`` (no
+token until the file ``$FAKE_GATE.N`` exists: holds a slot as long as a test needs, without
+timing), ``fault`` (an unknown ERROR code), ``badtail`` (malformed logprob tails), ``noise``
+(unknown kinds and telemetry mid-turn), ``echo`` (replies with the rendered prompt, ``<``
+shown as U+2039 so no marker fires), ``header`` (replies with the SUBMIT header after the id).
 
 Environment: ``KV_SLOTS`` (1), ``CTX`` (4096), ``FAKE_CAPS`` (a CAPS line body, e.g.
 ``seed=1``), ``FAKE_START_DELAY_S``.
@@ -67,6 +70,7 @@ SCRIPTS: dict[str, list[str]] = {
     "header": [],  # filled per request
     "noise": ["Hé", "llo"],
     "badtail": ["bad", "tail", "after"],
+    "gate": ["Hé", "llo"],
 }
 MALFORMED_TOKENS = [t.encode() for t in SCRIPTS["badtail"]]
 
@@ -83,6 +87,7 @@ class Request:
     tokens: list[bytes]
     maximum: int
     delay_s: float = 0.0
+    gate: str | None = None
     emitted: int = 0
     die_after: int | None = None
     hits: set[int] = field(default_factory=set)
@@ -220,6 +225,8 @@ class Engine:
                       min(max_tokens, room), delay)
         if name == "die":
             req.die_after = 1
+        if name == "gate":
+            req.gate = f"{os.environ.get('FAKE_GATE', '/nonexistent')}.{arg or '0'}"
         self.line(f"ACCEPT {rid} {len(payload)}")
         k = ext.get("logprobs", 0)
         if k:
@@ -245,8 +252,13 @@ class Engine:
         if not self.active:
             return
         time.sleep(max(r.delay_s for r in self.active.values()))
+        if all(r.gate and not os.path.exists(r.gate) for r in self.active.values()):
+            time.sleep(0.01)  # every active request waits for its gate file
+            return
         for slot in sorted(self.active):
             req = self.active[slot]
+            if req.gate and not os.path.exists(req.gate):
+                continue
             token = req.tokens[req.emitted]
             k = req.ext.get("logprobs", 0)
             tail = self.tail(token[0] if token else 0, req.emitted, k) if k else ""
