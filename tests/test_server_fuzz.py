@@ -3,7 +3,9 @@ response (never a 5xx, never a traceback), and every answer matches spec/schemas
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +15,8 @@ from http_transcript import exchange
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_harness import LiveServer, launch
+
+from colibri import resources
 
 M = "test-model"
 
@@ -58,9 +62,20 @@ MESSAGES = st.fixed_dictionaries(
               "stop_sequences": ANY, "top_k": ANY, "temperature": ANY})
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[LiveServer]:
-    live = launch(ServerConfig(model_id=M, kv_slots=2, max_tokens=8))
+def _engines() -> list[Any]:
+    real = [sys.executable, "-m", "colibri", "engine", "--model",
+            str(resources.default_model_dir()), "--kv-slots", "2"]
+    available = (importlib.util.find_spec("colibri.commands.engine") is not None
+                 and (resources.default_model_dir() / "tokenizer.json").exists())
+    return [pytest.param(None, id="fake"),
+            pytest.param(real, id="reference", marks=pytest.mark.skipif(
+                not available, reason="`colibri engine` or the default model is missing"))]
+
+
+@pytest.fixture(scope="module", params=_engines())
+def server(request: pytest.FixtureRequest) -> Iterator[LiveServer]:
+    live = launch(ServerConfig(model_id=M, kv_slots=2, max_tokens=4), request.param,
+                  {"COLI_PERSIST": "0"})
     yield live
     live.stop()
 
