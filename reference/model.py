@@ -33,10 +33,12 @@ class Model:
         config: ModelConfig,
         checkpoint: Checkpoint,
         expert_store: ExpertStore | None = None,
+        loader: TensorLoader | None = None,
     ) -> None:
         self.config = cfg = config
         self.checkpoint = checkpoint
-        loader = TensorLoader(checkpoint)
+        # A quantisation-aware loader (same interface) can replace the plain float one.
+        loader = loader or TensorLoader(checkpoint)
         d, v = cfg.hidden_size, cfg.vocab_size
         self.embed = loader.get("model.embed_tokens.weight", (v, d))
         self.final_norm = loader.get("model.norm.weight", (d,))
@@ -202,10 +204,20 @@ class Model:
         return draft
 
 
-def load_model(model_dir: str | Path, expert_store: ExpertStore | None = None) -> Model:
-    """Open a model directory (config.json + safetensors). Weights are memory-mapped."""
+def load_model(
+    model_dir: str | Path,
+    expert_store: ExpertStore | None = None,
+    loader: TensorLoader | None = None,
+) -> Model:
+    """Open a model directory (config.json + safetensors). Weights are memory-mapped.
+
+    ``expert_store`` replaces where routed experts come from (quantised, tiered...);
+    ``loader`` replaces how the other tensors become float32 (it must wrap this directory's
+    checkpoint, e.g. ``MyLoader(Checkpoint(model_dir))``).
+    """
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
-    return Model(config, Checkpoint(path), expert_store)
+    checkpoint = loader.checkpoint if loader is not None else Checkpoint(path)
+    return Model(config, checkpoint, expert_store, loader)
