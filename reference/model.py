@@ -220,4 +220,10 @@ def load_model(
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
     checkpoint = loader.checkpoint if loader is not None else Checkpoint(path)
+    if expert_store is None and any(name.endswith(".qs") for name in checkpoint.tensors):
+        # A colibri container (quantized weights: U8 payload + .qs scales) gets the
+        # dequantizing expert store.
+        from colibri.reference.quant.loading import quantized_expert_store
+
+        expert_store = quantized_expert_store(path, config)
     return Model(config, checkpoint, expert_store, loader)
