@@ -154,8 +154,11 @@ class Model:
 
     def _rows(self, states: list[KVState], tokens: list[int], positions: list[int]) -> F32:
         x = self._embed(tokens)
-        for s in {id(s): s for s in states}.values():
-            s.reserve(max(p for st, p in zip(states, positions, strict=True) if st is s) + 1)
+        needed: dict[int, tuple[KVState, int]] = {}
+        for s, p in zip(states, positions, strict=True):
+            needed[id(s)] = (s, max(p + 1, needed.get(id(s), (s, 0))[1]))
+        for s, capacity in needed.values():
+            s.reserve(capacity)
         keeps: list[I64 | None] = [None] * len(states)
         for i, lw in enumerate(self.layers):
             caches = [s.layers[i] for s in states]
