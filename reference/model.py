@@ -42,7 +42,8 @@ class Model:
         d, v = cfg.hidden_size, cfg.vocab_size
         self.embed = loader.get("model.embed_tokens.weight", (v, d))
         self.final_norm = loader.get("model.norm.weight", (d,))
-        if cfg.tie_word_embeddings and not loader.has("lm_head.weight"):
+        if cfg.tie_word_embeddings:
+            # HF ties the head to the embedding after loading, whatever lm_head.weight holds.
             self.lm_head = self.embed
         else:
             self.lm_head = loader.get("lm_head.weight", (v, d))
