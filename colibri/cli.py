@@ -18,6 +18,7 @@ from colibri import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.version",
     "colibri.commands.doctor",
+    "colibri.commands.conformance",
 )
 
 
