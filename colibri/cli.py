@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.version",
     "colibri.commands.doctor",
     "colibri.commands.conformance",
+    "colibri.commands.serve",
 )
 
 
