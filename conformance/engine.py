@@ -269,16 +269,35 @@ def capabilities_from_frames(frames: list[Frame]) -> set[str]:
         for token in frame.fields[1:]:
             name, _, value = token.partition("=")
             alias = CAPABILITY_ALIASES.get(name.lower())
+            # Values are numbers (logprobs=32 is the largest k); 0 means "not supported".
             if alias and value not in ("0", "false", "off", "no"):
                 found.add(alias)
     return found
+
+
+def probe_legacy(target: EngineTarget, timeout: float) -> bool:
+    """Does the engine speak the legacy protocol (SERVE=1 without SERVE_BATCH)?
+
+    A RESET must come back as the END sentinel and a STAT line.
+    """
+    session = EngineSession(target, {"protocol": "legacy", "kv_slots": 1})
+    try:
+        session.start()
+        session.send(b"\x02RESET\n")
+        session.wait_for(lambda f: f.kind == "TEXT", timeout, "the END sentinel")
+        return True
+    except EngineError:
+        return False
+    finally:
+        session.close()
 
 
 def probe_capabilities(
     target: EngineTarget, protocol_timeout: float = 30.0
 ) -> tuple[set[str], list[Frame]]:
     """Start the engine once, read its whole handshake (EOF makes it exit), parse caps."""
-    session = EngineSession(target, {"kv_slots": 1})
+    # SERVE_TOPK=1 so an engine able to send TOPK frames says so in its capability line.
+    session = EngineSession(target, {"kv_slots": 1, "env": {"SERVE_TOPK": "1"}})
     try:
         session.start()
         session.close_stdin()

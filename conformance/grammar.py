@@ -19,6 +19,7 @@ from colibri.conformance.frames import BROKEN, PREAMBLE, Frame
 _REGEX_KEYS = ("regex", "pattern", "header_regex", "line_regex", "grammar")
 _KIND_KEYS = ("kind", "name", "frame", "line")
 _INBOUND = {
+    "server",
     "request",
     "requests",
     "in",

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from colibri.conformance.engine import EngineError, EngineTarget, probe_capabilities
+from colibri.conformance.engine import (
+    EngineError,
+    EngineTarget,
+    probe_capabilities,
+    probe_legacy,
+)
 from colibri.conformance.grammar import load_grammar
 from colibri.conformance.prompts import PromptCodec
 from colibri.conformance.protocol_runner import ProtocolRunner
@@ -33,7 +38,11 @@ def protocol_runner(
         announced, _ = probe_capabilities(target, timeout)
     except EngineError as exc:
         raise EngineError(f"engine handshake failed: {exc}") from exc
-    capabilities = {"mux", "accept", "stop", "context_exceeded"} | announced
+    # ACCEPT, STOP, CONTEXT_EXCEEDED and .coli_kv persistence are in every current colibri
+    # engine; an engine without them is tested with --without NAME (or expectations).
+    capabilities = {"mux", "accept", "stop", "context_exceeded", "persistence"} | announced
+    if probe_legacy(target, min(timeout, 10.0)):
+        capabilities.add("legacy_protocol")
     if not codec.ids_mode:
         capabilities.add("text_prompts")
     if codec.oracle:
