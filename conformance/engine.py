@@ -284,8 +284,10 @@ def probe_legacy(target: EngineTarget, timeout: float) -> bool:
     try:
         session.start()
         session.send(b"\x02RESET\n")
-        session.wait_for(lambda f: f.kind == "TEXT", timeout, "the END sentinel")
-        return True
+        # EOF right after, so a mux-only engine exits instead of leaving us to time out.
+        session.close_stdin()
+        session.await_exit(timeout)
+        return any(f.kind == "TEXT" for f in session.frames)
     except EngineError:
         return False
     finally:

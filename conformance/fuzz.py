@@ -116,8 +116,7 @@ def run_fuzz(
     under_noise = _sentinel_stream(engine.frames[second:])
     if under_noise != baseline:
         raise CheckFailure(
-            "sentinel stream changed under malformed input: "
-            + _first_change(under_noise, baseline)
+            "sentinel stream changed under malformed input: " + _first_change(under_noise, baseline)
         )
     problems = [p for p in (grammar.check(f) for f in engine.frames[second:]) if p]
     if problems:

@@ -343,26 +343,26 @@ def _legacy(views: Views, exp: dict[str, Any]) -> None:
 
 
 def _interleave(views: Views, exp: dict[str, Any]) -> None:
-    """While all the given requests are active, DATA comes one per request per step, in
-    the order of the ids list (which the case gives in ascending slot order)."""
+    """Once every listed request is active, each decode step emits one DATA per request in
+    ascending slot order (the case lists ids in slot order). The last request to arrive
+    emits its first token right after its prefill, before the first shared step."""
     view = _session(views, exp.get("session"))
     ids: list[int] = [int(i) for i in exp["ids"]]
     frames = [f for f in view.frames if f.request_id in ids]
-    last_accept = max((i for i, f in enumerate(frames) if f.kind == "ACCEPT"), default=-1)
-    first_end = min(
-        (i for i, f in enumerate(frames) if f.kind in ("DONE", "ERROR")), default=len(frames)
-    )
-    window = [f.request_id for f in frames[last_accept + 1 : first_end] if f.kind == "DATA"]
-    if not window:
-        raise CheckFailure("the requests never decoded together")
-    # The first request may already have produced its step's DATA before the others joined.
-    start = window.index(ids[0]) if ids[0] in window else 0
-    body = window[start:]
-    for position, rid in enumerate(body):
-        if rid != ids[position % len(ids)]:
-            raise CheckFailure(f"DATA order while batched is {body[:12]}, expected the cycle {ids}")
-    if len(body) < len(ids):
-        raise CheckFailure(f"only {len(body)} DATA frames while batched")
+    accepts = [i for i, f in enumerate(frames) if f.kind == "ACCEPT"]
+    if len(accepts) != len(ids):
+        raise CheckFailure(f"expected {len(ids)} ACCEPT frames, got {len(accepts)}")
+    last = frames[accepts[-1]].request_id
+    ends = [i for i, f in enumerate(frames) if f.kind in ("DONE", "ERROR")]
+    first_end = min(ends, default=len(frames))
+    window = [f.request_id for f in frames[accepts[-1] + 1 : first_end] if f.kind == "DATA"]
+    while window and window[0] == last:
+        window.pop(0)
+    if len(window) < len(ids):
+        raise CheckFailure(f"only {len(window)} DATA frames while all requests were active")
+    expected = [ids[i % len(ids)] for i in range(len(window))]
+    if window != expected:
+        raise CheckFailure(f"DATA order while batched is {window[:12]}, expected {expected[:12]}")
 
 
 def _float(text: str) -> float:

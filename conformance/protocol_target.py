@@ -24,6 +24,7 @@ def protocol_runner(
     protocol_json: Path | None = None,
     timeout: float = 30.0,
     env: dict[str, str] | None = None,
+    capabilities: set[str] | None = None,
 ) -> ProtocolRunner:
     """Probe the engine's handshake for capabilities and ready a runner.
 
@@ -34,6 +35,9 @@ def protocol_runner(
     target = EngineTarget.from_command(engine_cmd, model_dir, env)
     grammar = load_grammar(protocol_json or spec_dir() / "protocol.json")
     codec = PromptCodec.for_model(model_dir, prompts)
+    if capabilities is not None:
+        # The caller already knows (a previous probe of the same engine): skip the probes.
+        return ProtocolRunner(target, codec, grammar, set(capabilities), timeout)
     try:
         announced, _ = probe_capabilities(target, timeout)
     except EngineError as exc:
