@@ -147,7 +147,8 @@ def run_protocol(args: argparse.Namespace) -> int:
 
 
 def run_http(args: argparse.Namespace) -> int:
-    from colibri.conformance.http_target import HttpTargetError, http_runner
+    from colibri.conformance.http_runner import http_runner
+    from colibri.conformance.http_target import HttpTargetError
     from colibri.conformance.session import RunOptions, finish
 
     options = _options(args)
