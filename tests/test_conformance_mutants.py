@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from colibri.conformance.cases import load_cases
 from colibri.conformance.expectations import Expectations
 from colibri.conformance.outcome import FAIL, PASS
@@ -51,7 +50,8 @@ def _capabilities() -> frozenset[str]:
 
 
 def _run(mutant: str, case_ids: list[str]) -> dict[str, str]:
-    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(SUPPORT / 'mutant_proxy.py'))} {mutant} {ENGINE}"
+    proxy = shlex.quote(str(SUPPORT / "mutant_proxy.py"))
+    command = f"{shlex.quote(sys.executable)} {proxy} {mutant} {ENGINE}"
     # A mutant may make the engine withhold an answer; a short wait keeps the test quick.
     timeout = 8.0 if mutant == "none" else 3.0
     runner = protocol_runner(command, MODEL, timeout=timeout, capabilities=set(_capabilities()))
