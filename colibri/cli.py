@@ -18,8 +18,10 @@ from colibri import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.version",
     "colibri.commands.doctor",
-    "colibri.commands.conformance",
+    "colibri.commands.engine",
+    "colibri.commands.chat",
     "colibri.commands.serve",
+    "colibri.commands.conformance",
 )
 
 

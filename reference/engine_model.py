@@ -10,13 +10,13 @@ selection for the usage telemetry.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 Logits = npt.NDArray[np.float32]
-RouteObserver = Callable[[int, Sequence[int]], None]
+RouteObserver = Callable[[int, tuple[int, ...]], None]
 
 
 class ModelShape(Protocol):
@@ -52,15 +52,17 @@ class KVState(Protocol):
 
 
 class EngineModel(Protocol):
+    """States are the model's own type (Any here: each model takes only states it made)."""
+
     @property
     def config(self) -> ModelShape: ...
 
     route_observer: RouteObserver | None
 
     def new_state(self) -> KVState: ...
-    def prefill(self, state: KVState, ids: Sequence[int]) -> Logits: ...
-    def decode(self, state: KVState, token: int) -> Logits: ...
-    def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int]) -> Logits: ...
+    def prefill(self, state: Any, ids: Sequence[int]) -> Logits: ...
+    def decode(self, state: Any, token: int) -> Logits: ...
+    def decode_batch(self, states: Sequence[Any], tokens: Sequence[int]) -> Logits: ...
 
 
 class TextTokenizer(Protocol):
@@ -78,10 +80,8 @@ class KvCodec(Protocol):
     def record_floats(self) -> int: ...
     @property
     def indexer_layers(self) -> int: ...
-    def export_rows(self, state: KVState, start: int, stop: int) -> npt.NDArray[np.float32]: ...
-    def restore(
-        self, state: KVState, tokens: Sequence[int], rows: npt.NDArray[np.float32]
-    ) -> None: ...
+    def export_rows(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]: ...
+    def restore(self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]) -> None: ...
 
 
 def sparse_layers(shape: ModelShape) -> list[int]:

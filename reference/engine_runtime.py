@@ -3,10 +3,13 @@ their files, expert usage and tiers, and the telemetry lines built from them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, Protocol, TextIO
 
+import numpy as np
+import numpy.typing as npt
 from colibri.reference import usage_file
 from colibri.reference.engine_model import (
     EngineModel,
@@ -18,10 +21,16 @@ from colibri.reference.engine_model import (
     usage_rows,
 )
 from colibri.reference.engine_settings import DEFAULT_CTX, EngineSettings
-from colibri.reference.expert_tiers import ResidentExperts, TierReport
+from colibri.reference.expert_tiers import Repin, ResidentExperts, TierReport
 from colibri.reference.expert_usage import ExpertUsage
 from colibri.reference.kv_persist import KvFile, KvLayout, slot_file
 from colibri.reference.wire_output import f2, f3
+
+
+class Drafter(Protocol):
+    """A model with an MTP head: draft logits for the token after ``token``."""
+
+    def mtp_draft(self, state: Any, token: int) -> npt.NDArray[np.float32]: ...
 
 
 @dataclass
@@ -68,6 +77,10 @@ class EngineRuntime:
         self.state_dir = state_dir if self.persist else None
         self.kv_enabled = self.persist and settings.kv_save and codec is not None
         self.model_tag = model_tag
+        #: Set when the model has an MTP head and DRAFT allows it (single-slot drafting).
+        self.drafter: Drafter | None = None
+        #: Set with REPIN=n: one live re-pin pass, returning the swaps it made.
+        self.repinner: Callable[[], list[Repin]] | None = None
         model.route_observer = self._observe
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -75,11 +88,10 @@ class EngineRuntime:
 
     # --- usage -------------------------------------------------------------------------
 
-    def _observe(self, layer: int, experts: object) -> None:
-        ids = list(experts)  # type: ignore[call-overload]
-        self.usage.observe(layer, ids)
+    def _observe(self, layer: int, experts: tuple[int, ...]) -> None:
+        self.usage.observe(layer, experts)
         if self.resident is not None:
-            self.resident.note_lookups(len(ids))
+            self.resident.note_lookups(len(experts))
 
     @property
     def usage_path(self) -> Path | None:

@@ -44,6 +44,8 @@ class EngineSettings:
     serve_all_stops: bool
     think: bool
     chat_template: bool
+    legacy_temperature: float  # COLI_TEMP (or a numeric TEMP); colibri's legacy default 0.7
+    legacy_top_p: float  # NUCLEUS, default 0.9
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -130,7 +132,39 @@ def from_environment(
         serve_all_stops=env.get("COLI_SERVE_ALL_STOPS") == "1",
         think=env.get("THINK") == "1",
         chat_template=env.get("CHAT_TEMPLATE", "1") != "0",
+        legacy_temperature=_legacy_temperature(env),
+        legacy_top_p=_float(env, "NUCLEUS", 0.9, 0.0, 1.0),
     )
+
+
+def _float(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name} must be between {low} and {high}, got {raw}")
+    return value
+
+
+def _legacy_temperature(env: Mapping[str, str]) -> float:
+    """colibri: COLI_TEMP, else TEMP when it is a plain number; negative means auto (0.7)."""
+    raw = env.get("COLI_TEMP")
+    if not raw:
+        temp = env.get("TEMP", "")
+        raw = temp if temp.replace(".", "", 1).isdigit() else ""
+    if not raw:
+        return 0.7
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"COLI_TEMP={raw!r} is not a number") from None
+    if value != value or value > 2.0:
+        raise SettingsError(f"COLI_TEMP must be at most 2, got {raw}")
+    return 0.7 if value < 0 else value
 
 
 def default_state_dir(model_dir: Path, env: Mapping[str, str]) -> Path:

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from colibri.reference import logprob_table
 from colibri.reference.engine_runtime import EngineRuntime, Slot
 from colibri.reference.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
-from colibri.reference.request_sampling import XorShift64, pick, request_rng
+from colibri.reference.request_sampling import XorShift64, greedy, pick, request_rng
 from colibri.reference.submit_parse import (
     MAX_HEADER,
     Control,
@@ -93,6 +93,11 @@ class MuxEngine:
         self.steps = 0
         self.rows = 0
         self.steps_since_hits = 0
+        self.steps_since_repin = 0
+        self.drafted = 0
+        self.accepted = 0
+        #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
+        self.step_log: list[tuple[int, float]] = []
 
     # --- handshake -------------------------------------------------------------------
 
@@ -113,7 +118,7 @@ class MuxEngine:
             "ctx": rt.ctx,
             "vocab": rt.vocab,
             "tokenizer": int(rt.tokenizer is not None),
-            "mtp": 0,
+            "mtp": int(rt.drafter is not None),
         }
         return "CAPS " + " ".join(f"{k}={v}" for k, v in caps.items())
 
@@ -146,6 +151,12 @@ class MuxEngine:
             self.step()
         self.rt.save_usage()
         print(f"[API] {self.steps} decode steps, {self.rows} rows", file=self.log)
+        if self.drafted:
+            print(
+                f"[MTP] {self.accepted}/{self.drafted} drafts accepted "
+                f"({100.0 * self.accepted / self.drafted:.1f}%)",
+                file=self.log,
+            )
         return 0
 
     def error(self, rid: int, code: str) -> None:
@@ -345,11 +356,19 @@ class MuxEngine:
         ]
         if not ready:
             return
+        if len(ready) == 1 and len(self.active) == 1 and self.rt.drafter is not None:
+            slot_index, request = ready[0]
+            if request.temperature <= 0.0:
+                self.speculative_step(self.slots[slot_index], request)
+                self.after_step()
+                return
         states = [self.slots[i].state for i, _ in ready]
         tokens = [r.pending for _, r in ready]
         started = time.perf_counter()
         logits = self.rt.model.decode_batch(states, [t for t in tokens if t is not None])
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        elapsed = time.perf_counter() - started
+        elapsed_ms = elapsed * 1000.0
+        self.step_log.append((len(ready), elapsed))
         self.steps += 1
         self.rows += len(ready)
         for row_index, (slot_index, request) in enumerate(ready):
@@ -359,10 +378,58 @@ class MuxEngine:
             request.forwards += 1
             request.forward_ms.append(elapsed_ms)
             self.advance(request, logits[row_index])
+        self.after_step()
+
+    def after_step(self) -> None:
+        """Periodic telemetry between steps: HITS every 6 steps, live re-pinning."""
         self.steps_since_hits += 1
         if self.steps_since_hits >= HITS_EVERY:
             self.steps_since_hits = 0
             self.out.line(self.rt.hits_line())
+        repinner = self.rt.repinner
+        if repinner is not None:
+            self.steps_since_repin += 1
+            if self.steps_since_repin >= self.rt.settings.repin_every:
+                self.steps_since_repin = 0
+                for swap in repinner():
+                    self.out.line(f"REPIN {swap.layer} {swap.expert} {swap.old_tier} {swap.gpu}")
+
+    def speculative_step(self, slot: Slot, request: Request) -> None:
+        """Depth-1 MTP drafting for a lone greedy request: forward the pending token and the
+        head's draft in one prefill; the draft is kept iff greedy decoding picks it, so the
+        output is byte-identical to plain decoding (prefill rows equal decode rows)."""
+        drafter = self.rt.drafter
+        assert drafter is not None and request.pending is not None
+        pending = request.pending
+        draft = greedy(drafter.mtp_draft(slot.state, pending))
+        started = time.perf_counter()
+        rows = self.rt.model.prefill(slot.state, [pending, draft])
+        elapsed = time.perf_counter() - started
+        request.forward_ms.append(elapsed * 1000.0)
+        self.step_log.append((2, elapsed))
+        request.forwards += 1
+        slot.history.extend([pending, draft])
+        request.pending = None
+        self.steps += 1
+        self.rows += 2
+        self.drafted += 1
+        if greedy(rows[0]) != draft:
+            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.advance(request, rows[0])
+            return
+        self.accepted += 1
+        # The draft is the token greedy decoding picks: emit it as advance() would, then
+        # the token after it comes from the draft's own row.
+        if draft in self.rt.mux_stops:
+            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.finish(request, length_limited=False)
+            return
+        self.emit(request, draft, rows[0])
+        if request.emitted >= request.maximum:
+            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.finish(request, length_limited=True)
+            return
+        self.advance(request, rows[1])
 
     # --- turn end ----------------------------------------------------------------------
 

@@ -90,6 +90,10 @@ class ByteSource:
             if not self._more():
                 return LineRead("too_long")
 
+    def unread(self, data: bytes) -> None:
+        """Put bytes back in front of the stream (the legacy PROMPT's lenient terminator)."""
+        self._buf[:0] = data
+
     def read_exact(self, n: int) -> bytes:
         """Exactly n bytes, or fewer if EOF comes first."""
         while len(self._buf) < n and self._more():

@@ -89,7 +89,7 @@ class FakeModel:
             for layer in range(c.num_hidden_layers):
                 if c.is_sparse(layer):
                     experts = rng.choice(c.n_routed_experts, c.num_experts_per_tok, replace=False)
-                    self.route_observer(layer, [int(e) for e in sorted(experts)])
+                    self.route_observer(layer, tuple(int(e) for e in sorted(experts)))
         self.forward_rows += 1
         return logits
 

@@ -200,3 +200,41 @@ def test_frame_reader_rejects_bad_terminator() -> None:
     reader = FrameReader(io.BytesIO(b"DATA 1 2\nabX"))
     with pytest.raises(ProtocolViolation):
         reader.read_frame()
+
+
+def test_protocol_json_matches_its_schema() -> None:
+    import json
+
+    import jsonschema
+
+    schema = json.loads((ROOT / "spec" / "schemas" / "protocol.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    document = json.loads((ROOT / "spec" / "protocol.json").read_text())
+    jsonschema.validate(document, schema)
+    # every field type names a type, every error code the engine writes is listed
+    spec = load_spec()
+    codes = {
+        "BAD_REQUEST",
+        "BAD_FRAME",
+        "SLOT_BUSY",
+        "DUPLICATE_ID",
+        "EMPTY_PROMPT",
+        "CONTEXT_EXCEEDED",
+        "NOT_FOUND",
+        "CANCELLED",
+    }
+    assert set(spec.errors) == codes
+
+    def types(items: list[dict[str, object]]) -> set[str]:
+        found: set[str] = set()
+        for item in items:
+            if "type" in item:
+                found.add(str(item["type"]))
+            for key in ("optional", "fields"):
+                sub = item.get(key)
+                if isinstance(sub, list):
+                    found |= types(sub)
+        return found
+
+    for line in document["lines"]:
+        assert types(line["fields"]) <= set(spec.types), line["kind"]

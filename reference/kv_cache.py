@@ -1,0 +1,86 @@
+"""The incremental state of one sequence: its tokens and the latent KV cache of every layer.
+
+Per layer and position the cache holds what MLA needs (the normed latent [kv_lora] and the
+rotated shared rope key [rope]) and, on DSA layers that run an indexer, the indexer key
+[index_head_dim]. The state also keeps the final pre-norm hidden state of every position (the
+MTP head's input). Arrays grow by doubling; ``truncate(n)`` forgets positions >= n, which is how
+a reused prompt prefix is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from colibri.reference.tensors import F32
+
+
+class KVLayer:
+    """Growable per-layer cache arrays; rows [0, length) of the owning state are valid."""
+
+    def __init__(self, widths: dict[str, int]) -> None:
+        self.widths = dict(widths)
+        self.arrays: dict[str, F32] = {k: np.zeros((0, w), np.float32) for k, w in widths.items()}
+
+    def reserve(self, capacity: int) -> None:
+        for name, array in self.arrays.items():
+            if array.shape[0] < capacity:
+                grown = np.zeros((max(capacity, 2 * array.shape[0], 16), self.widths[name]),
+                                 np.float32)
+                grown[: array.shape[0]] = array
+                self.arrays[name] = grown
+
+    def __getitem__(self, name: str) -> F32:
+        return self.arrays[name]
+
+
+@dataclass
+class MtpCache:
+    """The MTP layer's own cache: entry i is position ``start + i``."""
+
+    layer: KVLayer
+    start: int | None = None
+    length: int = 0
+
+
+@dataclass
+class KVState:
+    layers: list[KVLayer]
+    hidden_size: int
+    tokens: list[int] = field(default_factory=list)
+    hidden: F32 = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    mtp: MtpCache | None = None
+
+    def __post_init__(self) -> None:
+        if self.hidden.shape[1] != self.hidden_size:
+            self.hidden = np.zeros((0, self.hidden_size), np.float32)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def reserve(self, capacity: int) -> None:
+        for layer in self.layers:
+            layer.reserve(capacity)
+        if self.hidden.shape[0] < capacity:
+            grown = np.zeros((max(capacity, 2 * self.hidden.shape[0], 16), self.hidden_size),
+                             np.float32)
+            grown[: self.hidden.shape[0]] = self.hidden
+            self.hidden = grown
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` positions (0 <= n <= length)."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot truncate a state of length {self.length} to {n}")
+        del self.tokens[n:]
+        if self.mtp is not None and self.mtp.start is not None:
+            # An MTP entry at position i used hidden[i] and token i+1: both must survive.
+            keep = max(0, min(self.mtp.length, n - 1 - self.mtp.start))
+            self.mtp.length = keep
+            if keep == 0:
+                self.mtp.start = None
+
+    def layer_arrays(self, layer: int) -> dict[str, F32]:
+        """The valid cache rows of one layer, by name (views; for persistence)."""
+        kv = self.layers[layer]
+        return {name: array[: self.length] for name, array in kv.arrays.items()}

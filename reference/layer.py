@@ -1,0 +1,148 @@
+"""One decoder layer, in the two execution forms of the engine.
+
+    h = x + attention(rms_norm(x, input_norm))
+    y = h + mlp(rms_norm(h, post_attention_norm))     mlp = dense SwiGLU or MoE + shared
+
+``full_sequence_layer`` is the textbook form: T tokens at once, naive (expanded) MLA, gemm
+products. ``row_layer`` is the incremental form: M rows, each at its own position of its own
+cache (rows of one sequence in a prefill, or one row per sequence in a batched decode),
+absorbed MLA over the latent cache, and products that are computed row by row
+(``tensors.row_matmul``), so that a row's bytes never depend on the other rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from colibri.reference import dsa
+from colibri.reference.config import ModelConfig
+from colibri.reference.experts import ExpertStore
+from colibri.reference.kv_cache import KVLayer
+from colibri.reference.mla import absorbed_attention_row, naive_attention, project
+from colibri.reference.mlp import Matmul, swiglu
+from colibri.reference.moe import RouteObserver, moe
+from colibri.reference.norms import rms_norm
+from colibri.reference.rope import cos_sin
+from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
+from colibri.reference.weights import LayerWeights
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """What a layer needs besides its own weights."""
+
+    cfg: ModelConfig
+    store: ExpertStore
+    observer: RouteObserver | None
+    #: "full" (runs its indexer), "shared" (reuses the last full layer's selection) or None.
+    indexer_mode: str | None
+    use_indexer: bool
+
+
+def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
+    widths = {"latent": cfg.kv_lora_rank, "rope_key": cfg.qk_rope_head_dim}
+    if indexer_mode == "full":
+        widths["index_key"] = cfg.index_head_dim
+    return widths
+
+
+def _feed_forward(h: F32, lw: LayerWeights, ctx: LayerContext, mm: Matmul) -> F32:
+    if lw.dense is not None:
+        return swiglu(h, lw.dense.gate, lw.dense.up, lw.dense.down, mm)
+    return moe(h, lw, ctx.store, ctx.cfg, mm, ctx.observer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Full sequence (teacher forcing, the oracle comparison)
+
+
+def full_sequence_layer(
+    x: F32, lw: LayerWeights, ctx: LayerContext, prev_allowed: np.ndarray | None
+) -> tuple[F32, np.ndarray]:
+    """x [T, D] at positions 0..T-1 -> (y [T, D], the [T, T] mask of keys each query saw)."""
+    cfg = ctx.cfg
+    t = x.shape[0]
+    positions = np.arange(t)
+    cos, sin = cos_sin(positions, cfg.qk_rope_head_dim, cfg.rope_theta)
+    h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+    aw = lw.attention
+    p = project(h, aw, cfg, cos, sin, dense_matmul)
+    allowed = np.tril(np.ones((t, t), dtype=bool))
+    if ctx.use_indexer and ctx.indexer_mode == "full" and aw.indexer is not None:
+        assert p.q_resid is not None
+        keys = dsa.index_keys(h, aw.indexer, cfg, cos, sin, dense_matmul)
+        queries = dsa.index_queries(p.q_resid, aw.indexer, cfg, cos, sin, dense_matmul)
+        weights = dsa.head_weights(h, aw.indexer, cfg, dense_matmul)
+        for i in range(t):
+            kept = dsa.select(dsa.scores_row(queries[i], weights[i], keys[: i + 1], cfg),
+                              cfg.index_topk)
+            if kept is not None:
+                allowed[i] = False
+                allowed[i, kept] = True
+    elif ctx.use_indexer and ctx.indexer_mode == "shared" and prev_allowed is not None:
+        allowed = prev_allowed
+    attn = naive_attention(p, p.latent, p.rope_key, allowed, aw, cfg)
+    x = x + dense_matmul(attn, aw.o)
+    h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+    return x + _feed_forward(h, lw, ctx, dense_matmul), allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows over a cache (prefill, decode, batched decode, MTP)
+
+
+def row_layer(
+    x: F32,
+    lw: LayerWeights,
+    ctx: LayerContext,
+    positions: list[int],
+    caches: list[KVLayer],
+    slots: list[int],
+    prev_keep: list[I64 | None],
+) -> tuple[F32, list[I64 | None]]:
+    """M rows -> (y [M, D], the kept key slots of each row, None meaning all).
+
+    Row r sits at rope position ``positions[r]``, writes its cache entries at row ``slots[r]``
+    of ``caches[r]`` and attends to rows [0, slots[r]] of that cache. Every row's cache
+    entries are written before any row attends, so rows of one sequence see each other.
+    """
+    cfg = ctx.cfg
+    m = x.shape[0]
+    cos, sin = cos_sin(np.asarray(positions), cfg.qk_rope_head_dim, cfg.rope_theta)
+    h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+    aw = lw.attention
+    p = project(h, aw, cfg, cos, sin, row_matmul)
+    run_indexer = ctx.indexer_mode == "full" and aw.indexer is not None
+    if run_indexer:
+        assert aw.indexer is not None and p.q_resid is not None
+        ikeys = dsa.index_keys(h, aw.indexer, cfg, cos, sin, row_matmul)
+        iqueries = dsa.index_queries(p.q_resid, aw.indexer, cfg, cos, sin, row_matmul)
+        iweights = dsa.head_weights(h, aw.indexer, cfg, row_matmul)
+    for r in range(m):
+        caches[r]["latent"][slots[r]] = p.latent[r]
+        caches[r]["rope_key"][slots[r]] = p.rope_key[r]
+        if run_indexer:
+            caches[r]["index_key"][slots[r]] = ikeys[r]
+    kv_b_k, kv_b_v = aw.kv_b_heads(cfg)
+    context = np.empty((m, cfg.num_attention_heads * cfg.v_head_dim), dtype=np.float32)
+    keeps: list[I64 | None] = []
+    for r in range(m):
+        seen = slots[r] + 1
+        latent = caches[r]["latent"][:seen]
+        rope_key = caches[r]["rope_key"][:seen]
+        keep: I64 | None = None
+        if ctx.use_indexer and run_indexer:
+            scores = dsa.scores_row(iqueries[r], iweights[r], caches[r]["index_key"][:seen], cfg)
+            keep = dsa.select(scores, cfg.index_topk)
+        elif ctx.use_indexer and ctx.indexer_mode == "shared":
+            keep = prev_keep[r]
+        keeps.append(keep)
+        if keep is not None:
+            latent, rope_key = latent[keep], rope_key[keep]
+        context[r] = absorbed_attention_row(
+            p.q_nope[r], p.q_rope[r], latent, rope_key, kv_b_k, kv_b_v, cfg
+        )
+    x = x + row_matmul(context, aw.o)
+    h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+    return x + _feed_forward(h, lw, ctx, row_matmul), keeps

@@ -1,0 +1,211 @@
+"""The model: embedding, decoder layers, final norm, lm_head; full-sequence and incremental.
+
+``forward(ids)`` is the textbook full-sequence pass (naive MLA, gemm products) that the oracle
+fixtures check. ``prefill`` / ``decode`` / ``decode_batch`` run the incremental path over a
+``KVState`` (absorbed MLA over the latent cache, row-by-row products). The incremental path is
+batch-invariant by construction: a row's logits are the same bytes whether it is decoded alone,
+inside any batch, or as one position of a prefill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from colibri.reference.config import ModelConfig
+from colibri.reference.errors import CheckpointError
+from colibri.reference.experts import ExpertStore, MappedExpertStore
+from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
+from colibri.reference.layer import LayerContext, cache_widths, full_sequence_layer, row_layer
+from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
+from colibri.reference.norms import rms_norm
+from colibri.reference.safetensors import Checkpoint
+from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
+from colibri.reference.weights import TensorLoader, load_layer
+
+RouteObserver = Callable[[int, tuple[int, ...]], None]
+
+
+class Model:
+    def __init__(
+        self,
+        config: ModelConfig,
+        checkpoint: Checkpoint,
+        expert_store: ExpertStore | None = None,
+    ) -> None:
+        self.config = cfg = config
+        self.checkpoint = checkpoint
+        loader = TensorLoader(checkpoint)
+        d, v = cfg.hidden_size, cfg.vocab_size
+        self.embed = loader.get("model.embed_tokens.weight", (v, d))
+        self.final_norm = loader.get("model.norm.weight", (d,))
+        if cfg.tie_word_embeddings and not loader.has("lm_head.weight"):
+            self.lm_head = self.embed
+        else:
+            self.lm_head = loader.get("lm_head.weight", (v, d))
+        self.indexer_modes: list[str | None] = [
+            cfg.indexer_types[i] if cfg.indexer_types else None
+            for i in range(cfg.num_hidden_layers)
+        ]
+        self.layers = [
+            load_layer(loader, cfg, i, cfg.is_sparse(i), self.indexer_modes[i] == "full")
+            for i in range(cfg.num_hidden_layers)
+        ]
+        sparse = [i for i in range(cfg.num_hidden_layers) if cfg.is_sparse(i)]
+        self.mtp: MtpWeights | None = None
+        self.mtp_indexer_mode: str | None = None
+        # Like colibri, the MTP head is used when its tensors are there (configs often declare
+        # one that a checkpoint does not ship).
+        if loader.has(f"model.layers.{cfg.num_hidden_layers}.eh_proj.weight"):
+            self.mtp = self._load_mtp(loader)
+            sparse.append(cfg.num_hidden_layers)
+        if expert_store is None:
+            mapped = MappedExpertStore(loader, cfg, sparse)
+            mapped.check_present()
+            expert_store = mapped
+        self.experts: ExpertStore = expert_store
+        #: Called as ``route_observer(layer, expert_ids)`` for every token at every sparse layer.
+        self.route_observer: RouteObserver | None = None
+        #: Turning the DSA indexer off makes every layer plain causal MLA (for experiments).
+        self.use_indexer = True
+
+    def _load_mtp(self, loader: TensorLoader) -> MtpWeights:
+        cfg = self.config
+        n, d = cfg.num_hidden_layers, cfg.hidden_size
+        p = f"model.layers.{n}."
+        self.mtp_indexer_mode = "full" if loader.has(p + "self_attn.indexer.wk.weight") else None
+        return MtpWeights(
+            eh_proj=loader.get(p + "eh_proj.weight", (d, 2 * d)),
+            enorm=loader.get(p + "enorm.weight", (d,)),
+            hnorm=loader.get(p + "hnorm.weight", (d,)),
+            head_norm=loader.get(p + "shared_head.norm.weight", (d,)),
+            layer=load_layer(loader, cfg, n, True, self.mtp_indexer_mode == "full"),
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # helpers
+
+    def _context(self, layer: int) -> LayerContext:
+        return LayerContext(self.config, self.experts, self.route_observer,
+                            self.indexer_modes[layer], self.use_indexer)
+
+    def _embed(self, ids: Sequence[int]) -> F32:
+        for t in ids:
+            if not 0 <= int(t) < self.config.vocab_size:
+                raise ValueError(
+                    f"token id {t} is outside the vocabulary [0, {self.config.vocab_size})"
+                )
+        out: F32 = self.embed[np.asarray(ids, dtype=np.int64)].astype(np.float32)
+        return out
+
+    # -----------------------------------------------------------------------------------------
+    # full sequence
+
+    def forward(self, ids: Sequence[int]) -> F32:
+        """Logits [T, vocab] for every position of ``ids`` (teacher forcing, from position 0)."""
+        return self.forward_hidden(ids)[1]
+
+    def forward_hidden(self, ids: Sequence[int]) -> tuple[F32, F32]:
+        """(pre-final-norm hidden [T, D], logits [T, vocab])."""
+        if len(ids) == 0:
+            raise ValueError("forward needs at least one token")
+        x = self._embed(ids)
+        allowed: np.ndarray | None = None
+        for i, lw in enumerate(self.layers):
+            x, allowed = full_sequence_layer(x, lw, self._context(i), allowed)
+        logits = dense_matmul(rms_norm(x, self.final_norm, self.config.rms_norm_eps), self.lm_head)
+        return x, logits
+
+    # -----------------------------------------------------------------------------------------
+    # incremental
+
+    def new_state(self) -> KVState:
+        layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
+        mtp = None
+        if self.mtp is not None:
+            mtp = MtpCache(KVLayer(cache_widths(self.config, self.mtp_indexer_mode)))
+        return KVState(layers=layers, hidden_size=self.config.hidden_size, mtp=mtp)
+
+    def prefill(self, state: KVState, ids: Sequence[int]) -> F32:
+        """Append ``ids`` to the state; logits [len(ids), vocab] for each appended position."""
+        if len(ids) == 0:
+            return np.zeros((0, self.config.vocab_size), np.float32)
+        start = state.length
+        return self._rows([state] * len(ids), list(ids), list(range(start, start + len(ids))))
+
+    def decode(self, state: KVState, token: int) -> F32:
+        """Append one token; its logits [vocab]."""
+        logits: F32 = self._rows([state], [token], [state.length])[0]
+        return logits
+
+    def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int]) -> F32:
+        """One token for each of several sequences: logits [B, vocab], row i bit-identical to
+        ``decode(states[i], tokens[i])`` run alone."""
+        if len(states) != len(tokens):
+            raise ValueError(f"{len(states)} states but {len(tokens)} tokens")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("decode_batch needs distinct states (use prefill for one sequence)")
+        if not states:
+            return np.zeros((0, self.config.vocab_size), np.float32)
+        return self._rows(list(states), list(tokens), [s.length for s in states])
+
+    def _rows(self, states: list[KVState], tokens: list[int], positions: list[int]) -> F32:
+        x = self._embed(tokens)
+        for s in {id(s): s for s in states}.values():
+            s.reserve(max(p for st, p in zip(states, positions, strict=True) if st is s) + 1)
+        keeps: list[I64 | None] = [None] * len(states)
+        for i, lw in enumerate(self.layers):
+            caches = [s.layers[i] for s in states]
+            x, keeps = row_layer(x, lw, self._context(i), positions, caches, positions, keeps)
+        for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
+            s.hidden[pos] = hid
+            if pos == len(s.tokens):
+                s.tokens.append(int(tok))
+            else:  # a prefill row of the same state appended earlier in this call
+                s.tokens[pos] = int(tok)
+        normed = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        return row_matmul(normed, self.lm_head)
+
+    # -----------------------------------------------------------------------------------------
+    # MTP
+
+    def mtp_draft(self, state: KVState, token: int) -> F32:
+        """Draft logits [vocab] for the token after ``token``, where ``token`` follows the last
+        position of ``state`` (it is not appended to the state)."""
+        if self.mtp is None or state.mtp is None:
+            raise ValueError("this model has no MTP head")
+        if state.length == 0:
+            raise ValueError("mtp_draft needs a state with at least one position")
+        cache = state.mtp
+        last = state.length - 1
+        if cache.start is None:
+            cache.start = last
+            cache.length = 0
+        # Rebuild from the first missing entry; the entry for `last` is always recomputed
+        # because its token may differ from an earlier draft at the same position.
+        first = cache.start + min(cache.length, last - cache.start)
+        positions = list(range(first, last + 1))
+        next_tokens = [state.tokens[i + 1] for i in positions[:-1]] + [int(token)]
+        slots = [p - cache.start for p in positions]
+        cache.layer.reserve(slots[-1] + 1)
+        e, g = mtp_input(self._embed(next_tokens), state.hidden[positions], self.final_norm,
+                         self.mtp, self.config.rms_norm_eps)
+        z = row_matmul(concat_halves(e, g), self.mtp.eh_proj)
+        ctx = LayerContext(self.config, self.experts, self.route_observer,
+                           self.mtp_indexer_mode, self.use_indexer)
+        z, _ = row_layer(z, self.mtp.layer, ctx, positions, [cache.layer] * len(positions),
+                         slots, [None] * len(positions))
+        cache.length = slots[-1] + 1
+        normed = rms_norm(z[-1:], self.mtp.head_norm, self.config.rms_norm_eps)
+        draft: F32 = row_matmul(normed, self.lm_head)[0]
+        return draft
+
+
+def load_model(model_dir: str | Path, expert_store: ExpertStore | None = None) -> Model:
+    """Open a model directory (config.json + safetensors). Weights are memory-mapped."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory")
+    config = ModelConfig.from_dir(path)
+    return Model(config, Checkpoint(path), expert_store)

@@ -1,0 +1,66 @@
+"""The sparse MLP of a MoE layer: routed experts weighted by the router, plus shared experts.
+
+    out_t = sum_k w_t,k * expert_{e_t,k}(x_t)  +  shared(x_t)
+
+Each token's routed sum runs in its own selection order (k = 0, 1, ...), then the shared
+expert is added, so a token's result depends on no other token. Each expert chosen by several
+tokens is still applied to all of them in one product (its weights are read once per step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from colibri.reference.config import ModelConfig
+from colibri.reference.experts import ExpertStore
+from colibri.reference.mlp import Matmul, swiglu
+from colibri.reference.router import select_experts
+from colibri.reference.tensors import F32
+from colibri.reference.weights import LayerWeights
+
+RouteObserver = Callable[[int, tuple[int, ...]], None]
+
+
+def moe(
+    x: F32,
+    lw: LayerWeights,
+    store: ExpertStore,
+    cfg: ModelConfig,
+    mm: Matmul,
+    observer: RouteObserver | None = None,
+    layer: int | None = None,
+) -> F32:
+    assert lw.router is not None
+    layer_id = lw.index if layer is None else layer
+    t = x.shape[0]
+    logits = mm(x, lw.router.gate)
+    chosen: list[np.ndarray] = []
+    weights: list[F32] = []
+    for row in range(t):
+        ids, w = select_experts(logits[row], lw.router.bias, cfg)
+        chosen.append(ids)
+        weights.append(w)
+        if observer is not None:
+            observer(layer_id, tuple(int(e) for e in ids))
+    k = cfg.num_experts_per_tok
+    outputs = np.empty((t, k, cfg.hidden_size), dtype=np.float32)
+    users: dict[int, list[tuple[int, int]]] = {}
+    for row in range(t):
+        for slot, e in enumerate(chosen[row]):
+            users.setdefault(int(e), []).append((row, slot))
+    for e in sorted(users):
+        ew = store.expert(layer_id, e)
+        rows = [r for r, _ in users[e]]
+        y = swiglu(x[rows], ew.gate, ew.up, ew.down, mm)
+        for i, (r, slot) in enumerate(users[e]):
+            outputs[r, slot] = y[i]
+    out = np.zeros((t, cfg.hidden_size), dtype=np.float32)
+    for row in range(t):
+        acc = np.zeros(cfg.hidden_size, dtype=np.float32)
+        for slot in range(k):
+            acc = acc + weights[row][slot] * outputs[row, slot]
+        out[row] = acc
+    if lw.shared is not None:
+        out = out + swiglu(x, lw.shared.gate, lw.shared.up, lw.shared.down, mm)
+    return out

@@ -1,0 +1,169 @@
+"""Named, shape-checked float32 views of a checkpoint's tensors, grouped per layer.
+
+``TensorLoader`` is the only place that turns a stored tensor into the float32 array the math
+uses: it checks the name exists, the shape is what the config implies, the values are finite,
+and says which tensor is wrong when one is not. Float32 tensors stay memory-mapped views; other
+float dtypes are converted once, on first use.
+
+Routed experts are not loaded here: they go through an ``ExpertStore`` (experts.py), so that
+quantised or tiered storage can replace the plain memory-mapped one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from colibri.reference.config import ModelConfig
+from colibri.reference.errors import CheckpointError
+from colibri.reference.safetensors import Checkpoint
+from colibri.reference.tensors import F32
+
+
+class TensorLoader:
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self.checkpoint = checkpoint
+
+    def has(self, name: str) -> bool:
+        return name in self.checkpoint
+
+    def get(self, name: str, shape: tuple[int, ...]) -> F32:
+        info = self.checkpoint.info(name)
+        if info.shape != shape:
+            raise CheckpointError(
+                f"tensor {name} has shape {list(info.shape)}, expected {list(shape)}"
+            )
+        array = self.checkpoint.float32(name)
+        if not np.isfinite(array).all():
+            raise CheckpointError(f"tensor {name} contains non-finite values (NaN or Inf)")
+        return array
+
+
+@dataclass(frozen=True)
+class IndexerWeights:
+    wq_b: F32  # [n_heads * head_dim, q_lora]
+    wk: F32  # [head_dim, D]
+    k_norm_weight: F32  # [head_dim]
+    k_norm_bias: F32  # [head_dim]
+    weights_proj: F32  # [n_heads, D]
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q_a: F32 | None  # [q_lora, D]  (None when q_lora_rank is null: q_proj instead)
+    q_a_norm: F32 | None  # [q_lora]
+    q_b: F32  # [H * qk_head, q_lora]  or q_proj [H * qk_head, D]
+    kv_a: F32  # [kv_lora + rope, D]
+    kv_a_norm: F32  # [kv_lora]
+    kv_b: F32  # [H * (nope + v), kv_lora]
+    o: F32  # [D, H * v]
+    indexer: IndexerWeights | None
+
+    def kv_b_heads(self, cfg: ModelConfig) -> tuple[F32, F32]:
+        """kv_b split per head: the key part [H, nope, kv_lora] and value part [H, v, kv_lora]."""
+        heads = self.kv_b.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim,
+                                  cfg.kv_lora_rank)
+        return heads[:, : cfg.qk_nope_head_dim], heads[:, cfg.qk_nope_head_dim :]
+
+
+@dataclass(frozen=True)
+class MlpWeights:
+    gate: F32  # [I, D]
+    up: F32  # [I, D]
+    down: F32  # [D, I]
+
+
+@dataclass(frozen=True)
+class RouterWeights:
+    gate: F32  # [E, D]
+    bias: F32  # [E]  e_score_correction_bias
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    index: int
+    input_norm: F32
+    post_norm: F32
+    attention: AttentionWeights
+    dense: MlpWeights | None  # dense layers
+    router: RouterWeights | None  # sparse layers
+    shared: MlpWeights | None  # sparse layers with shared experts
+
+
+def load_attention(
+    t: TensorLoader, cfg: ModelConfig, prefix: str, indexed: bool
+) -> AttentionWeights:
+    d, h = cfg.hidden_size, cfg.num_attention_heads
+    a = prefix + "self_attn."
+    q_a: F32 | None
+    q_a_norm: F32 | None
+    if cfg.q_lora_rank is not None:
+        q_a = t.get(a + "q_a_proj.weight", (cfg.q_lora_rank, d))
+        q_a_norm = t.get(a + "q_a_layernorm.weight", (cfg.q_lora_rank,))
+        q_b = t.get(a + "q_b_proj.weight", (h * cfg.qk_head_dim, cfg.q_lora_rank))
+    else:
+        q_a = None
+        q_a_norm = None
+        q_b = t.get(a + "q_proj.weight", (h * cfg.qk_head_dim, d))
+    indexer = None
+    if indexed:
+        if cfg.q_lora_rank is None:
+            raise CheckpointError("config.json: the DSA indexer needs q_lora_rank")
+        i = a + "indexer."
+        hd, nh = cfg.index_head_dim, cfg.index_n_heads
+        indexer = IndexerWeights(
+            wq_b=t.get(i + "wq_b.weight", (nh * hd, cfg.q_lora_rank)),
+            wk=t.get(i + "wk.weight", (hd, d)),
+            k_norm_weight=t.get(i + "k_norm.weight", (hd,)),
+            k_norm_bias=t.get(i + "k_norm.bias", (hd,)),
+            weights_proj=t.get(i + "weights_proj.weight", (nh, d)),
+        )
+    return AttentionWeights(
+        q_a=q_a,
+        q_a_norm=q_a_norm,
+        q_b=q_b,
+        kv_a=t.get(a + "kv_a_proj_with_mqa.weight", (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d)),
+        kv_a_norm=t.get(a + "kv_a_layernorm.weight", (cfg.kv_lora_rank,)),
+        kv_b=t.get(
+            a + "kv_b_proj.weight",
+            (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+        ),
+        o=t.get(a + "o_proj.weight", (d, h * cfg.v_head_dim)),
+        indexer=indexer,
+    )
+
+
+def load_mlp(t: TensorLoader, prefix: str, d: int, inter: int) -> MlpWeights:
+    return MlpWeights(
+        gate=t.get(prefix + "gate_proj.weight", (inter, d)),
+        up=t.get(prefix + "up_proj.weight", (inter, d)),
+        down=t.get(prefix + "down_proj.weight", (d, inter)),
+    )
+
+
+def load_layer(
+    t: TensorLoader, cfg: ModelConfig, index: int, sparse: bool, indexed: bool
+) -> LayerWeights:
+    d = cfg.hidden_size
+    p = f"model.layers.{index}."
+    dense = router = shared = None
+    if sparse:
+        router = RouterWeights(
+            gate=t.get(p + "mlp.gate.weight", (cfg.n_routed_experts, d)),
+            bias=t.get(p + "mlp.gate.e_score_correction_bias", (cfg.n_routed_experts,)),
+        )
+        if cfg.n_shared_experts:
+            shared = load_mlp(
+                t, p + "mlp.shared_experts.", d, cfg.moe_intermediate_size * cfg.n_shared_experts
+            )
+    else:
+        dense = load_mlp(t, p + "mlp.", d, cfg.intermediate_size)
+    return LayerWeights(
+        index=index,
+        input_norm=t.get(p + "input_layernorm.weight", (d,)),
+        post_norm=t.get(p + "post_attention_layernorm.weight", (d,)),
+        attention=load_attention(t, cfg, p, indexed),
+        dense=dense,
+        router=router,
+        shared=shared,
+    )
