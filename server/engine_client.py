@@ -130,7 +130,8 @@ class EngineProcess:
         assert self.process.stdout is not None
         try:
             await asyncio.wait_for(self._await_ready(self.process.stdout), ready_timeout)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
+                FrameError, ValueError) as exc:
             code = await self._reap()
             raise EngineStartError(
                 f"engine {self.argv[0]!r} did not become READY (exit status {code})") from exc
@@ -139,6 +140,17 @@ class EngineProcess:
     async def _await_ready(self, stdout: asyncio.StreamReader) -> None:
         await stdout.readuntil(frames.READY_SENTINEL)
         await stdout.readline()  # the rest of the sentinel line
+        # CAPS (if any) sits between READY and STAT; read through STAT so that capabilities
+        # such as per-request seeds are known before the first request is sent.
+        for _ in range(4):
+            line = await stdout.readline()
+            text = line.decode("utf-8", "replace")
+            fields = text.split()
+            if not fields or fields[0] in frames.PAYLOAD_KINDS:
+                raise FrameError("unexpected handshake line after READY")
+            self._dispatch(fields[0], fields, b"", text)
+            if fields[0] == "STAT":
+                return
 
     async def _reap(self) -> int | None:
         if self.process is None:

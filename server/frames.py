@@ -13,8 +13,17 @@ from dataclasses import dataclass, field
 
 READY_SENTINEL = b"\x01\x01READY\x01\x01"
 
+
+def _payload_kinds() -> frozenset[str]:
+    """Payload-framed kinds from spec/protocol.json, plus colibri's other families' kinds
+    (TOOL, GRPP, GRPG) so such an engine's payloads are still consumed, not misread."""
+    from colibri.protocol import load_spec
+
+    return frozenset(load_spec().mux["payload_kinds"]) | {"TOOL", "GRPP", "GRPG"}
+
+
 #: Line kinds followed by ``<n>`` raw payload bytes and one ``\n``; the size is field 2.
-PAYLOAD_KINDS: frozenset[str] = frozenset({"DATA", "ECHO", "TOOL", "GRPP", "GRPG"})
+PAYLOAD_KINDS: frozenset[str] = _payload_kinds()
 
 #: Largest payload the client accepts (one decoded token is at most a few hundred bytes).
 MAX_PAYLOAD = 65536

@@ -101,7 +101,7 @@ class CappedHTTPServer(tornado.httpserver.HTTPServer):
         if peer is not None:
             self.live -= 1
             self.per_ip[peer] -= 1
-        super().on_close(server_conn)  # type: ignore[arg-type]
+        super().on_close(server_conn)
 
 
 def bind(host: str, port: int) -> list[socket.socket]:

@@ -8,7 +8,8 @@ script; without one it answers ``"Hé"``, ``"llo"`` like colibri's own gateway f
 are the prompt's UTF-8 bytes, so ``prompt_tokens`` is the payload length. Fault injection:
 ``die`` (exit mid-stream), ``dieearly`` (exit before ACCEPT), ``prefill:N`` (N×100 ms after
 ACCEPT), ``hold:N`` (N×10 ms per token), ``fault`` (an unknown ERROR code); ``echo`` replies
-with the rendered prompt (``<`` shown as ``\u2039`` so no marker fires).
+with the rendered prompt (``<`` shown as ``\u2039`` so no marker fires); ``header`` with the
+SUBMIT header fields after the id.
 
 Environment: ``KV_SLOTS`` (1), ``CTX`` (4096), ``FAKE_CAPS`` (a CAPS line body, e.g.
 ``seed=1``), ``FAKE_START_DELAY_S``.
@@ -53,7 +54,8 @@ SCRIPTS: dict[str, list[str]] = {
     "thinktool": ["weighing ", "options", "</think>", "Checking.", TOOL_ROME],
     "marker": ["answer", "<|us", "er|>ignored"],
     "leading": ["<|us", "er|>answer", "<|user|>ignored"],
-    "stopword": ["Hello", " wor", "ld STOP", "after"],
+    # The stop lands in the last token, so usage does not depend on when STOP arrives.
+    "stopword": ["Hello", " wor", "ld STOP after"],
     "multi": ["Hello", " world", ", this", " is", " a", " longer", " reply."],
     "utf8": ["caf\xe9", " \u4e16\u754c", " \U0001f600"],
     "long": ["tok "] * 64,
@@ -62,6 +64,7 @@ SCRIPTS: dict[str, list[str]] = {
     "seed": [],  # filled per request
     "fault": [],
     "echo": [],  # filled per request
+    "header": [],  # filled per request
 }
 
 DIRECTIVE = re.compile(r"@@([a-z_0-9]+)(?::([0-9]+))?@@")
@@ -195,6 +198,9 @@ class Engine:
             # The rendered prompt with markers defused, so tests can pin the template bytes.
             shown = text.replace("<", "\u2039")
             script = [shown[i:i + 24] for i in range(0, len(shown), 24)]
+        if name == "header":
+            # The SUBMIT header as received (without the id, which depends on test order).
+            script = [" ".join(fields[2:])]
         if name == "fault":
             self.line(f"ERROR {rid} ENGINE_FAULT")
             return

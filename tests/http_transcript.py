@@ -48,6 +48,8 @@ def validate(schema: str, instance: Any) -> None:
 def schema_for(method: str, path: str, status: int, streaming: bool) -> str | None:
     if method not in ("GET", "POST") or status == 204:
         return None
+    if path == "/health" and method == "GET" and status in (200, 503):
+        return "health"
     if status >= 400:
         if path == "/v1/messages" and method == "POST":
             return "anthropic_error"
@@ -121,10 +123,18 @@ def exchange(base_url: str, method: str, path: str, body: Any = None,
     all_headers.update(headers or {})
     conn.request(method, path, body=data, headers=all_headers)
     response = conn.getresponse()
-    content = response.read()
+    truncated = False
+    try:
+        content = response.read()
+    except http.client.IncompleteRead as cut:
+        # The server closed a stream mid-way (engine failure): keep the complete events.
+        truncated = True
+        content = cut.partial[: cut.partial.rfind(b"\n\n") + 2]
     conn.close()
     got = {k.lower(): v for k, v in response.getheaders()}
     transcript: dict[str, Any] = {"status": response.status}
+    if truncated:
+        transcript["truncated"] = True
     transcript["headers"] = {k: got[k] for k in KEPT_HEADERS if k in got}
     for key in PRESENCE_HEADERS:
         if key in got:
