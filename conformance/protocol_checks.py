@@ -279,8 +279,26 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
                 raise CheckFailure(f"DATA without a logprob tail: {frame.describe()!r}")
             got.append(int(fields[5]))  # k=1 table: its single entry is the greedy token
     expected = expected[: int(exp.get("limit", len(expected)))]
+    if "echo" in exp:
+        _golden_echo(view, int(exp["id"]), codec.oracle_ids(str(exp["echo"])), len(prompt))
+        return
     if got[: len(expected)] != expected:
         raise CheckFailure(f"greedy tokens {got[: len(expected)]} != oracle {expected}")
+
+
+def _golden_echo(view: SessionView, rid: int, predictions: list[int], prompt_len: int) -> None:
+    """ECHO at position p (p >= 1) carries, with logprobs=1, the argmax after tokens 0..p-1:
+    the oracle's teacher-forced prediction for position p-1."""
+    got: list[int] = []
+    for frame in view.frames:
+        if frame.kind == "ECHO" and frame.request_id == rid and frame.fields[3] != "0":
+            fields = frame.fields
+            if len(fields) < 8:
+                raise CheckFailure(f"ECHO without a k=1 table: {frame.describe()!r}")
+            got.append(int(fields[6]))
+    want = predictions[: prompt_len - 1]
+    if got != want:
+        raise CheckFailure(f"teacher-forced argmax {got} != oracle tf_pred {want}")
 
 
 def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCodec) -> list[str]:
