@@ -30,7 +30,11 @@ from colibri.resources import spec_dir
 class HttpState:
     endpoint: Endpoint
     responses: dict[str, Response] = field(default_factory=dict)
-    held: dict[str, http.client.HTTPConnection] = field(default_factory=dict)
+    # The response must stay referenced: with "Connection: close" it owns the socket, and
+    # dropping it would disconnect the client (the server would cancel the held request).
+    held: dict[str, tuple[http.client.HTTPConnection, http.client.HTTPResponse]] = field(
+        default_factory=dict
+    )
     last: str = ""
 
 
@@ -85,7 +89,8 @@ class HttpRunner:
                     raise CheckFailure(f"step {number} ({step['op']}): {exc}") from exc
             return self._check(case, state)
         finally:
-            for conn in state.held.values():
+            for conn, raw in state.held.values():
+                raw.close()
                 conn.close()
 
     def _step(self, state: HttpState, step: dict[str, Any], number: int) -> None:
@@ -121,11 +126,12 @@ class HttpRunner:
             if raw.status != 200:
                 raise CheckFailure(f"held request got {raw.status}: {raw.read()[:200]!r}")
             raw.readline()  # the stream has started: the request holds its slot
-            state.held[step["name"]] = conn
+            state.held[step["name"]] = (conn, raw)
         elif step["op"] == "release":
             held = state.held.pop(step["name"], None)
             if held is not None:
-                held.close()
+                held[1].close()
+                held[0].close()
 
     # -- expectations -------------------------------------------------------------------
     def _check(self, case: Case, state: HttpState) -> list[str]:

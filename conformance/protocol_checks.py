@@ -112,6 +112,8 @@ def resolve(views: Views, codec: PromptCodec, value: dict[str, Any]) -> float:
         return _number(
             field_value(_pick(views, spec), spec["name"]), f"{_describe(spec)}.{spec['name']}"
         )
+    if "sum" in value:
+        return sum(resolve(views, codec, part) for part in value["sum"])
     if "prompt_tokens" in value:
         tokens = codec.encode(value["prompt_tokens"]).tokens
         if tokens is None:
@@ -284,6 +286,8 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
         return
     if got[: len(expected)] != expected:
         raise CheckFailure(f"greedy tokens {got[: len(expected)]} != oracle {expected}")
+    if len(got) < len(expected):
+        raise CheckFailure(f"only {len(got)} tokens, the oracle has {len(expected)}")
 
 
 def _golden_echo(view: SessionView, rid: int, predictions: list[int], prompt_len: int) -> None:
