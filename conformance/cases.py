@@ -33,6 +33,7 @@ PROTOCOL_EXPECTATIONS = frozenset(
         "legacy",
         "interleave",
         "logprobs",
+        "state_files",
     }
 )
 HTTP_EXPECTATIONS = frozenset({"status", "header", "json", "schema", "sse", "metrics", "relation"})

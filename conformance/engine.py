@@ -109,6 +109,11 @@ class EngineSession:
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
+        self.spawn()
+        self.await_ready()
+
+    def spawn(self) -> None:
+        """Start the process without waiting (so several engines can load in parallel)."""
         legacy = self.config.get("protocol", "mux") == "legacy"
         self._stderr = tempfile.TemporaryFile()
         try:
@@ -126,6 +131,8 @@ class EngineSession:
         self.generation += 1
         assert self._proc.stdout is not None
         self._reader = FrameReader(cast(BinaryIO, self._proc.stdout), legacy=legacy)
+
+    def await_ready(self) -> None:
         self.wait_for(lambda f: f.kind == "READY", self.target.startup_timeout, "READY")
         # The status line after READY is part of the handshake every server waits for.
         self.wait_for(

@@ -200,6 +200,9 @@ class HttpRunner:
             raise CheckFailure(f"{exp['path']} present: {value!r}")
         if "equals" in exp and value != _substitute(exp["equals"], self.target.model_id):
             raise CheckFailure(f"{exp['path']} is {value!r}, expected {exp['equals']!r}")
+        for needle in exp.get("excludes", []):
+            if isinstance(value, str) and needle in value:
+                raise CheckFailure(f"{exp['path']} contains {needle!r}: {value!r}")
         if "matches" in exp and not (isinstance(value, str) and re.search(exp["matches"], value)):
             raise CheckFailure(f"{exp['path']} {value!r} does not match /{exp['matches']}/")
         if (
@@ -252,10 +255,17 @@ class HttpRunner:
                 raise CheckFailure("OpenAI streams carry data-only events")
             if events[-1].get("data") != "[DONE]":
                 raise CheckFailure(f"stream does not end with data: [DONE] ({events[-1]!r})")
+            text = ""
             for event in events[:-1]:
                 chunk = json.loads(event["data"])
                 if chunk.get("object") not in ("chat.completion.chunk", "text_completion"):
                     raise CheckFailure(f"unexpected chunk object {chunk.get('object')!r}")
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    text += str(delta.get("content") or "") + str(choice.get("text") or "")
+            for needle in exp.get("excludes", []):
+                if needle in text:
+                    raise CheckFailure(f"streamed text contains {needle!r}: {text[:200]!r}")
         else:
             names = []
             for event in events:
@@ -337,7 +347,10 @@ def http_runner(
     assert base_url is not None
     endpoint = Endpoint(base_url.rstrip("/"), api_key, timeout)
     try:
-        model = model_id or discover_model(endpoint)
+        try:
+            model = model_id or discover_model(endpoint)
+        except OSError as exc:
+            raise HttpTargetError(f"cannot reach {endpoint.base_url}: {exc}") from exc
         capabilities = probe(endpoint, model)
     except HttpTargetError:
         for server in servers.values():

@@ -127,19 +127,26 @@ class ManagedServer:
         self._wait(timeout)
 
     def _wait(self, timeout: float) -> None:
+        """Ready means answering HTTP with its engine up: /health 200 on a colibri server,
+        or anything but a 5xx on /v1/models for a server without /health."""
         deadline = time.monotonic() + timeout
+        check = Endpoint(self.base_url, None, 2.0)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise HttpTargetError(
                     f"server exited with status {self.proc.returncode}: {self.log()}"
                 )
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                health = check.request("GET", "/health")
+                if health.status == 200:
+                    return
+                if health.status == 404 and check.request("GET", "/v1/models").status < 500:
                     return
             except OSError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         self.close()
-        raise HttpTargetError(f"server did not listen on port {self.port} within {timeout:.0f}s")
+        raise HttpTargetError(f"server on port {self.port} not ready within {timeout:.0f}s")
 
     def log(self) -> str:
         self._log.seek(0)
@@ -191,7 +198,7 @@ class HttpTarget:
 
 
 def probe(endpoint: Endpoint, model: str) -> set[str]:
-    caps = {"openai_chat", "streaming"}
+    caps = {"openai_chat", "streaming", "tools"}
     try:
         health = endpoint.request("GET", "/health")
         if isinstance(health.json(), dict) and "scheduler" in health.json():

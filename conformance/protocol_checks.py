@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import operator
 import re
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from colibri.conformance.cases import Case
@@ -52,6 +54,7 @@ class SessionView:
     exit_codes: list[int]
     alive: bool
     submitted: dict[int, Payload]
+    state_dir: Path | None = None
 
 
 Views = dict[str, SessionView]
@@ -326,6 +329,8 @@ def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCode
                 _golden(views, exp, codec)
             elif kind == "legacy":
                 _legacy(views, exp)
+            elif kind == "state_files":
+                _state_files(views, exp, codec)
             elif kind == "interleave":
                 _interleave(views, exp)
             elif kind == "logprobs":
@@ -448,3 +453,36 @@ def _logprobs(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
                     raise CheckFailure(f"position 0 tail must be 'nan 0': {f.describe()!r}")
                 continue
             _table(f.fields, 4, k, codec.vocab, f"ECHO {f.describe()!r}")
+
+
+_USAGE_LINE = re.compile(r"-?[0-9]+ [0-9]+ [0-9]+")
+
+
+def _state_files(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
+    """The persistence files of protocol.md §4: where they are and their layouts."""
+    view = _session(views, exp.get("session"))
+    if view.state_dir is None:
+        raise CheckFailure("no state directory for this session")
+    kv = view.state_dir / ".coli_kv"
+    if not kv.is_file():
+        raise CheckFailure(f"{kv.name} missing from COLI_STATE_DIR after a finished turn")
+    data = kv.read_bytes()
+    if len(data) < 40 or data[:8] != b"COLIKV1\x00":
+        raise CheckFailure(f".coli_kv does not start with the COLIKV1 magic: {data[:8]!r}")
+    layers, lora, rope, index_hd, nic, vocab, nrec, _tag = struct.unpack("<8i", data[8:40])
+    if vocab != codec.vocab:
+        raise CheckFailure(f".coli_kv header names vocab {vocab}, the model has {codec.vocab}")
+    record = 4 + layers * (lora + rope) * 4 + nic * index_hd * 4
+    if nrec < 1 or len(data) < 40 + nrec * record:
+        raise CheckFailure(f".coli_kv holds {len(data)} bytes for nrec={nrec} x {record}")
+    usage = view.state_dir / ".coli_usage"
+    if not usage.is_file():
+        raise CheckFailure(".coli_usage missing from COLI_STATE_DIR after a finished turn")
+    lines = usage.read_text(encoding="ascii", errors="replace").splitlines()
+    if not lines or not lines[0].startswith("-1 "):
+        raise CheckFailure(
+            f".coli_usage does not start with a '-1 <layers> <experts>' record: {lines[:1]}"
+        )
+    bad = [line for line in lines if not _USAGE_LINE.fullmatch(line)]
+    if bad:
+        raise CheckFailure(f".coli_usage line {bad[0]!r} is not '<layer> <expert> <count>'")

@@ -44,6 +44,7 @@ class LiveSession:
             list(self.engine.exit_codes),
             self.engine.alive,
             dict(self.submitted),
+            self.engine.state_dir,
         )
 
 
@@ -93,14 +94,47 @@ class ProtocolRunner:
         self.capabilities = capabilities
         self.timeout = timeout
         self.pool = EnginePool(target)
+        self._spares: list[tuple[str, EngineSession]] = []
+        self._prepared: set[str] = set()
 
     def close(self) -> None:
         self.pool.close()
+        for _, engine in self._spares:
+            engine.close()
+        self._spares.clear()
+
+    def prepare(self, case: Case) -> None:
+        """Spawn the engines the next case will need while the current one runs."""
+        if not case.fresh or not case.requires <= self.capabilities or case.id in self._prepared:
+            return
+        self._prepared.add(case.id)
+        for spec in case.sessions:
+            engine = EngineSession(self.target, spec.engine)
+            try:
+                engine.spawn()
+            except EngineError:
+                engine.close()
+                return
+            self._spares.append((json.dumps(spec.engine, sort_keys=True), engine))
+
+    def _fresh(self, config: dict[str, Any]) -> EngineSession:
+        key = json.dumps(config, sort_keys=True)
+        for number, (spare_key, engine) in enumerate(self._spares):
+            if spare_key == key:
+                del self._spares[number]
+                engine.await_ready()
+                return engine
+        engine = EngineSession(self.target, config)
+        engine.start()
+        return engine
 
     # -- one case ------------------------------------------------------------------------
     def run(self, case: Case) -> list[str]:
         """Run a case; returns warnings (failed `should` expectations). Raises on failure."""
         live: list[LiveSession] = []
+        if len(case.sessions) > 1:
+            # Sessions run one after the other, but their engines can load side by side.
+            self.prepare(case)
         try:
             for spec in case.sessions:
                 session = self._open(case, spec.engine)
@@ -123,9 +157,7 @@ class ProtocolRunner:
     def _open(self, case: Case, config: dict[str, Any]) -> LiveSession:
         try:
             if case.fresh:
-                engine = EngineSession(self.target, config)
-                engine.start()
-                return LiveSession("main", engine, 0, pooled=False)
+                return LiveSession("main", self._fresh(config), 0, pooled=False)
             engine = self.pool.take(config)
         except EngineError as exc:
             raise CheckFailure(f"engine did not start: {exc}") from exc

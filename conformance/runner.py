@@ -95,7 +95,10 @@ def run_suite(
 ) -> list[Result]:
     results = []
     try:
-        for case in cases:
+        for number, case in enumerate(cases):
+            prepare = getattr(executor, "prepare", None)
+            if prepare is not None and number + 1 < len(cases):
+                prepare(cases[number + 1])
             result = run_case(executor, case, expectations, reruns)
             results.append(result)
             if progress is not None:
