@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.serve",
     "colibri.commands.engine",
     "colibri.commands.chat",
+    "colibri.commands.conformance",
 )
 
 
