@@ -19,7 +19,10 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.version",
     "colibri.commands.doctor",
     "colibri.commands.generate",
+    "colibri.commands.convert",
     "colibri.commands.bench",
+    "colibri.commands.engine",
+    "colibri.commands.chat",
 )
 
 

@@ -27,6 +27,8 @@ DTYPES: dict[str, np.dtype[np.generic]] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    # UE8M0 block exponents: readable so the quantized-container check can refuse them by rule.
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "F64": np.dtype("<f8"),
     "I8": np.dtype("i1"),
     "U8": np.dtype("u1"),

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 #: Modules that register bench sections, in report order.
-SECTION_MODULES: tuple[str, ...] = ("colibri.benchmarks.reference_decode",)
+SECTION_MODULES: tuple[str, ...] = (
+    "colibri.benchmarks.reference_decode",
+    "colibri.benchmarks.quant_formats",
+)
 
 
 @dataclass(frozen=True)
