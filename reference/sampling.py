@@ -21,12 +21,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.rng import Rng
 
 FloatRow = npt.NDArray[np.float32]
+
+
+class UniformSource(Protocol):
+    """Anything that hands out colibri uniforms in [0, 1), e.g. :class:`rng.Rng`."""
+
+    def uniform(self) -> float: ...
+
 
 #: The widest top-k table the wire protocol carries (``logprobs=0..32``).
 MAX_TOP_LOGPROBS = 32
@@ -118,7 +125,11 @@ def sample_index(probs: FloatRow, u01: float, ban: int = -1) -> int:
 
 
 def sample(
-    logits: npt.ArrayLike, temperature: float, top_p: float, rng: Rng, ban: int = -1
+    logits: npt.ArrayLike,
+    temperature: float,
+    top_p: float,
+    rng: UniformSource,
+    ban: int = -1,
 ) -> int:
     """colibri's ``pick_tok``: greedy when ``temperature <= 0``, else one draw from ``rng``."""
     if np.float32(temperature) <= 0:
