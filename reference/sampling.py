@@ -87,16 +87,43 @@ def distribution(logits: npt.ArrayLike, temperature: float, top_p: float) -> Flo
     probs = probs / np.float32(total)
     nucleus = float(np.float32(top_p))
     if 0.0 < nucleus < 1.0:
-        probs = _truncate_nucleus(probs, nucleus)
+        probs = nucleus_order(probs, nucleus)
     return probs
 
 
-def _truncate_nucleus(probs: FloatRow, nucleus: float) -> FloatRow:
-    # Descending probability; a stable sort of the negated values puts equal
-    # probabilities in ascending id order (our tie rule; colibri's heap order is
-    # unspecified).
+#: How many of the most probable tokens are ordered before falling back to a full sort.
+_NUCLEUS_PREFIX = 1024
+
+
+def nucleus_order(probs: FloatRow, nucleus: float, prefix: int = _NUCLEUS_PREFIX) -> FloatRow:
+    """``probs`` truncated to the nucleus (see the module docstring).
+
+    Only the head of the (descending probability, ascending id) order matters, so the
+    ``prefix`` most probable tokens, plus every token tied with the last of them, are
+    ordered first; the full vocabulary is sorted only when their mass stays below
+    ``nucleus``. Every token left out is strictly less probable than every token ordered,
+    so the kept set is exactly what a full sort gives.
+    """
+    if probs.size > prefix:
+        threshold = np.partition(probs, probs.size - prefix)[probs.size - prefix]
+        head = np.flatnonzero(probs >= threshold)
+        order = head[np.lexsort((head, -probs[head]))]
+        running = np.cumsum(probs[order].astype(np.float64))
+        if running[-1] >= nucleus:
+            return _keep_prefix(probs, order, running, nucleus)
+    # A stable sort of the negated values puts equal probabilities in ascending id order
+    # (our tie rule; colibri's heap order is unspecified).
     order = np.argsort(-probs, kind="stable")
     running = np.cumsum(probs[order].astype(np.float64))
+    return _keep_prefix(probs, order, running, nucleus)
+
+
+def _keep_prefix(
+    probs: FloatRow,
+    order: npt.NDArray[np.intp],
+    running: npt.NDArray[np.float64],
+    nucleus: float,
+) -> FloatRow:
     reached = np.flatnonzero(running >= nucleus)
     kept = int(reached[0]) + 1 if reached.size else probs.size
     kept_ids = order[:kept]

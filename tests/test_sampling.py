@@ -14,6 +14,7 @@ from colibri.reference.sampling import (
     distribution,
     log_softmax,
     logprob_entry,
+    nucleus_order,
     sample,
     sample_index,
     sorted_by_logprob,
@@ -324,3 +325,22 @@ def test_logprob_tails_snapshot(snapshot_json: object) -> None:
     tails = {f"token={t} k={k}": logprob_entry(row, t, k).tail() for t, k in
              ((0, 1), (int(np.argmax(row)), 5), (17, 32))}
     assert tails == snapshot_json
+
+
+@given(row=rows, top_p=st.floats(0.05, 0.999), prefix=st.integers(1, 8))
+def test_partial_nucleus_order_equals_the_full_sort(
+    row: np.ndarray, top_p: float, prefix: int
+) -> None:
+    probs = distribution(row, 1.0, 1.0)
+    nucleus = float(np.float32(top_p))
+    assert nucleus_order(probs, nucleus, prefix).tobytes() == \
+        nucleus_order(probs, nucleus, prefix=10**9).tobytes()
+
+
+def test_partial_nucleus_on_a_large_vocabulary() -> None:
+    row = np.random.default_rng(4).normal(size=154_880).astype(np.float32) * 4
+    row[:50] = row.max()  # ties straddling the partition boundary
+    probs = distribution(row, 0.8, 1.0)
+    for top_p in (0.5, 0.9, 0.999):
+        fast = nucleus_order(probs, top_p)
+        assert fast.tobytes() == nucleus_order(probs, top_p, prefix=10**9).tobytes()
