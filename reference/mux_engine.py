@@ -14,10 +14,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference import logprob_table
 from colibri.reference.engine_runtime import EngineRuntime, Slot
 from colibri.reference.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
-from colibri.reference.request_sampling import XorShift64, greedy, pick, request_rng
+from colibri.reference.request_sampling import (
+    NO_PREDICTOR_TAIL,
+    greedy,
+    logprob_tail,
+    pick,
+    request_rng,
+    top_candidates,
+)
+from colibri.reference.rng import Rng
 from colibri.reference.submit_parse import (
     MAX_HEADER,
     Control,
@@ -37,7 +44,6 @@ from colibri.reference.wire_output import (
     f2,
     f3,
     f6,
-    logprob_tail,
 )
 
 HITS_EVERY = 6
@@ -51,7 +57,7 @@ class Request:
     temperature: float
     top_p: float
     logprobs: int
-    rng: XorShift64
+    rng: Rng
     prompt_tokens: int
     maximum: int
     submitted_at: float
@@ -298,11 +304,9 @@ class MuxEngine:
         k = min(request.logprobs, self.rt.vocab)
         for pos, token in enumerate(tokens):
             if pos == 0:
-                tail = " nan 0"
+                tail = NO_PREDICTOR_TAIL
             else:
-                row = logits[pos - 1]
-                lps = logprob_table.log_softmax(row)
-                tail = logprob_tail(float(lps[token]), logprob_table.table(lps, row, k))
+                tail = logprob_tail(logits[pos - 1], token, k)
             payload = self.rt.token_payload(token)
             self.out.payload(echo_header(request.rid, payload, pos, tail), payload)
 
@@ -323,29 +327,21 @@ class MuxEngine:
     def emit(self, request: Request, token: int, row: npt.NDArray[np.float32]) -> None:
         payload = self.rt.token_payload(token)
         tail = ""
-        lps: npt.NDArray[np.float64] | None = None
         if request.logprobs > 0:
-            lps = logprob_table.log_softmax(row)
-            k = min(request.logprobs, self.rt.vocab)
-            tail = logprob_tail(float(lps[token]), logprob_table.table(lps, row, k))
+            tail = logprob_tail(row, token, min(request.logprobs, self.rt.vocab))
         self.out.payload(data_header(request.rid, payload, tail), payload)
         request.emitted += 1
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
         if self.rt.settings.serve_topk:
-            if lps is None:
-                lps = logprob_table.log_softmax(row)
-            self.out.line(self.topk_line(request.rid, lps, row))
+            self.out.line(self.topk_line(request.rid, row))
 
-    def topk_line(
-        self, rid: int, lps: npt.NDArray[np.float64], row: npt.NDArray[np.float32]
-    ) -> str:
-        parts = [f"TOPK {rid}"]
-        top = logprob_table.top_tokens(row, TOPK_COUNT)
-        parts.append(str(len(top)))
-        for token in top:
+    def topk_line(self, rid: int, row: npt.NDArray[np.float32]) -> str:
+        top = top_candidates(row, TOPK_COUNT)
+        parts = [f"TOPK {rid} {len(top)}"]
+        for token, logprob in top:
             text = self.rt.token_payload(token).hex() or "-"
-            parts.append(f"{f6(float(lps[token]))} {text}")
+            parts.append(f"{f6(logprob)} {text}")
         return " ".join(parts)
 
     def step(self) -> None:
