@@ -72,6 +72,7 @@ class LegacyEngine:
             else:
                 self.chat(line)
         self.rt.save_usage()
+        self.rt.close()
         return 0
 
     # --- replies -------------------------------------------------------------------------

@@ -156,6 +156,7 @@ class MuxEngine:
                 break
             self.step()
         self.rt.save_usage()
+        self.rt.close()
         print(f"[API] {self.steps} decode steps, {self.rows} rows", file=self.log)
         if self.drafted:
             print(
