@@ -9,6 +9,7 @@ decodes, so a request's frames do not depend on what the other slots are doing.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +49,11 @@ from colibri.reference.wire_output import (
 
 HITS_EVERY = 6
 TOPK_COUNT = 5
+#: colibri's MTP guard: over the last 24 proposals, under 70% accepted pauses drafting for
+#: 256 tokens (COLI_MTP_GUARD_WINDOW / COLI_MTP_GUARD_PCT in colibri).
+MTP_GUARD_WINDOW = 24
+MTP_GUARD_PCT = 70
+MTP_GUARD_PAUSE = 256
 
 
 @dataclass
@@ -102,6 +108,8 @@ class MuxEngine:
         self.steps_since_repin = 0
         self.drafted = 0
         self.accepted = 0
+        self.mtp_recent: deque[bool] = deque(maxlen=MTP_GUARD_WINDOW)
+        self.mtp_paused = 0  # decode steps left without drafting
         #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
         self.step_log: list[tuple[int, float]] = []
 
@@ -355,7 +363,9 @@ class MuxEngine:
             return
         if len(ready) == 1 and len(self.active) == 1 and self.rt.drafter is not None:
             slot_index, request = ready[0]
-            if request.temperature <= 0.0:
+            if self.mtp_paused > 0:
+                self.mtp_paused -= 1
+            elif request.temperature <= 0.0:
                 self.speculative_step(self.slots[slot_index], request)
                 self.after_step()
                 return
@@ -410,7 +420,20 @@ class MuxEngine:
         self.steps += 1
         self.rows += 2
         self.drafted += 1
-        if greedy(rows[0]) != draft:
+        accepted = greedy(rows[0]) == draft
+        self.mtp_recent.append(accepted)
+        if (
+            len(self.mtp_recent) == MTP_GUARD_WINDOW
+            and 100 * sum(self.mtp_recent) < MTP_GUARD_PCT * MTP_GUARD_WINDOW
+        ):
+            self.mtp_paused = MTP_GUARD_PAUSE
+            self.mtp_recent.clear()
+            print(
+                f"[MTP] acceptance under {MTP_GUARD_PCT}% over {MTP_GUARD_WINDOW} drafts: "
+                f"drafting paused for {MTP_GUARD_PAUSE} tokens",
+                file=self.log,
+            )
+        if not accepted:
             self.rt.truncate_slot(slot, slot.state.length - 1)
             self.advance(request, rows[0])
             return

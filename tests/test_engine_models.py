@@ -103,6 +103,19 @@ def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
         assert drafted.engine.accepted == 0
 
 
+def test_mtp_guard_pauses_drafting_when_acceptance_is_low() -> None:
+    script = [submit(1, 0, ids(*PROMPT), 60, ext="ids=1")]
+
+    def wrong(runtime: Any) -> None:
+        runtime.drafter = _OracleDrafter(runtime.model, right=False)
+
+    run = run_engine(script, model_dir=TINY, configure=wrong)
+    assert run.engine.drafted == 24  # one full window, then paused for the rest
+    assert "drafting paused for 256 tokens" in run.stderr
+    plain = run_engine(script, model_dir=TINY)
+    assert comparable(run.for_id(1)) == comparable(plain.for_id(1))
+
+
 DEEPSEEK = resources.fixture_model_dir("deepseek3-tiny")
 
 
