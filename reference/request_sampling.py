@@ -4,8 +4,6 @@ other slots draw."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import numpy.typing as npt
 from colibri.reference import sampling
@@ -13,12 +11,13 @@ from colibri.reference.rng import Rng
 
 
 def request_rng(seed: int | None, process_seed: int | None) -> Rng:
-    """seed= wins; else SEED (the stream restarts per request); else a random stream."""
+    """seed= wins; else SEED (the stream restarts per request); else colibri's initial state
+    without the clock mixing, so an engine is reproducible by default."""
     if seed is not None:
         return Rng.from_seed(seed)
     if process_seed is not None:
         return Rng.from_seed(process_seed)
-    return Rng(int.from_bytes(os.urandom(8), "little") | 1)
+    return Rng()
 
 
 def greedy(row: npt.NDArray[np.float32]) -> int:

@@ -33,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--ngen", type=int, default=None, help="tokens per answer (NGEN)")
     parser.add_argument("--temperature", type=float, default=None, help="COLI_TEMP (0.7)")
     parser.add_argument("--engine-cmd", help="engine command line (default: colibri engine)")
+    # `--attach [URL]`: talk to a running `colibri serve` over SSE instead (colibri.server.attach).
+    from colibri.server import attach
+
+    attach.add_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -65,6 +69,10 @@ def _read_reply(stdout: IO[bytes], out: IO[str]) -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "attach", None):
+        from colibri.server import attach
+
+        return attach.run(args)
     env = dict(os.environ)
     env.pop("SERVE_BATCH", None)
     env["SERVE"] = "1"
