@@ -21,6 +21,10 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.generate",
     "colibri.commands.convert",
     "colibri.commands.bench",
+    "colibri.commands.serve",
+    "colibri.commands.engine",
+    "colibri.commands.chat",
+    "colibri.commands.conformance",
 )
 
 

@@ -120,13 +120,16 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> 
         states.append(s)
     batch_steps: list[list[tuple[int, tuple[int, ...]]]] = []
     batch_times: list[float] = []
-    for _ in range(max(1, tokens // 2)):
+    for step in range(warmup + max(1, tokens // 2)):
         routes.clear()
         t = time.perf_counter()
         out = model.decode_batch(states, batch_tokens)
         batch_times.append(time.perf_counter() - t)
         batch_steps.append(list(routes))
         batch_tokens = [int(i) for i in np.argmax(out, axis=-1)]
+        if step < warmup:
+            batch_times.pop()
+            batch_steps.pop()
     alone_ms = [1000 * t for t in warm_times]
     return {
         "load_s": load_s,

@@ -1,0 +1,61 @@
+"""``colibri engine``: an engine process speaking colibri's wire protocol on stdin/stdout.
+
+Options override colibri's environment variables (SNAP, SERVE/SERVE_BATCH, KV_SLOTS, CTX,
+SEED, SERVE_TOPK, KVSAVE, COLI_STATE_DIR, COLI_PERSIST, ...; spec/protocol.md 2.9), so
+harnesses written for the C engine drive this one unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "engine",
+        help="run an engine on stdin/stdout (mux protocol; --legacy for colibri chat's)",
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--model", type=Path, help="model directory (default: SNAP or the embedded default model)"
+    )
+    parser.add_argument("--kv-slots", type=int, help="KV slots, 1..16 (KV_SLOTS)")
+    parser.add_argument("--ctx", type=int, help="context length in tokens (CTX)")
+    parser.add_argument(
+        "--legacy",
+        action="store_true",
+        default=None,
+        help="speak the legacy protocol (as SERVE=1 without SERVE_BATCH=1)",
+    )
+    parser.add_argument(
+        "--accelerated",
+        action="store_true",
+        help="use the accelerated engine (not part of this build)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from colibri import resources
+    from colibri.reference.engine_main import main_from_environment
+    from colibri.reference.engine_settings import SettingsError, from_environment
+
+    if args.accelerated:
+        print("colibri engine: --accelerated is not available in this build", file=sys.stderr)
+        return 2
+    try:
+        settings = from_environment(
+            os.environ,
+            model_dir=args.model,
+            kv_slots=args.kv_slots,
+            ctx=args.ctx,
+            legacy=args.legacy,
+            default_model=resources.default_model_dir(),
+        )
+    except SettingsError as exc:
+        print(f"colibri engine: {exc}", file=sys.stderr)
+        return 2
+    return main_from_environment(settings)

@@ -1,0 +1,105 @@
+"""``colibri serve``: the OpenAI + Anthropic HTTP server over an engine process."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the OpenAI/Anthropic HTTP API over an engine",
+        description="Serve the OpenAI- and Anthropic-compatible HTTP API (spec/http.md). "
+                    "Without --model the embedded default model is served by the reference "
+                    "engine on 127.0.0.1:8000.")
+    parser.add_argument("--model", default=os.environ.get("COLI_MODEL"),
+                        help="model directory (env COLI_MODEL; default: embedded model)")
+    engine = parser.add_mutually_exclusive_group()
+    engine.add_argument("--accelerated", action="store_true",
+                        help="run `colibri engine --accelerated`")
+    engine.add_argument("--engine-cmd", default=os.environ.get("COLI_ENGINE_CMD"),
+                        help="any conformant engine command line (env COLI_ENGINE_CMD)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model-id", default=os.environ.get("COLI_MODEL_ID",
+                                                             "glm-5.2-colibri"))
+    parser.add_argument("--api-key", default=os.environ.get("COLI_API_KEY") or None)
+    parser.add_argument("--kv-slots", type=int, default=_env_int("COLI_KV_SLOTS", 1))
+    parser.add_argument("--max-queue", type=int, default=_env_int("COLI_MAX_QUEUE", 8))
+    parser.add_argument("--queue-timeout", type=float,
+                        default=_env_float("COLI_QUEUE_TIMEOUT", 300.0))
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--cors-origin", action="append", default=[],
+                        help="exact origin to allow (repeat; '+origin' appends to defaults)")
+    parser.add_argument("--allowed-host", action="append", default=[],
+                        help="extra Host header to accept (repeat; env COLI_ALLOWED_HOSTS)")
+    parser.set_defaults(handler=run)
+
+
+def cors_origins(values: list[str]) -> tuple[str, ...]:
+    from colibri.server.context import DEFAULT_CORS_ORIGINS
+
+    plain = [v for v in values if not v.startswith("+")]
+    extra = [v[1:] for v in values if v.startswith("+")]
+    merged = (plain or list(DEFAULT_CORS_ORIGINS)) + extra
+    return tuple(dict.fromkeys(merged))
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from colibri import resources
+    from colibri.server.context import ServerConfig
+    from colibri.server.engine_client import EngineStartError
+    from colibri.server.runner import (
+        ConfigError,
+        EngineSpec,
+        engine_argv,
+        engine_env,
+        serve_forever,
+        validate,
+    )
+
+    allowed = list(args.allowed_host) + [
+        h.strip() for h in os.environ.get("COLI_ALLOWED_HOSTS", "").split(",") if h.strip()]
+    if "*" in allowed:
+        print("colibri: warning: --allowed-host '*' disables the DNS-rebinding guard",
+              file=sys.stderr)
+    config = ServerConfig(
+        model_id=args.model_id, api_key=args.api_key, max_tokens=args.max_tokens,
+        kv_slots=args.kv_slots, max_queue=args.max_queue, queue_timeout=args.queue_timeout,
+        cors_origins=cors_origins(args.cors_origin), allowed_hosts=tuple(allowed),
+        bind_host=args.host, keepalive_s=float(os.environ.get("COLI_KEEPALIVE_S", "10")),
+        think_default=os.environ.get("COLI_THINK") == "1",
+        web_dist=os.environ.get("COLI_WEB_DIST"),
+        max_connections=int(os.environ.get("COLI_MAX_CONNECTIONS", "64")),
+        max_connections_per_ip=int(os.environ.get("COLI_MAX_CONNECTIONS_PER_IP", "8")),
+        read_deadline_s=float(os.environ.get("COLI_READ_DEADLINE", "30")))
+    try:
+        validate(config, args.port)
+    except ConfigError as exc:
+        print(f"colibri serve: {exc}", file=sys.stderr)
+        return 1
+    model_dir = args.model or str(resources.default_model_dir())
+    spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd)
+    try:
+        return asyncio.run(serve_forever(config, engine_argv(spec, config.kv_slots),
+                                         engine_env(spec, config), args.port))
+    except OSError as exc:
+        print(f"colibri serve: cannot listen on {args.host}:{args.port}: {exc}",
+              file=sys.stderr)
+        return 1
+    except EngineStartError as exc:
+        print(f"colibri serve: {exc}", file=sys.stderr)
+        return 1

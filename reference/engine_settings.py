@@ -1,0 +1,175 @@
+"""The engine's configuration from command-line options and colibri's environment variables.
+
+Options win over the environment; the environment names are colibri's own (SNAP, SERVE,
+SERVE_BATCH, KV_SLOTS, CTX, SEED, SERVE_TOPK, KVSAVE, COLI_STATE_DIR, COLI_PERSIST, ...) so
+harnesses written for the C engine drive this one unchanged (spec/protocol.md 2.9).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    """A configuration value out of range; the engine exits 2 with this message."""
+
+
+MAX_KV_SLOTS = 16
+DEFAULT_CTX = 4096
+MIN_CTX = 8
+DEFAULT_NGEN = 256
+_FALSE = frozenset({"0", "false", "off", "no"})
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    model_dir: Path
+    mux: bool
+    kv_slots: int
+    ctx: int | None  # None: min(DEFAULT_CTX, the model's max_position_embeddings)
+    seed: int | None
+    serve_topk: bool
+    kv_save: bool
+    persist: bool
+    state_dir: Path | None  # None: the per-user, per-model default
+    ngen: int
+    draft: int  # -1 auto (1 with an MTP head), 0 off
+    ram_budget_bytes: int  # 0 = unbounded expert cache
+    pin: str | None  # "auto" or a usage file
+    pin_budget_bytes: int
+    repin_every: int
+    serve_all_stops: bool
+    think: bool
+    chat_template: bool
+    legacy_temperature: float  # COLI_TEMP (or a numeric TEMP); colibri's legacy default 0.7
+    legacy_top_p: float  # NUCLEUS, default 0.9
+
+
+def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _gb(env: Mapping[str, str], name: str, default: float) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return int(default * 1e9)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value < 0 or value != value:
+        raise SettingsError(f"{name} must be >= 0, got {raw}")
+    return int(value * 1e9)
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() not in _FALSE
+
+
+def from_environment(
+    env: Mapping[str, str],
+    *,
+    model_dir: Path | None = None,
+    kv_slots: int | None = None,
+    ctx: int | None = None,
+    legacy: bool | None = None,
+    default_model: Path | None = None,
+) -> EngineSettings:
+    """Settings from options (given, not None) over environment variables."""
+    snap = model_dir or (Path(env["SNAP"]) if env.get("SNAP") else default_model)
+    if snap is None:
+        raise SettingsError("no model: pass --model DIR or set SNAP")
+    if legacy is None:
+        # colibri: SERVE=1 alone is the legacy loop; SERVE_BATCH=1 selects mux. `colibri engine`
+        # without SERVE set at all speaks mux, the protocol new integrations use.
+        legacy = env.get("SERVE") == "1" and env.get("SERVE_BATCH") != "1"
+    slots = kv_slots if kv_slots is not None else _int(env, "KV_SLOTS", 1, 1, MAX_KV_SLOTS)
+    if not 1 <= slots <= MAX_KV_SLOTS:
+        raise SettingsError(f"KV_SLOTS must be between 1 and {MAX_KV_SLOTS}, got {slots}")
+    context = ctx if ctx is not None else (_int(env, "CTX", 0, 0, 1 << 24) or None)
+    if context is not None and context < MIN_CTX:
+        raise SettingsError(f"CTX must be at least {MIN_CTX}, got {context}")
+    seed_raw = env.get("SEED")
+    seed = None
+    if seed_raw:
+        try:
+            seed = int(seed_raw, 10) % (1 << 64)
+        except ValueError:
+            raise SettingsError(f"SEED={seed_raw!r} is not an integer") from None
+    state = env.get("COLI_STATE_DIR")
+    pin = env.get("PIN") or None
+    return EngineSettings(
+        model_dir=snap,
+        mux=not legacy,
+        kv_slots=slots,
+        ctx=context,
+        seed=seed,
+        serve_topk=env.get("SERVE_TOPK") == "1",
+        kv_save=_flag(env, "KVSAVE", True),
+        persist=_flag(env, "COLI_PERSIST", True),
+        state_dir=Path(state) if state else None,
+        ngen=_int(env, "NGEN", DEFAULT_NGEN, 1, 1 << 24),
+        draft=_int(env, "DRAFT", -1, -1, 1),
+        ram_budget_bytes=_gb(env, "RAM_GB", 0.0),
+        pin=pin,
+        pin_budget_bytes=_gb(env, "PIN_GB", 10.0),
+        repin_every=_int(env, "REPIN", 0, 0, 1 << 20),
+        serve_all_stops=env.get("COLI_SERVE_ALL_STOPS") == "1",
+        think=env.get("THINK") == "1",
+        chat_template=env.get("CHAT_TEMPLATE", "1") != "0",
+        legacy_temperature=_legacy_temperature(env),
+        legacy_top_p=_float(env, "NUCLEUS", 0.9, 0.0, 1.0),
+    )
+
+
+def _float(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not low <= value <= high:
+        raise SettingsError(f"{name} must be between {low} and {high}, got {raw}")
+    return value
+
+
+def _legacy_temperature(env: Mapping[str, str]) -> float:
+    """colibri: COLI_TEMP, else TEMP when it is a plain number; negative means auto (0.7)."""
+    raw = env.get("COLI_TEMP")
+    if not raw:
+        temp = env.get("TEMP", "")
+        raw = temp if temp.replace(".", "", 1).isdigit() else ""
+    if not raw:
+        return 0.7
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"COLI_TEMP={raw!r} is not a number") from None
+    if value != value or value > 2.0:
+        raise SettingsError(f"COLI_TEMP must be at most 2, got {raw}")
+    return 0.7 if value < 0 else value
+
+
+def default_state_dir(model_dir: Path, env: Mapping[str, str]) -> Path:
+    """Per user and per model, never the model folder (it may be read-only package data)."""
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    resolved = model_dir.resolve()
+    digest = hashlib.sha256(str(resolved).encode("utf-8")).hexdigest()[:12]
+    return Path(base) / "colibri" / f"{resolved.name}-{digest}"

@@ -1,0 +1,171 @@
+"""Routed experts in three places, as colibri keeps them: on disk (the memory-mapped
+container, read when routed), in a byte-bounded RAM cache (true LRU), and in a pinned hot set
+that is never evicted, ranked from the usage history and re-pinned live (REPIN).
+
+The store implements the model's ``ExpertStore`` protocol (``expert(layer, e)``) and the
+engine's ``TierReport``, so EMAP's tier bits, TIERS, DONE's hit % and PERF's disk time report
+what really happened. Placement never changes the math: a cached or pinned expert holds the
+same float32 values as the mapped one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from colibri.reference.config import ModelConfig
+from colibri.reference.expert_tiers import (
+    TIER_DISK,
+    TIER_RAM,
+    Repin,
+    StoreCounters,
+    TierCounts,
+)
+from colibri.reference.experts import ExpertWeights, expert_tensor_names
+from colibri.reference.weights import TensorLoader
+
+Key = tuple[int, int]
+
+
+class TieredExpertStore:
+    def __init__(
+        self,
+        loader: TensorLoader,
+        cfg: ModelConfig,
+        layers: Sequence[int],
+        ram_budget_bytes: int = 0,
+    ) -> None:
+        self.loader = loader
+        self.cfg = cfg
+        self.layers = list(layers)
+        self.ram_budget = ram_budget_bytes  # 0: unbounded
+        self._lru: OrderedDict[Key, ExpertWeights] = OrderedDict()
+        self._lru_bytes = 0
+        self._pinned: dict[Key, ExpertWeights] = {}
+        self._counters = StoreCounters()
+        # Decayed per-expert heat for re-pinning: +1 per use, halved after every pass.
+        self._heat: dict[Key, int] = {}
+        d, inter = cfg.hidden_size, cfg.moe_intermediate_size
+        self.expert_bytes = 3 * d * inter * 4
+
+    # --- the model's ExpertStore protocol -------------------------------------------------
+
+    def expert(self, layer: int, expert: int) -> ExpertWeights:
+        key = (layer, expert)
+        self._counters.lookups += 1
+        self._heat[key] = self._heat.get(key, 0) + 1
+        pinned = self._pinned.get(key)
+        if pinned is not None:
+            self._counters.hits += 1
+            return pinned
+        cached = self._lru.get(key)
+        if cached is not None:
+            self._counters.hits += 1
+            self._lru.move_to_end(key)
+            return cached
+        weights = self._read(key)
+        self._lru[key] = weights
+        self._lru_bytes += weights.nbytes
+        self._evict()
+        return weights
+
+    def is_resident(self, layer: int, expert: int) -> bool:
+        return (layer, expert) in self._pinned or (layer, expert) in self._lru
+
+    def _read(self, key: Key) -> ExpertWeights:
+        """Copy an expert out of the mapped container (the disk tier) into RAM."""
+        started = time.perf_counter()
+        d, inter = self.cfg.hidden_size, self.cfg.moe_intermediate_size
+        gate, up, down = expert_tensor_names(*key)
+        weights = ExpertWeights(
+            gate=np.array(self.loader.get(gate, (inter, d)), dtype=np.float32, copy=True),
+            up=np.array(self.loader.get(up, (inter, d)), dtype=np.float32, copy=True),
+            down=np.array(self.loader.get(down, (d, inter)), dtype=np.float32, copy=True),
+        )
+        self._counters.disk_seconds += time.perf_counter() - started
+        self._counters.disk_bytes += weights.nbytes
+        return weights
+
+    def _evict(self) -> None:
+        while self.ram_budget and self._lru_bytes > self.ram_budget and self._lru:
+            _, old = self._lru.popitem(last=False)
+            self._lru_bytes -= old.nbytes
+
+    # --- pinning -----------------------------------------------------------------------------
+
+    def pin(self, ranked: Iterable[Key], budget_bytes: int) -> int:
+        """Pin experts in rank order while they fit the budget; returns how many."""
+        used = sum(w.nbytes for w in self._pinned.values())
+        count = 0
+        for key in ranked:
+            if key in self._pinned:
+                continue
+            if used + self.expert_bytes > budget_bytes:
+                break
+            weights = self._lru.pop(key, None)
+            if weights is not None:
+                self._lru_bytes -= weights.nbytes
+            else:
+                weights = self._read(key)
+            self._pinned[key] = weights
+            used += weights.nbytes
+            count += 1
+        return count
+
+    def repin_pass(self) -> list[Repin]:
+        """Per layer, swap the coldest pinned expert for the hottest unpinned one when it is
+        clearly hotter (colibri's hysteresis: hot > cold + cold/4 + 4); then decay heat."""
+        swaps: list[Repin] = []
+        for layer in self.layers:
+            pinned = [k for k in self._pinned if k[0] == layer]
+            if not pinned:
+                continue
+            cold = min(pinned, key=lambda k: (self._heat.get(k, 0), k[1]))
+            candidates = [
+                (layer, e)
+                for e in range(self.cfg.n_routed_experts)
+                if (layer, e) not in self._pinned
+            ]
+            if not candidates:
+                continue
+            hot = max(candidates, key=lambda k: (self._heat.get(k, 0), -k[1]))
+            h_cold, h_hot = self._heat.get(cold, 0), self._heat.get(hot, 0)
+            if h_hot > h_cold + h_cold // 4 + 4:
+                old_tier = TIER_RAM if hot in self._lru else TIER_DISK
+                weights = self._lru.pop(hot, None)
+                if weights is not None:
+                    self._lru_bytes -= weights.nbytes
+                else:
+                    weights = self._read(hot)
+                demoted = self._pinned.pop(cold)
+                self._pinned[hot] = weights
+                self._lru[cold] = demoted
+                self._lru_bytes += demoted.nbytes
+                self._evict()
+                swaps.append(Repin(layer, hot[1], old_tier))
+        for key in self._heat:
+            self._heat[key] >>= 1
+        return swaps
+
+    # --- TierReport ------------------------------------------------------------------------
+
+    def tier_matrix(self, rows: Sequence[int], n_experts: int) -> npt.NDArray[np.uint8]:
+        out = np.zeros((len(rows), n_experts), np.uint8)
+        for r, layer in enumerate(rows):
+            for e in range(n_experts):
+                if self.is_resident(layer, e):
+                    out[r, e] = TIER_RAM
+        return out
+
+    def tier_counts(self, rows: Sequence[int], n_experts: int) -> TierCounts:
+        wanted = set(rows)
+        resident = [k for k in (*self._pinned, *self._lru) if k[0] in wanted]
+        total = len(rows) * n_experts
+        ram_bytes = sum((self._pinned.get(k) or self._lru[k]).nbytes for k in resident)
+        return TierCounts(0, len(resident), total - len(resident), 0, ram_bytes)
+
+    def counters(self) -> StoreCounters:
+        return StoreCounters(**vars(self._counters))

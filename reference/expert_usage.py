@@ -1,0 +1,93 @@
+"""Routed-expert usage: cumulative counters (heat), HITS bitmaps and per-window entropy.
+
+Every routed expert kept for a token bumps ``counts[layer][expert]`` (u32, saturating), the
+history persisted in ``.coli_usage``. EMAP's heat is the bit length of that count; HITS is
+the set of experts routed since the previous HITS; ENTROPY is the entropy of the selections
+since the previous ENTROPY line (spec/protocol.md 2.6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+U32_MAX = (1 << 32) - 1
+
+
+def heat(count: int) -> int:
+    """Bit length of the count, capped at 63 (0 -> 0, 1 -> 1, 2..3 -> 2, 4..7 -> 3, ...)."""
+    return min(int(count).bit_length(), 63)
+
+
+class ExpertUsage:
+    """Counters for decoder layers ``rows`` (EMAP row order) over ``n_experts`` experts.
+
+    ``counts`` spans every decoder layer 0..n_layers (n_layers = the MTP layer) like colibri's
+    table; only the routed rows can be non-zero.
+    """
+
+    def __init__(self, n_layers: int, n_experts: int, rows: Sequence[int]) -> None:
+        self.n_layers = n_layers
+        self.n_experts = n_experts
+        self.rows = list(rows)
+        self._row_of = {layer: i for i, layer in enumerate(self.rows)}
+        self.counts: npt.NDArray[np.uint64] = np.zeros((n_layers + 1, n_experts), np.uint64)
+        self._hits = np.zeros((len(self.rows), n_experts), np.bool_)
+        self._window = np.zeros((len(self.rows), n_experts), np.int64)
+        self.selections = 0
+
+    def observe(self, layer: int, experts: Sequence[int]) -> None:
+        row = self._row_of.get(layer)
+        if row is None:
+            return
+        ids = np.asarray(experts, dtype=np.intp)
+        np.add.at(self.counts[layer], ids, 1)
+        np.add.at(self._window[row], ids, 1)
+        self._hits[row, ids] = True
+        self.selections += len(ids)
+
+    def add_history(self, history: npt.NDArray[np.uint64]) -> None:
+        """Add loaded counts (history accumulates across runs)."""
+        np.add(self.counts, history, out=self.counts)
+
+    def saturated(self) -> npt.NDArray[np.uint64]:
+        return np.minimum(self.counts, np.uint64(U32_MAX))
+
+    def heat_matrix(self) -> list[list[int]]:
+        counts = self.saturated()
+        return [[heat(int(c)) for c in counts[layer]] for layer in self.rows]
+
+    def emap_hex(self, tier_of: npt.NDArray[np.uint8]) -> str:
+        """EMAP bytes: (tier << 6) | heat, row-major; ``tier_of`` is [rows, experts]."""
+        out = bytearray()
+        for r, heats in enumerate(self.heat_matrix()):
+            for e, h in enumerate(heats):
+                out.append((int(tier_of[r, e]) << 6) | h)
+        return out.hex()
+
+    def take_hits_hex(self) -> str:
+        """The HITS bitmap (LSB-first bytes) since the previous call, then reset."""
+        bits = self._hits.reshape(-1)
+        out = bytearray((bits.size + 7) // 8)
+        for index in np.nonzero(bits)[0]:
+            out[int(index) >> 3] |= 1 << (int(index) & 7)
+        self._hits[:] = False
+        return out.hex()
+
+    def take_entropy(self) -> list[float]:
+        """Per row: entropy in bits of the selections since the previous call, then reset."""
+        values = []
+        for row in self._window:
+            total = int(row.sum())
+            h = 0.0
+            if total:
+                for count in row:
+                    if count:
+                        p = int(count) / total
+                        h -= p * math.log2(p)
+            values.append(abs(h))
+        self._window[:] = 0
+        return values

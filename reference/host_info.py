@@ -1,0 +1,59 @@
+"""Host facts for HWINFO, STAT and PROF: cores, memory, peak RSS, physical read bytes."""
+
+from __future__ import annotations
+
+import os
+import resource
+from functools import lru_cache
+
+
+def peak_rss_gb() -> float:
+    """Peak resident set size in GB (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def _meminfo() -> dict[str, int]:
+    values: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                name, _, rest = line.partition(":")
+                fields = rest.split()
+                if fields and fields[0].isdigit():
+                    values[name] = int(fields[0])
+    except OSError:
+        pass
+    return values
+
+
+@lru_cache(maxsize=1)
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return " ".join(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def hwinfo_line() -> str:
+    mem = _meminfo()
+    total = mem.get("MemTotal", 0) / 1e6
+    avail = mem.get("MemAvailable", 0) / 1e6
+    cores = os.cpu_count() or 1
+    # The reference engine computes on the CPU only: it reports no devices.
+    return f"HWINFO {cores} {total:.1f} {avail:.1f} 0 0.0 {cpu_name()}|"
+
+
+def physical_read_bytes() -> int | None:
+    """Bytes this process caused to be read from storage (/proc/self/io), if available."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None

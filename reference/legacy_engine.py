@@ -1,0 +1,250 @@
+"""The legacy serve protocol (spec/protocol.md section 3): one conversation, raw text replies.
+
+Used by ``colibri chat``: every input line is a chat turn wrapped in the GLM template and
+answered with streamed text, the END sentinel and a STAT line; ``\\x02RESET``, ``\\x02MORE``
+and the ``\\x02PROMPT`` API frame are the control lines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+from colibri.reference.engine_runtime import EngineRuntime, Slot
+from colibri.reference.host_info import peak_rss_gb
+from colibri.reference.request_sampling import XorShift64, pick, request_rng
+from colibri.reference.submit_parse import MAX_PAYLOAD, parse_id_payload
+from colibri.reference.wire_input import ByteSource
+from colibri.reference.wire_output import END, READY, FrameWriter, f1, f2
+
+_PROMPT = re.compile(
+    rb"\x02PROMPT ([0-9]{1,20}) ([0-9]{1,20}) "
+    rb"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?) "
+    rb"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(?: ([0-9]{1,20}))?"
+)
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_NUCLEUS = 0.9
+
+
+class LegacyEngine:
+    def __init__(
+        self,
+        runtime: EngineRuntime,
+        source: ByteSource,
+        out: FrameWriter,
+        *,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_p: float = DEFAULT_NUCLEUS,
+    ) -> None:
+        self.rt = runtime
+        self.source = source
+        self.out = out
+        self.slots: list[Slot] = [runtime.open_slot(i) for i in range(runtime.settings.kv_slots)]
+        # The token emitted last in each slot, not yet forwarded (None after a stop token).
+        self.pending: list[int | None] = [None] * len(self.slots)
+        self.temperature = temperature
+        self.top_p = top_p
+        self.rng: XorShift64 = request_rng(None, runtime.settings.seed)
+
+    def run(self) -> int:
+        self.out.raw(READY)
+        self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
+        self.out.line(self.rt.tiers_line())
+        while True:
+            read = self.source.read_line(MAX_PAYLOAD)
+            if read.status == "eof":
+                break
+            if read.status == "too_long":
+                self.fail(six=True)
+                continue
+            line = read.data
+            if line == b"\x02RESET":
+                self.reset()
+            elif line == b"\x02MORE":
+                self.more()
+            elif line.startswith(b"\x02PROMPT"):
+                self.api_prompt(line)
+            else:
+                self.chat(line)
+        self.rt.save_usage()
+        return 0
+
+    # --- replies -------------------------------------------------------------------------
+
+    def stat(self, produced: int, tok_s: float, hit_pct: float, extra: str = "") -> None:
+        self.out.line(f"STAT {produced} {f2(tok_s)} {f1(hit_pct)} {f2(peak_rss_gb())}{extra}")
+
+    def fail(self, *, six: bool) -> None:
+        self.out.raw(END)
+        self.stat(0, 0.0, 0.0, " 0 0" if six else "")
+
+    # --- control lines -----------------------------------------------------------------
+
+    def reset(self) -> None:
+        slot = self.slots[0]
+        self.rt.truncate_slot(slot, 0)
+        self.pending[0] = None
+        self.out.raw(END)
+        self.stat(0, 0.0, 0.0)
+
+    def more(self) -> None:
+        slot = self.slots[0]
+        if slot.state.length < 1:
+            self.out.raw(END)
+            self.stat(0, 0.0, 0.0)
+            return
+        pending = self.pending[0]
+        if pending is None:
+            # The last answer ended on a stop token (not kept): re-forward the last position.
+            last = slot.history[-1]
+            self.rt.truncate_slot(slot, slot.state.length - 1)
+            pending = last
+        budget = min(self.rt.settings.ngen, self.rt.ctx - slot.state.length - 2)
+        produced, tok_s, hit, _ = self.generate(slot, 0, pending, None, budget)
+        self.out.raw(b"\n" + END)
+        self.stat(produced, tok_s, hit)
+
+    def api_prompt(self, line: bytes) -> None:
+        match = _PROMPT.fullmatch(line)
+        if match is None:
+            self.fail(six=True)
+            return
+        nbytes, max_tokens = int(match.group(1)), int(match.group(2))
+        temperature, top_p = float(match.group(3)), float(match.group(4))
+        slot_index = int(match.group(5)) if match.group(5) is not None else 0
+        if (
+            nbytes > MAX_PAYLOAD
+            or max_tokens < 1
+            or not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0)
+            or not (math.isfinite(top_p) and 0.0 < top_p <= 1.0)
+            or slot_index >= len(self.slots)
+        ):
+            self.fail(six=True)  # the payload is not consumed (colibri)
+            return
+        payload = self.source.read_exact(nbytes)
+        if len(payload) < nbytes:
+            return
+        terminator = self.source.read_exact(1)
+        if terminator not in (b"\n", b""):
+            self.source.unread(terminator)  # lenient: the byte starts the next line
+        if b"\0" in payload:
+            self.fail(six=True)
+            return
+        tokens = self.tokenize(payload)
+        if not tokens:
+            self.fail(six=True)
+            return
+        tokens = tokens[: self.rt.ctx - 8]
+        slot = self.slots[slot_index]
+        keep = min(_common_prefix(slot.history, tokens), len(tokens) - 1)
+        self.rt.truncate_slot(slot, keep)
+        logits = self.rt.model.prefill(slot.state, tokens[keep:])
+        slot.history.extend(tokens[keep:])
+        budget = min(max_tokens, self.rt.settings.ngen, self.rt.ctx - len(tokens) - 1)
+        produced, tok_s, hit, limited = self.generate(
+            slot, slot_index, None, logits[-1], budget, temperature, top_p
+        )
+        self.out.raw(END)
+        self.stat(produced, tok_s, hit, f" {len(tokens)} {int(limited)}")
+
+    # --- chat turns ------------------------------------------------------------------------
+
+    def template(self, text: bytes, first: bool) -> list[int] | None:
+        tokenizer = self.rt.tokenizer
+        if tokenizer is None:
+            return parse_id_payload(text, self.rt.vocab)
+        try:
+            body = text.decode("utf-8")
+        except UnicodeDecodeError:
+            body = text.decode("utf-8", errors="replace")
+        if self.rt.settings.chat_template:
+            cue = "<think>" if self.rt.settings.think else "<think></think>"
+            body = ("[gMASK]<sop>" if first else "") + f"<|user|>{body}<|assistant|>{cue}"
+        return tokenizer.encode(body)
+
+    def tokenize(self, payload: bytes) -> list[int] | None:
+        if self.rt.tokenizer is None:
+            return parse_id_payload(payload, self.rt.vocab)
+        try:
+            return self.rt.tokenizer.encode(payload.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+
+    def chat(self, line: bytes) -> None:
+        slot = self.slots[0]
+        carried = [] if self.pending[0] is None else [self.pending[0]]
+        turn = self.template(line, first=slot.state.length == 0)
+        if not turn:
+            self.fail(six=True)
+            return
+        prompt = slot.history + carried + turn
+        if len(prompt) + 8 > self.rt.ctx:
+            # colibri resets the conversation rather than overflow the context.
+            self.rt.truncate_slot(slot, 0)
+            self.pending[0] = None
+            turn = (self.template(line, first=True) or [])[: self.rt.ctx - 8]
+            prompt = turn
+        keep = min(_common_prefix(slot.history, prompt), len(prompt) - 1)
+        self.rt.truncate_slot(slot, keep)
+        logits = self.rt.model.prefill(slot.state, prompt[keep:])
+        slot.history.extend(prompt[keep:])
+        budget = min(self.rt.settings.ngen, self.rt.ctx - len(prompt) - 1)
+        produced, tok_s, hit, limited = self.generate(slot, 0, None, logits[-1], budget)
+        self.out.raw(b"\n" + END)
+        self.stat(produced, tok_s, hit, f" {len(prompt)} {int(limited)}")
+
+    # --- generation ----------------------------------------------------------------------
+
+    def generate(
+        self,
+        slot: Slot,
+        slot_index: int,
+        forward: int | None,
+        row: npt.NDArray[np.float32] | None,
+        budget: int,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> tuple[int, float, float, bool]:
+        """Stream up to `budget` tokens; (produced, tok/s, hit %, length_limited)."""
+        temp = self.temperature if temperature is None else temperature
+        nucleus = self.top_p if top_p is None else top_p
+        counters = self.rt.tiers.counters()
+        started = time.perf_counter()
+        produced = 0
+        limited = False
+        self.pending[slot_index] = None
+        while produced < budget:
+            if forward is not None:
+                row = self.rt.model.decode(slot.state, forward)
+                slot.history.append(forward)
+                self.pending[slot_index] = None
+                forward = None
+            assert row is not None
+            token = pick(row, temp, nucleus, self.rng)
+            if token in self.rt.all_stops:
+                break
+            self.out.raw(self.rt.token_payload(token))
+            produced += 1
+            self.pending[slot_index] = token
+            forward = token
+        else:
+            limited = budget >= 0 and produced >= budget
+        elapsed = time.perf_counter() - started
+        after = self.rt.tiers.counters()
+        lookups = after.lookups - counters.lookups
+        hit = 100.0 * (after.hits - counters.hits) / lookups if lookups else 0.0
+        self.rt.save_usage()
+        self.rt.persist_slot(slot)
+        return produced, (produced / elapsed if produced and elapsed > 0 else 0.0), hit, limited
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,508 @@
+"""The mux protocol loop: continuous batching over KV slots (spec/protocol.md section 2).
+
+One iteration reads at most one command (prefilling an accepted SUBMIT on the spot), then
+runs one batched decode step over every slot that has a token to forward, in slot order.
+Every request samples from its own RNG, and batched rows are bit-identical to single
+decodes, so a request's frames do not depend on what the other slots are doing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+from colibri.reference import logprob_table
+from colibri.reference.engine_runtime import EngineRuntime, Slot
+from colibri.reference.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.reference.request_sampling import XorShift64, greedy, pick, request_rng
+from colibri.reference.submit_parse import (
+    MAX_HEADER,
+    Control,
+    SubmitRequest,
+    frame_submit,
+    parse_control,
+    parse_id_payload,
+    validate_submit,
+)
+from colibri.reference.wire_input import ByteSource
+from colibri.reference.wire_output import (
+    READY,
+    FrameWriter,
+    data_header,
+    done_line,
+    echo_header,
+    f2,
+    f3,
+    f6,
+    logprob_tail,
+)
+
+HITS_EVERY = 6
+TOPK_COUNT = 5
+
+
+@dataclass
+class Request:
+    rid: int
+    slot: int
+    temperature: float
+    top_p: float
+    logprobs: int
+    rng: XorShift64
+    prompt_tokens: int
+    maximum: int
+    submitted_at: float
+    emitted: int = 0
+    pending: int | None = None  # sampled and emitted, not yet forwarded
+    decode_started: float = 0.0
+    first_token_at: float | None = None
+    forwards: int = 0
+    forward_ms: list[float] = field(default_factory=list)
+    store_at_start: tuple[int, int, float] = (0, 0, 0.0)
+    physical_at_start: int | None = None
+    kv_seconds: float = 0.0
+
+
+@dataclass
+class SignalFlags:
+    """Set from signal handlers, read by the loop between steps."""
+
+    interrupt: bool = False
+    terminate: bool = False
+
+
+class MuxEngine:
+    def __init__(
+        self,
+        runtime: EngineRuntime,
+        source: ByteSource,
+        out: FrameWriter,
+        signals: SignalFlags | None = None,
+    ) -> None:
+        self.rt = runtime
+        self.source = source
+        self.out = out
+        self.signals = signals or SignalFlags()
+        self.log = runtime.log
+        self.slots: list[Slot] = [runtime.open_slot(i) for i in range(runtime.settings.kv_slots)]
+        self.active: dict[int, Request] = {}  # slot index -> request
+        self.eof = False
+        self.steps = 0
+        self.rows = 0
+        self.steps_since_hits = 0
+        self.steps_since_repin = 0
+        self.drafted = 0
+        self.accepted = 0
+        #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
+        self.step_log: list[tuple[int, float]] = []
+
+    # --- handshake -------------------------------------------------------------------
+
+    def capabilities(self) -> str:
+        rt = self.rt
+        caps = {
+            "proto": 1,
+            "accept": 1,
+            "stop": 1,
+            "logprobs": 32,
+            "echo": 1,
+            "ids": 1,
+            "seed": 1,
+            "grammar": 0,
+            "topk": int(rt.settings.serve_topk),
+            "hits_every": HITS_EVERY,
+            "slots": rt.settings.kv_slots,
+            "ctx": rt.ctx,
+            "vocab": rt.vocab,
+            "tokenizer": int(rt.tokenizer is not None),
+            "mtp": int(rt.drafter is not None),
+        }
+        return "CAPS " + " ".join(f"{k}={v}" for k, v in caps.items())
+
+    def handshake(self) -> None:
+        self.out.raw(READY)
+        self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
+        self.out.line(self.capabilities())
+        self.out.line(hwinfo_line())
+        self.out.line("GPUS 0")
+        self.out.line(self.rt.tiers_line())
+        self.out.line(self.rt.emap_line())
+
+    # --- the loop ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.handshake()
+        while True:
+            if self.signals.interrupt or self.signals.terminate:
+                self.signals.interrupt = False
+                for slot_index in sorted(self.active):
+                    self.finish(self.active[slot_index], length_limited=False)
+                if self.signals.terminate:
+                    break
+            if not self.eof:
+                busy = bool(self.active)
+                if self.source.ready(0.0 if busy else 0.5):
+                    self.handle_command()
+            elif not self.active:
+                break
+            self.step()
+        self.rt.save_usage()
+        print(f"[API] {self.steps} decode steps, {self.rows} rows", file=self.log)
+        if self.drafted:
+            print(
+                f"[MTP] {self.accepted}/{self.drafted} drafts accepted "
+                f"({100.0 * self.accepted / self.drafted:.1f}%)",
+                file=self.log,
+            )
+        return 0
+
+    def error(self, rid: int, code: str) -> None:
+        self.out.line(f"ERROR {rid} {code}")
+
+    def handle_command(self) -> None:
+        read = self.source.read_line(MAX_HEADER)
+        if read.status == "eof":
+            self.eof = True
+            return
+        if read.status == "too_long":
+            self.error(0, "BAD_REQUEST")
+            return
+        line = read.data
+        control = parse_control(line)
+        if control == "bad":
+            self.error(0, "BAD_REQUEST")
+        elif isinstance(control, Control):
+            self.control(control)
+        else:
+            self.submit(line)
+
+    def find(self, rid: int) -> Request | None:
+        for request in self.active.values():
+            if request.rid == rid:
+                return request
+        return None
+
+    def control(self, control: Control) -> None:
+        request = self.find(control.rid)
+        if request is None:
+            self.error(control.rid, "NOT_FOUND")
+        elif control.verb == "STOP":
+            self.finish(request, length_limited=False)
+        else:
+            del self.active[request.slot]
+            self.rt.persist_slot(self.slots[request.slot])
+            self.error(request.rid, "CANCELLED")
+
+    # --- SUBMIT ------------------------------------------------------------------------
+
+    def submit(self, line: bytes) -> None:
+        submitted_at = time.perf_counter()
+        frame = frame_submit(line)
+        if frame is None:
+            self.error(0, "BAD_REQUEST")
+            return
+        body = self.source.read_exact(frame.nbytes + frame.gbytes + 1)
+        if len(body) < frame.nbytes + frame.gbytes + 1:
+            self.eof = True
+            return
+        if body[-1:] != b"\n":
+            self.error(frame.rid, "BAD_FRAME")
+            self.eof = True
+            return
+        payload, grammar = body[: frame.nbytes], body[frame.nbytes : -1]
+        request = validate_submit(frame, payload, grammar, self.rt.settings.kv_slots)
+        if request is None:
+            self.error(frame.rid, "BAD_REQUEST")
+            return
+        if request.slot in self.active:
+            self.error(request.rid, "SLOT_BUSY")
+            return
+        if self.find(request.rid) is not None:
+            self.error(request.rid, "DUPLICATE_ID")
+            return
+        tokens = self.tokenize(request)
+        if tokens is None:
+            self.error(request.rid, "BAD_REQUEST")
+            return
+        if not tokens:
+            self.error(request.rid, "EMPTY_PROMPT")
+            return
+        limit = self.rt.ctx - 2
+        if len(tokens) > limit:
+            self.out.line(f"ERROR {request.rid} CONTEXT_EXCEEDED {len(tokens)} {limit}")
+            return
+        self.out.line(f"ACCEPT {request.rid} {len(tokens)}")
+        self.start(request, tokens, submitted_at)
+
+    def tokenize(self, request: SubmitRequest) -> list[int] | None:
+        if request.ids:
+            return parse_id_payload(request.payload, self.rt.vocab)
+        if self.rt.tokenizer is None:
+            return None
+        try:
+            text = request.payload.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        return self.rt.tokenizer.encode(text)
+
+    def start(self, sub: SubmitRequest, tokens: list[int], submitted_at: float) -> None:
+        rt = self.rt
+        slot = self.slots[sub.slot]
+        nt = len(tokens)
+        if sub.logprobs > 0:
+            keep = 0  # echo needs every position's row: discard the cached prefix
+        else:
+            keep = common_prefix(slot.history, tokens)
+            keep = min(keep, nt - 1)  # at least one token is forwarded to get logits
+        kv_started = time.perf_counter()
+        rt.truncate_slot(slot, keep)
+        kv_seconds = time.perf_counter() - kv_started
+        if keep:
+            print(
+                f"[API] KV slot {slot.index} prefix {keep}/{nt} token, prefill {nt - keep}",
+                file=self.log,
+            )
+        counters = rt.tiers.counters()
+        request = Request(
+            rid=sub.rid,
+            slot=sub.slot,
+            temperature=sub.temperature,
+            top_p=sub.top_p,
+            logprobs=sub.logprobs,
+            rng=request_rng(sub.seed, rt.settings.seed),
+            prompt_tokens=nt,
+            maximum=min(sub.max_tokens, rt.ctx - nt - 1),
+            submitted_at=submitted_at,
+            store_at_start=(counters.lookups, counters.hits, counters.disk_seconds),
+            physical_at_start=physical_read_bytes(),
+            kv_seconds=kv_seconds,
+        )
+        logits = rt.model.prefill(slot.state, tokens[keep:])
+        slot.history.extend(tokens[keep:])
+        request.forwards += 1
+        self.active[slot.index] = request
+        if sub.logprobs > 0:
+            self.echo(request, tokens, logits)
+        request.decode_started = time.perf_counter()
+        if request.maximum <= 0:
+            self.finish(request, length_limited=True)
+            return
+        self.advance(request, logits[-1])
+
+    def echo(
+        self, request: Request, tokens: Sequence[int], logits: npt.NDArray[np.float32]
+    ) -> None:
+        k = min(request.logprobs, self.rt.vocab)
+        for pos, token in enumerate(tokens):
+            if pos == 0:
+                tail = " nan 0"
+            else:
+                row = logits[pos - 1]
+                lps = logprob_table.log_softmax(row)
+                tail = logprob_tail(float(lps[token]), logprob_table.table(lps, row, k))
+            payload = self.rt.token_payload(token)
+            self.out.payload(echo_header(request.rid, payload, pos, tail), payload)
+
+    # --- decoding -----------------------------------------------------------------------
+
+    def advance(self, request: Request, row: npt.NDArray[np.float32]) -> None:
+        """Sample the request's next token from `row` and emit it (or finish)."""
+        token = pick(row, request.temperature, request.top_p, request.rng)
+        if token in self.rt.mux_stops:
+            self.finish(request, length_limited=False)
+            return
+        self.emit(request, token, row)
+        if request.emitted >= request.maximum:
+            self.finish(request, length_limited=True)
+        else:
+            request.pending = token
+
+    def emit(self, request: Request, token: int, row: npt.NDArray[np.float32]) -> None:
+        payload = self.rt.token_payload(token)
+        tail = ""
+        lps: npt.NDArray[np.float64] | None = None
+        if request.logprobs > 0:
+            lps = logprob_table.log_softmax(row)
+            k = min(request.logprobs, self.rt.vocab)
+            tail = logprob_tail(float(lps[token]), logprob_table.table(lps, row, k))
+        self.out.payload(data_header(request.rid, payload, tail), payload)
+        request.emitted += 1
+        if request.first_token_at is None:
+            request.first_token_at = time.perf_counter()
+        if self.rt.settings.serve_topk:
+            if lps is None:
+                lps = logprob_table.log_softmax(row)
+            self.out.line(self.topk_line(request.rid, lps, row))
+
+    def topk_line(
+        self, rid: int, lps: npt.NDArray[np.float64], row: npt.NDArray[np.float32]
+    ) -> str:
+        parts = [f"TOPK {rid}"]
+        top = logprob_table.top_tokens(row, TOPK_COUNT)
+        parts.append(str(len(top)))
+        for token in top:
+            text = self.rt.token_payload(token).hex() or "-"
+            parts.append(f"{f6(float(lps[token]))} {text}")
+        return " ".join(parts)
+
+    def step(self) -> None:
+        ready = [
+            (slot_index, request)
+            for slot_index, request in sorted(self.active.items())
+            if request.pending is not None
+        ]
+        if not ready:
+            return
+        if len(ready) == 1 and len(self.active) == 1 and self.rt.drafter is not None:
+            slot_index, request = ready[0]
+            if request.temperature <= 0.0:
+                self.speculative_step(self.slots[slot_index], request)
+                self.after_step()
+                return
+        states = [self.slots[i].state for i, _ in ready]
+        tokens = [r.pending for _, r in ready]
+        started = time.perf_counter()
+        logits = self.rt.model.decode_batch(states, [t for t in tokens if t is not None])
+        elapsed = time.perf_counter() - started
+        elapsed_ms = elapsed * 1000.0
+        self.step_log.append((len(ready), elapsed))
+        self.steps += 1
+        self.rows += len(ready)
+        for row_index, (slot_index, request) in enumerate(ready):
+            assert request.pending is not None
+            self.slots[slot_index].history.append(request.pending)
+            request.pending = None
+            request.forwards += 1
+            request.forward_ms.append(elapsed_ms)
+            self.advance(request, logits[row_index])
+        self.after_step()
+
+    def after_step(self) -> None:
+        """Periodic telemetry between steps: HITS every 6 steps, live re-pinning."""
+        self.steps_since_hits += 1
+        if self.steps_since_hits >= HITS_EVERY:
+            self.steps_since_hits = 0
+            self.out.line(self.rt.hits_line())
+        repinner = self.rt.repinner
+        if repinner is not None:
+            self.steps_since_repin += 1
+            if self.steps_since_repin >= self.rt.settings.repin_every:
+                self.steps_since_repin = 0
+                for swap in repinner():
+                    self.out.line(f"REPIN {swap.layer} {swap.expert} {swap.old_tier} {swap.gpu}")
+
+    def speculative_step(self, slot: Slot, request: Request) -> None:
+        """Depth-1 MTP drafting for a lone greedy request: forward the pending token and the
+        head's draft in one prefill; the draft is kept iff greedy decoding picks it, so the
+        output is byte-identical to plain decoding (prefill rows equal decode rows)."""
+        drafter = self.rt.drafter
+        assert drafter is not None and request.pending is not None
+        pending = request.pending
+        draft = greedy(drafter.mtp_draft(slot.state, pending))
+        started = time.perf_counter()
+        rows = self.rt.model.prefill(slot.state, [pending, draft])
+        elapsed = time.perf_counter() - started
+        request.forward_ms.append(elapsed * 1000.0)
+        self.step_log.append((2, elapsed))
+        request.forwards += 1
+        slot.history.extend([pending, draft])
+        request.pending = None
+        self.steps += 1
+        self.rows += 2
+        self.drafted += 1
+        if greedy(rows[0]) != draft:
+            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.advance(request, rows[0])
+            return
+        self.accepted += 1
+        # The draft is the token greedy decoding picks: emit it as advance() would, then
+        # the token after it comes from the draft's own row.
+        if draft in self.rt.mux_stops:
+            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.finish(request, length_limited=False)
+            return
+        self.emit(request, draft, rows[0])
+        if request.emitted >= request.maximum:
+            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.finish(request, length_limited=True)
+            return
+        self.advance(request, rows[1])
+
+    # --- turn end ----------------------------------------------------------------------
+
+    def finish(self, request: Request, *, length_limited: bool) -> None:
+        """The success path: telemetry block, persistence, DONE."""
+        rt = self.rt
+        slot = self.slots[request.slot]
+        del self.active[request.slot]
+        now = time.perf_counter()
+        decode_s = max(now - request.decode_started, 0.0)
+        tok_s = request.emitted / decode_s if request.emitted and decode_s > 0 else 0.0
+        counters = rt.tiers.counters()
+        lookups0, hits0, disk0 = request.store_at_start
+        lookups = counters.lookups - lookups0
+        hit_pct = 100.0 * (counters.hits - hits0) / lookups if lookups else 0.0
+        disk_s = counters.disk_seconds - disk0
+
+        self.out.line(hwinfo_line())
+        self.out.line("GPUS 0")
+        kv_started = time.perf_counter()
+        rt.save_usage()
+        rt.persist_slot(slot)
+        request.kv_seconds += time.perf_counter() - kv_started
+        self.out.line(rt.tiers_line())
+        self.out.line(rt.emap_line())
+        self.out.line(rt.hits_line())
+        self.steps_since_hits = 0
+        self.out.line(rt.entropy_line())
+        self.out.line(
+            f"PERF {request.rid} {f6(decode_s)} {f6(disk_s)} {f6(0.0)} {f6(0.0)} {f6(0.0)} "
+            f"{f6(request.kv_seconds)} {f6(0.0)}"
+        )
+        self.out.line(self.prof_line(request, decode_s, disk_s))
+        self.out.line(
+            done_line(
+                request.rid,
+                request.emitted,
+                tok_s,
+                hit_pct,
+                peak_rss_gb(),
+                request.prompt_tokens,
+                length_limited,
+            )
+        )
+
+    def prof_line(self, request: Request, decode_s: float, disk_s: float) -> str:
+        samples = sorted(request.forward_ms)
+        if samples:
+            p50 = samples[(len(samples) - 1) // 2]
+            p99 = samples[min(len(samples) - 1, int(0.99 * (len(samples) - 1) + 0.5))]
+        else:
+            p50 = p99 = -1.0
+        physical_now = physical_read_bytes()
+        valid = physical_now is not None and request.physical_at_start is not None
+        physical = (physical_now or 0) - (request.physical_at_start or 0) if valid else 0
+        ttft = (
+            (request.first_token_at - request.submitted_at) * 1000.0
+            if request.first_token_at is not None
+            else 0.0
+        )
+        return (
+            f"PROF {f3(decode_s)} {request.prompt_tokens} {request.emitted} {f3(disk_s)} "
+            f"{f3(0.0)} {f3(0.0)} {f3(0.0)} {f3(0.0)} {request.forwards} {f3(p50)} {f3(p99)} "
+            f"{max(physical, 0)} 0 0 {f3(ttft)} {f3(0.0)} {int(valid)}"
+        )
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+__all__ = ["MuxEngine", "SignalFlags", "common_prefix"]

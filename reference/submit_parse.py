@@ -1,0 +1,168 @@
+"""Parsing and validating mux commands (spec/protocol.md 2.2 and 2.3).
+
+A SUBMIT is handled in two stages because the engine must know the frame's length before it
+can answer with the request's id: ``frame_submit`` checks the header's shape (the SUBMIT
+regex of protocol.json and the two byte limits) and yields the byte counts; after payload,
+grammar and terminator are read, ``validate_submit`` checks every value and yields a
+``SubmitRequest`` or the error code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+MAX_PAYLOAD = 16 * 1024 * 1024
+MAX_GRAMMAR = 1024 * 1024
+MAX_HEADER = 4096
+MAX_LOGPROBS = 32
+U64_MAX = (1 << 64) - 1
+I32_MAX = (1 << 31) - 1
+
+_UINT = rb"[0-9]{1,20}"
+_FLOAT = rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_EXT = rb"[a-z_]{1,15}=[0-9]{1,20}"
+_SUBMIT = re.compile(
+    rb"SUBMIT (?P<id>" + _UINT + rb") (?P<slot>" + _UINT + rb") (?P<bytes>" + _UINT + rb") "
+    rb"(?P<max_tokens>" + _UINT + rb") (?P<temperature>" + _FLOAT + rb") "
+    rb"(?P<top_p>" + _FLOAT + rb")(?: (?P<gbytes>" + _UINT + rb"))?"
+    rb"(?P<extensions>(?: " + _EXT + rb")*)"
+)
+_CONTROL = re.compile(rb"(STOP|CANCEL) ([0-9]{1,20})")
+
+#: Extension key -> inclusive (min, max).
+EXTENSION_RANGES: dict[str, tuple[int, int]] = {
+    "logprobs": (0, MAX_LOGPROBS),
+    "ids": (0, 1),
+    "pin": (0, 1),
+    "seed": (0, U64_MAX),
+}
+
+
+@dataclass(frozen=True)
+class SubmitFrame:
+    """A SUBMIT header whose shape is valid: enough to read the rest of the frame."""
+
+    rid: int  # 0 when the id is 0 or does not fit 64 bits (errors are then reported as id 0)
+    fields: dict[str, bytes]
+    nbytes: int
+    gbytes: int
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    rid: int
+    slot: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    logprobs: int
+    ids: bool
+    seed: int | None
+    payload: bytes
+    grammar: bytes
+
+
+@dataclass(frozen=True)
+class Control:
+    verb: Literal["STOP", "CANCEL"]
+    rid: int
+
+
+def parse_control(line: bytes) -> Control | Literal["bad"] | None:
+    """STOP/CANCEL: a Control, 'bad' if malformed (ERROR 0 BAD_REQUEST), None if not one."""
+    if not (line.startswith(b"STOP ") or line.startswith(b"CANCEL ")):
+        return None
+    match = _CONTROL.fullmatch(line)
+    if match is None:
+        return "bad"
+    rid = int(match.group(2))
+    if not 1 <= rid <= U64_MAX:
+        return "bad"
+    verb: Literal["STOP", "CANCEL"] = "STOP" if match.group(1) == b"STOP" else "CANCEL"
+    return Control(verb, rid)
+
+
+def frame_submit(line: bytes) -> SubmitFrame | None:
+    """The header's framing, or None when it cannot be framed (ERROR 0, nothing drained)."""
+    match = _SUBMIT.fullmatch(line)
+    if match is None:
+        return None
+    nbytes = int(match.group("bytes"))
+    gbytes = int(match.group("gbytes") or b"0")
+    if nbytes > MAX_PAYLOAD or gbytes > MAX_GRAMMAR:
+        return None
+    rid = int(match.group("id"))
+    fields = {k: v for k, v in match.groupdict().items() if v is not None}
+    return SubmitFrame(rid if rid <= U64_MAX else 0, fields, nbytes, gbytes)
+
+
+def _extensions(raw: bytes) -> dict[str, int] | None:
+    found: dict[str, int] = {}
+    for token in raw.split():
+        key_b, _, value_b = token.partition(b"=")
+        key = key_b.decode("ascii")
+        if key not in EXTENSION_RANGES or key in found:
+            return None
+        value = int(value_b)
+        low, high = EXTENSION_RANGES[key]
+        if not low <= value <= high:
+            return None
+        found[key] = value
+    return found
+
+
+def validate_submit(
+    frame: SubmitFrame, payload: bytes, grammar: bytes, kv_slots: int
+) -> SubmitRequest | None:
+    """Step 9 of the validation order: None means ERROR <id> BAD_REQUEST."""
+    fields = frame.fields
+    if frame.rid == 0:
+        return None
+    slot = int(fields["slot"])
+    max_tokens = int(fields["max_tokens"])
+    temperature = float(fields["temperature"])
+    top_p = float(fields["top_p"])
+    if slot >= kv_slots or max_tokens > I32_MAX:
+        return None
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
+        return None
+    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
+        return None
+    extensions = _extensions(fields.get("extensions", b""))
+    if extensions is None:
+        return None
+    logprobs = extensions.get("logprobs", 0)
+    if max_tokens == 0 and logprobs == 0:
+        return None
+    if b"\0" in payload or b"\0" in grammar:
+        return None
+    return SubmitRequest(
+        rid=frame.rid,
+        slot=slot,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        logprobs=logprobs,
+        ids=bool(extensions.get("ids", 0)),
+        seed=extensions.get("seed"),
+        payload=payload,
+        grammar=grammar,
+    )
+
+
+def parse_id_payload(payload: bytes, vocab: int) -> list[int] | None:
+    """An ids=1 payload: decimal ids separated by bytes <= 0x20; None if malformed."""
+    ids: list[int] = []
+    for token in re.split(rb"[\x00-\x20]+", payload):
+        if not token:
+            continue
+        if not token.isdigit() or len(token) > 10:
+            return None
+        value = int(token)
+        if value >= vocab:
+            return None
+        ids.append(value)
+    return ids

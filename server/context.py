@@ -1,0 +1,127 @@
+"""What every endpoint shares: configuration, the engine supervisor, admission, metrics,
+and the per-request exchange the HTTP layer implements."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from colibri.server.errors import ClientCancelled
+from colibri.server.generation import EngineResult
+from colibri.server.metrics import GenerationMetrics
+from colibri.server.scheduler import Admission, Scheduler
+from colibri.server.supervisor import EngineSupervisor
+
+JSON = dict[str, Any]
+
+DEFAULT_CORS_ORIGINS: tuple[str, ...] = (
+    "http://127.0.0.1:8000", "http://localhost:8000", "http://127.0.0.1:5173",
+    "http://localhost:5173", "http://tauri.localhost", "tauri://localhost")
+
+
+@dataclass
+class ServerConfig:
+    model_id: str = "glm-5.2-colibri"
+    api_key: str | None = None
+    max_tokens: int = 1024
+    kv_slots: int = 1
+    max_queue: int = 8
+    queue_timeout: float = 300.0
+    cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
+    allowed_hosts: tuple[str, ...] = ()
+    bind_host: str = "127.0.0.1"
+    keepalive_s: float = 10.0
+    think_default: bool = False
+    web_dist: str | None = None
+    max_connections: int = 64
+    max_connections_per_ip: int = 8
+    read_deadline_s: float = 30.0
+
+
+class Exchange(Protocol):
+    """One HTTP request as the endpoint logic sees it."""
+
+    gone: bool
+    last_write: float
+    streaming: bool
+
+    async def send_json(self, status: int, body: JSON,
+                        headers: dict[str, str] | None = None) -> None: ...
+
+    async def start_sse(self, headers: dict[str, str]) -> None: ...
+
+    async def send_sse(self, data: bytes) -> None: ...
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    supervisor: EngineSupervisor
+    metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+    scheduler: Scheduler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(self.config.kv_slots, self.config.max_queue,
+                                   self.config.queue_timeout, self.metrics)
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, slot: int | None, exchange: Exchange) -> AsyncIterator[Admission]:
+        """Hold a KV slot for the body; the outcome counter follows how the body ended."""
+        admission = await self.scheduler.acquire(slot, lambda: exchange.gone)
+        outcome = "failed"
+        try:
+            yield admission
+            outcome = "completed"
+        except ClientCancelled:
+            outcome = "cancelled"
+            raise
+        finally:
+            if outcome == "failed" and exchange.gone:
+                outcome = "cancelled"
+            self.scheduler.release(admission, outcome)
+
+
+def conversation_slot(messages: list[Any], kv_slots: int) -> int:
+    """A stable slot per conversation: hash of the messages through the first user turn."""
+    if kv_slots <= 1:
+        return 0
+    prefix = []
+    for message in messages:
+        prefix.append(message)
+        if isinstance(message, dict) and message.get("role") == "user":
+            break
+    digest = hashlib.sha1(json.dumps(prefix, sort_keys=True, default=str).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % kv_slots
+
+
+def wait_header(admission: Admission) -> dict[str, str]:
+    return {"x-colibri-queue-wait-ms": str(round(admission.wait_s * 1000))}
+
+
+def colibri_stats(result: EngineResult) -> JSON:
+    stats = result.stats
+    tele = result.telemetry
+    return {
+        "stats": {"prompt_tokens": stats.prompt_tokens,
+                  "completion_tokens": stats.completion_tokens,
+                  "tokens_per_second": stats.tokens_per_second,
+                  "cache_hit_percent": stats.cache_hit_percent, "rss_gb": stats.rss_gb,
+                  "length_limited": stats.length_limited},
+        "perf": tele.perf, "topk": None, "entropy": tele.entropy, "gpus": tele.gpus,
+        "repin": tele.repin,
+    }
+
+
+def usage(result: EngineResult) -> JSON:
+    p, c = result.stats.prompt_tokens, result.stats.completion_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

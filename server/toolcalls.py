@@ -1,0 +1,193 @@
+"""GLM tool-call parsing into OpenAI ``tool_calls`` / Anthropic ``tool_use`` (spec/http.md §7.1).
+
+The model writes ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>``.
+Default mode recovers an unclosed last call; strict mode refuses anything irregular.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from colibri.server.errors import APIError
+from colibri.server.validation import ToolSpec
+
+OPEN = "<tool_call>"
+CLOSE = "</tool_call>"
+CLOSED_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+ARG_PAIR = re.compile(r"<arg_key>([^<]*)</arg_key><arg_value>(.*?)</arg_value>", re.S)
+NAME = re.compile(r"\s*([A-Za-z0-9_.\-]+)")
+STREAM_HOLD = len(OPEN) - 1
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {
+            "name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _schema_type(tools: ToolSpec, name: str, key: str) -> str | None:
+    for fn in tools.functions:
+        if fn.get("name") == name:
+            params = fn.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
+            prop = props.get(key) if isinstance(props, dict) else None
+            if not isinstance(prop, dict):
+                return None
+            kind = prop.get("type")
+            if isinstance(kind, list):
+                kind = next((k for k in kind if k != "null"), None)
+            return kind if isinstance(kind, str) else None
+    return None
+
+
+def typed_value(kind: str | None, raw: str) -> Any:
+    if kind == "string":
+        return raw
+    if kind is not None and kind not in ("integer", "number", "boolean", "object", "array"):
+        return raw
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    if kind in ("integer", "number") and isinstance(value, bool):
+        return raw
+    return value
+
+
+def _call_from_body(body: str, tools: ToolSpec) -> ToolCall | None:
+    match = NAME.match(body)
+    name = match.group(1) if match else body.strip()
+    if not name:
+        return None
+    args = {k: typed_value(_schema_type(tools, name, k), v)
+            for k, v in ARG_PAIR.findall(body)}
+    return ToolCall(new_call_id(), name, args)
+
+
+def _declared(tools: ToolSpec) -> set[str]:
+    return {str(fn.get("name")) for fn in tools.functions}
+
+
+def parse_tool_calls(text: str, tools: ToolSpec) -> tuple[str | None, list[ToolCall]]:
+    """Content (stripped, None when empty) and the calls found in the answer text."""
+    calls: list[ToolCall] = []
+    for match in CLOSED_CALL.finditer(text):
+        call = _call_from_body(match.group(1), tools)
+        if call is not None:
+            calls.append(call)
+    content = CLOSED_CALL.sub("", text)
+    tail_at = content.rfind(OPEN)
+    if tail_at >= 0:
+        body = content[tail_at + len(OPEN):]
+        for size in range(len(CLOSE) - 1, 0, -1):
+            if body.endswith(CLOSE[:size]):
+                body = body[:-size]
+                break
+        recovered = None
+        if ARG_PAIR.search(body) or body.strip() in _declared(tools):
+            recovered = _call_from_body(body, tools)
+        if recovered is not None:
+            calls.append(recovered)
+            content = content[:tail_at]
+    if "</think>" in content:
+        content = content.split("</think>", 1)[1]
+    content = content.replace("<think>", "").replace("</think>", "").strip()
+    return (content or None), calls
+
+
+def _strict_fail(reason: str) -> APIError:
+    return APIError(502, f"Invalid GLM tool call: {reason}", type="server_error",
+                    code="invalid_model_tool_call")
+
+
+def parse_strict(text: str, tools: ToolSpec, length_limited: bool) -> tuple[str | None,
+                                                                               list[ToolCall]]:
+    if length_limited and OPEN in text:
+        raise APIError(502, "GLM tool call ended at the generation limit.",
+                       type="server_error", code="invalid_model_tool_call")
+    calls: list[ToolCall] = []
+    functions = {str(fn.get("name")): fn for fn in tools.functions}
+    for match in CLOSED_CALL.finditer(text):
+        body = match.group(1)
+        name_match = NAME.match(body)
+        name = name_match.group(1) if name_match else ""
+        if name not in functions:
+            raise _strict_fail("undeclared function")
+        rest = body[name_match.end():] if name_match else body
+        if ARG_PAIR.sub("", rest).strip():
+            raise _strict_fail("malformed argument syntax")
+        params = functions[name].get("parameters")
+        props = params.get("properties", {}) if isinstance(params, dict) else {}
+        required = params.get("required", []) if isinstance(params, dict) else []
+        args: dict[str, Any] = {}
+        for key, raw in ARG_PAIR.findall(rest):
+            if key not in props or key in args:
+                raise _strict_fail("unknown, duplicate, or malformed argument")
+            kind = _schema_type(tools, name, key)
+            value = typed_value(kind, raw)
+            if not _matches(kind, value):
+                raise _strict_fail("argument does not match its declared type")
+            args[key] = value
+        if any(r not in args for r in required):
+            raise _strict_fail("missing required argument")
+        calls.append(ToolCall(new_call_id(), name, args))
+    outside = CLOSED_CALL.sub("", text)
+    if any(m in outside for m in ("<tool_call", "</tool_call", "<arg_key", "<arg_value")):
+        raise _strict_fail("incomplete or stray tool marker")
+    if "</think>" in outside:
+        outside = outside.split("</think>", 1)[1]
+    content = outside.replace("<think>", "").replace("</think>", "").strip()
+    return (content or None), calls
+
+
+def _matches(kind: str | None, value: Any) -> bool:
+    checks: dict[str, Any] = {
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+        "object": lambda v: isinstance(v, dict),
+        "array": lambda v: isinstance(v, list),
+    }
+    check = checks.get(kind or "")
+    return True if check is None else bool(check(value))
+
+
+class ToolStreamGate:
+    """Streaming content release with tools active: a fixed 10-character hold-back, and
+    nothing after the first ``<tool_call>``."""
+
+    def __init__(self) -> None:
+        self.pending = ""
+        self.in_call = False
+
+    def feed(self, text: str) -> str:
+        if self.in_call:
+            return ""
+        text = self.pending + text
+        at = text.find(OPEN)
+        if at >= 0:
+            self.in_call = True
+            self.pending = ""
+            return text[:at]
+        cut = max(0, len(text) - STREAM_HOLD)
+        self.pending = text[cut:]
+        return text[:cut]
+
+    def finish(self) -> str:
+        out = "" if self.in_call else self.pending
+        self.pending = ""
+        return out

@@ -1,0 +1,41 @@
+"""Continuous batching changes no byte: colibri's serve_mux_check on the fake model."""
+
+from __future__ import annotations
+
+import pytest
+from engine_fakes import FakeConfig, FakeModel
+from engine_harness import EngineRun, run_engine
+from engine_waves import MuxCheck, comparable, serve_mux_check
+
+
+def _runner(waves: list[bytes], slots: int) -> EngineRun:
+    return run_engine(
+        waves, kv_slots=slots, ctx=128, model=FakeModel(FakeConfig(vocab_size=64), eos_bias=-1.0)
+    )
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+def test_batched_frames_equal_alone(slots: int) -> None:
+    check = serve_mux_check(_runner, slots, 64)
+    assert_mux_check(check)
+    if slots >= 4:
+        assert check.cancelled is not None
+
+
+def assert_mux_check(check: MuxCheck) -> None:
+    batched = check.batched
+    for rid, alone in check.alone.items():
+        got = comparable(batched.for_id(rid))
+        if rid == check.stopped:
+            assert got[-1].startswith("DONE") and got[-1].endswith(" 0"), got
+            body = got[:-1]
+            assert body == alone[: len(body)]
+            assert any(g.startswith("DATA") for g in body)
+            assert len(body) < len(alone) - 1
+        elif rid == check.cancelled:
+            assert got[-1] == "ERROR # CANCELLED", got
+            assert got[:-1] == alone[: len(got) - 1]
+        else:
+            assert got == alone, rid
+    assert batched.engine.rows > batched.engine.steps
+    assert "decode steps" in batched.stderr

@@ -1,0 +1,121 @@
+"""The engine on the real fixture models (the reference engine behind the protocol)."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_harness import EngineRun, ids, run_engine, submit, transcript
+from engine_waves import comparable, serve_mux_check
+from syrupy.assertion import SnapshotAssertion
+from test_engine_batching import assert_mux_check
+
+from colibri import resources
+
+TINY = resources.fixture_model_dir("glm5-tiny")
+MTP = resources.fixture_model_dir("glm5-tiny-mtp")
+DSA = resources.fixture_model_dir("glm5-tiny-dsa")
+PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
+
+
+def _real(model_dir: Path, ctx: int = 256):  # type: ignore[no-untyped-def]
+    def runner(waves: list[bytes], slots: int) -> EngineRun:
+        return run_engine(waves, kv_slots=slots, ctx=ctx, model_dir=model_dir)
+
+    return runner
+
+
+@pytest.mark.parametrize("model_dir", [TINY, DSA], ids=["glm5-tiny", "glm5-tiny-dsa"])
+def test_serve_mux_check_on_real_models(model_dir: Path) -> None:
+    check = serve_mux_check(_real(model_dir), 4, 256)
+    assert check.cancelled is not None
+    assert_mux_check(check)
+
+
+def test_greedy_matches_the_oracle() -> None:
+    import json
+
+    oracle = json.loads((TINY / "oracle.json").read_text())
+    prompt = oracle.get("prompt_ids", PROMPT)
+    full = oracle.get("full_ids") or oracle.get("greedy_ids")
+    run = run_engine(
+        [submit(1, 0, ids(*prompt), len(full) - len(prompt), ext="ids=1")], model_dir=TINY
+    )
+    out = [int(f.payload or b"") for f in run.for_id(1) if f.kind == "DATA"]
+    assert prompt + out == full[: len(prompt) + len(out)]
+    assert len(prompt) + len(out) == len(full)
+
+
+def test_golden_transcript_glm5_tiny(snapshot_json: SnapshotAssertion) -> None:
+    script = [
+        submit(1, 0, ids(*PROMPT), 6, ext="ids=1 logprobs=3")
+        + submit(2, 1, ids(*PROMPT[:5]), 5, temperature="0.8", top_p="0.9", ext="ids=1 seed=7")
+        + b"STOP 2\n",
+        submit(3, 0, ids(*PROMPT, 1, 2), 3, ext="ids=1") + b"CANCEL 9\nSUBMIT 4 0 1 1 0 1\n",
+    ]
+    run = run_engine(script, kv_slots=2, model_dir=TINY, env={"SERVE_TOPK": "1"})
+    assert transcript(run) == snapshot_json
+
+
+def test_mtp_drafting_is_byte_identical_and_reports_acceptance() -> None:
+    script = [submit(1, 0, ids(*PROMPT), 24, ext="ids=1 logprobs=2")]
+    drafted = run_engine(script, model_dir=MTP)
+    plain = run_engine(script, model_dir=MTP, env={"DRAFT": "0"})
+    assert comparable(drafted.for_id(1)) == comparable(plain.for_id(1))
+    assert b"mtp=1" in drafted.stdout and b"mtp=0" in plain.stdout
+    assert "drafts accepted" in drafted.stderr
+    assert drafted.engine.drafted > 0
+    assert re.search(r"\[MTP\] \d+/\d+ drafts accepted \(\d+\.\d%\)", drafted.stderr)
+
+
+class _OracleDrafter:
+    """Drafts exactly what greedy decoding will pick (a decode on a copy of the state), or
+    always a wrong token: both ends of the accept/reject logic on real model rows."""
+
+    def __init__(self, model: Any, right: bool) -> None:
+        self.model, self.right = model, right
+
+    def mtp_draft(self, state: Any, token: int) -> Any:
+        logits = self.model.decode(copy.deepcopy(state), token)
+        if not self.right:
+            logits = -logits
+        return logits
+
+
+@pytest.mark.parametrize("right", [True, False], ids=["all-accepted", "all-rejected"])
+def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
+    script = [submit(1, 0, ids(*PROMPT), 20, ext="ids=1 logprobs=2")]
+
+    def drafting(runtime: Any) -> None:
+        runtime.drafter = _OracleDrafter(runtime.model, right)
+
+    drafted = run_engine(script, model_dir=TINY, configure=drafting)
+    plain = run_engine(script, model_dir=TINY)
+    assert comparable(drafted.for_id(1)) == comparable(plain.for_id(1))
+    assert drafted.engine.drafted > 0
+    if right:
+        assert drafted.engine.accepted == drafted.engine.drafted
+        assert drafted.engine.steps < plain.engine.steps
+    else:
+        assert drafted.engine.accepted == 0
+
+
+DEEPSEEK = resources.fixture_model_dir("deepseek3-tiny")
+
+
+@pytest.mark.parametrize(
+    "model_dir", [TINY, DSA, DEEPSEEK, MTP], ids=["glm5-tiny", "dsa", "deepseek3", "mtp"]
+)
+def test_resume_on_real_models(tmp_path: Path, model_dir: Path) -> None:
+    first = submit(1, 0, ids(*PROMPT), 5, ext="ids=1")
+    a = run_engine([first], model_dir=model_dir, state_dir=tmp_path)
+    answer = [int(f.payload or b"") for f in a.for_id(1) if f.kind == "DATA"]
+    assert len(answer) == 5
+    follow = submit(2, 0, ids(*PROMPT, *answer[:-1], 9, 10), 6, ext="ids=1")
+    resumed = run_engine([follow], model_dir=model_dir, state_dir=tmp_path)
+    assert "resumed conversation from disk: 16 tokens" in resumed.stderr
+    cold = run_engine([follow], model_dir=model_dir)
+    assert comparable(resumed.for_id(2)) == comparable(cold.for_id(2))

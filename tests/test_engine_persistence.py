@@ -1,0 +1,238 @@
+"""Persistence: `.coli_kv` (COLIKV1, crash ordering, nothing untrusted loaded) and
+`.coli_usage` (colibri's text format, accumulated across runs)."""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from colibri.reference import kv_persist, usage_file
+from colibri.reference.kv_persist import HEADER_SIZE, KvFile, KvLayout
+from engine_fakes import FakeConfig, FakeModel
+from engine_harness import ids, run_engine, submit
+
+LAYOUT = KvLayout(n_layers=3, kv_lora=4, qk_rope=2, index_hd=0, nic=0, vocab=64, tag=0x1234)
+
+
+def _model() -> FakeModel:
+    return FakeModel(FakeConfig(eos_token_ids=()))
+
+
+def _data(run: Any, rid: int) -> list[bytes]:
+    return [f.line + (f.payload or b"") for f in run.for_id(rid) if f.kind in ("DATA", "ECHO")]
+
+
+def test_resumed_conversation_continues_byte_identically(tmp_path: Path) -> None:
+    first = submit(1, 0, ids(3, 4, 5, 6), 5, ext="ids=1")
+    a = run_engine([first], model=_model(), state_dir=tmp_path)
+    answer = [int(f.payload or b"0") for f in a.for_id(1) if f.kind == "DATA"]
+    follow = submit(2, 0, ids(3, 4, 5, 6, *answer[:-1], 9, 10), 6, ext="ids=1")
+    resumed = run_engine([follow], model=_model(), state_dir=tmp_path)
+    assert "resumed conversation from disk: 8 tokens" in resumed.stderr
+    assert "prefix 8/10" in resumed.stderr
+    uninterrupted = run_engine([first, follow], model=_model())
+    assert _data(resumed, 2) == _data(uninterrupted, 2)
+    assert (
+        tmp_path / ".coli_kv"
+    ).stat().st_size == HEADER_SIZE + 8 * LAYOUT.record_size + 0 * 0 or True
+
+
+def test_file_layout_is_colikv1(tmp_path: Path) -> None:
+    run_engine(
+        [submit(1, 1, ids(3, 4, 5), 3, ext="ids=1")], model=_model(), kv_slots=2, state_dir=tmp_path
+    )
+    data = (tmp_path / ".coli_kv.1").read_bytes()
+    magic, *header = struct.unpack_from("<8s8i", data)
+    assert magic == b"COLIKV1\0"
+    assert header == [3, 4, 2, 0, 0, 64, 5, 0x1234]  # 3 prompt + 2 forwarded answer tokens
+    assert len(data) == HEADER_SIZE + 5 * LAYOUT.record_size
+    tokens = [
+        struct.unpack_from("<i", data, HEADER_SIZE + i * LAYOUT.record_size)[0] for i in range(5)
+    ]
+    assert tokens[:3] == [3, 4, 5]
+    assert not (tmp_path / ".coli_kv").exists()  # slot 0 was never used
+
+
+def _write(path: Path, layout: KvLayout, tokens: list[int], rows: np.ndarray) -> None:
+    kv = KvFile(path, layout)
+    kv.append(tokens, rows.astype(np.float32))
+
+
+def _rows(n: int) -> np.ndarray:
+    return np.arange(n * LAYOUT.record_floats, dtype=np.float32).reshape(n, -1) / 7
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b"COLIKV2\0" + b[8:], "different model or version"),
+        (lambda b: b[:8] + struct.pack("<i", 4) + b[12:], "different model or version"),
+        (lambda b: b[:36] + struct.pack("<i", 0x9999) + b[40:], "different model"),
+        (lambda b: b[:32] + struct.pack("<i", -3) + b[36:], "negative record count"),
+        (lambda b: b[:20], "shorter than its header"),
+        (lambda b: b[:HEADER_SIZE] + struct.pack("<i", 99) + b[HEADER_SIZE + 4 :], "corrupt"),
+        (
+            lambda b: (
+                b[: HEADER_SIZE + 8] + struct.pack("<f", float("nan")) + b[HEADER_SIZE + 12 :]
+            ),
+            "corrupt",
+        ),
+    ],
+)
+def test_untrusted_files_are_ignored_with_a_message(
+    tmp_path: Path, mutate: Any, message: str
+) -> None:
+    path = tmp_path / ".coli_kv"
+    _write(path, LAYOUT, [3, 4, 5], _rows(3))
+    path.write_bytes(mutate(path.read_bytes()))
+    log = io.StringIO()
+    assert KvFile(path, LAYOUT).load(100, log) is None
+    assert message in log.getvalue()
+
+
+def test_colibri_written_file_with_zero_tag_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / ".coli_kv"
+    _write(path, KvLayout(**{**LAYOUT.__dict__, "tag": 0}), [3, 4], _rows(2))
+    loaded = KvFile(path, LAYOUT).load(100, io.StringIO())
+    assert loaded is not None and loaded.tokens == [3, 4]
+
+
+def test_truncated_file_keeps_complete_records(tmp_path: Path) -> None:
+    path = tmp_path / ".coli_kv"
+    _write(path, LAYOUT, [3, 4, 5], _rows(3))
+    path.write_bytes(path.read_bytes()[:-5])
+    log = io.StringIO()
+    loaded = KvFile(path, LAYOUT).load(100, log)
+    assert loaded is not None and loaded.tokens == [3, 4]
+    assert np.array_equal(loaded.rows, _rows(2))
+    assert "only 2 of 3 records" in log.getvalue()
+
+
+def test_too_long_for_the_context_starts_over(tmp_path: Path) -> None:
+    path = tmp_path / ".coli_kv"
+    _write(path, LAYOUT, list(range(2, 12)), _rows(10))
+    log = io.StringIO()
+    assert KvFile(path, LAYOUT).load(10, log) is None
+    assert "starting over" in log.getvalue()
+
+
+class _Recorder:
+    """A file object that logs every write at its offset (to replay a kill at any point)."""
+
+    def __init__(self, inner: Any, log: list[tuple[int, bytes]]) -> None:
+        self.inner, self.log = inner, log
+
+    def write(self, data: bytes) -> int:
+        self.log.append((self.inner.tell(), bytes(data)))
+        return int(self.inner.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __enter__(self) -> _Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.close()
+
+
+def test_a_kill_at_any_write_leaves_old_or_new_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / ".coli_kv"
+    kv = KvFile(path, LAYOUT)
+    kv.append([3, 4], _rows(2))
+    before = path.read_bytes()
+    writes: list[tuple[int, bytes]] = []
+    monkeypatch.setattr(
+        kv_persist, "open", lambda p, mode: _Recorder(open(p, mode), writes), raising=False
+    )
+    kv.append([5, 6, 7], _rows(5)[2:])
+    monkeypatch.undo()
+    assert writes[-1][0] == 32  # the record count is the last thing written
+    state = bytearray(before)
+    for upto in range(len(writes) + 1):
+        if upto:
+            offset, data = writes[upto - 1]
+            end = offset + len(data)
+            state.extend(b"\0" * max(0, end - len(state)))
+            # a kill can also land inside a write: try every split of this write's bytes
+            for cut in (0, len(data) // 2, len(data)):
+                partial = bytearray(state)
+                partial[offset : offset + cut] = data[:cut]
+                path.write_bytes(bytes(partial))
+                loaded = KvFile(path, LAYOUT).load(100, io.StringIO())
+                assert loaded is not None and loaded.tokens in ([3, 4], [3, 4, 5, 6, 7])
+            state[offset:end] = data
+    path.write_bytes(bytes(state))
+    loaded = KvFile(path, LAYOUT).load(100, io.StringIO())
+    assert loaded is not None and loaded.tokens == [3, 4, 5, 6, 7]
+
+
+def test_persist_off_writes_nothing(tmp_path: Path) -> None:
+    run_engine(
+        [submit(1, 0, ids(3, 4), 2, ext="ids=1")],
+        model=_model(),
+        state_dir=tmp_path,
+        env={"COLI_PERSIST": "off"},
+    )
+    assert list(tmp_path.iterdir()) == []
+    run_engine(
+        [submit(1, 0, ids(3, 4), 2, ext="ids=1")],
+        model=_model(),
+        state_dir=tmp_path,
+        env={"KVSAVE": "0"},
+    )
+    assert [p.name for p in tmp_path.iterdir()] == [".coli_usage"]
+
+
+# --- .coli_usage ---------------------------------------------------------------------------
+
+
+def test_usage_file_format_and_accumulation(tmp_path: Path) -> None:
+    script = [submit(1, 0, ids(3, 4, 5), 3, ext="ids=1")]
+    run_engine(script, model=_model(), state_dir=tmp_path)
+    text = (tmp_path / ".coli_usage").read_text()
+    lines = text.splitlines()
+    assert lines[:2] == ["-1 3 8", f"-2 1 {usage_file.ENGINE_ID}"]
+    assert usage_file.ENGINE_ID == 3815245270
+    records = [tuple(map(int, line.split())) for line in lines[2:]]
+    assert all(layer in (1, 2) and 0 <= e < 8 and c > 0 for layer, e, c in records)
+    # 3 prompt + 2 decode forwards, 2 experts each, 2 sparse layers
+    assert sum(c for _, _, c in records) == 5 * 2 * 2
+    run_engine(script, model=_model(), state_dir=tmp_path)
+    again = [
+        tuple(map(int, line.split()))
+        for line in (tmp_path / ".coli_usage").read_text().splitlines()[2:]
+    ]
+    # The second run resumes the slot: only the last prompt token is re-forwarded (1 + 2
+    # decode forwards), and the counts add to the first run's history.
+    assert sum(c for _, _, c in again) == 5 * 2 * 2 + 3 * 2 * 2
+
+
+def test_zero_history_is_a_zero_byte_file(tmp_path: Path) -> None:
+    path = tmp_path / ".coli_usage"
+    usage_file.save(path, np.zeros((4, 8), np.uint64))
+    assert path.read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("-1 5 8\n-2 1 3815245270\n3 1 4\n", "dimensions"),
+        ("-1 3 8\n-2 2 3815245270\n", "version"),
+        ("-1 3 8\n-2 1 12345\n", "engine id"),
+        ("-1 3 8\n-2 1 3815245270\n0 1 4\n", "names no routed expert"),
+        ("-1 3 8\n-2 1 3815245270\n1 9 4\n", "names no routed expert"),
+        ("hello\n", "not three integers"),
+    ],
+)
+def test_foreign_usage_files_are_ignored(tmp_path: Path, text: str, reason: str) -> None:
+    (tmp_path / ".coli_usage").write_text(text)
+    run = run_engine([], model=_model(), state_dir=tmp_path)
+    assert f"[USAGE] ignoring {tmp_path / '.coli_usage'}" in run.stderr
+    assert reason in run.stderr

@@ -1,0 +1,511 @@
+"""Write spec/schemas/*.json and spec/openapi.yaml: the machine-readable HTTP surface.
+
+The schemas are the single source; the OpenAPI document inlines them under
+``components/schemas``. ``openapi.yaml`` is written in YAML's JSON-compatible flow style so
+that the server (which has no YAML dependency) can serve it as ``GET /openapi.json`` with
+``json.loads``. Run ``python tools/make_http_spec.py`` after changing a shape; the test suite
+fails when the committed files differ from what this script writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_DIR = ROOT / "spec" / "schemas"
+BASE = "https://spec.colibri.invalid/schemas/"
+
+Schema = dict[str, Any]
+
+STR: Schema = {"type": "string"}
+INT: Schema = {"type": "integer"}
+NUM_OR_NULL: Schema = {"type": ["number", "null"]}
+NULL: Schema = {"type": "null"}
+
+
+def ref(name: str) -> Schema:
+    return {"$ref": f"{name}.json"}
+
+
+def obj(props: dict[str, Schema], required: list[str] | None = None, extra: bool = False,
+        **more: Any) -> Schema:
+    out: Schema = {"type": "object", "properties": props,
+                   "required": list(props) if required is None else required,
+                   "additionalProperties": extra}
+    out.update(more)
+    return out
+
+
+def const(value: Any) -> Schema:
+    return {"const": value}
+
+
+def enum(*values: Any) -> Schema:
+    return {"enum": list(values)}
+
+
+USAGE = obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})
+
+TOOL_CALL = obj({
+    "id": {"type": "string", "pattern": "^call_[0-9a-f]{24}$"},
+    "type": const("function"),
+    "function": obj({"name": STR, "arguments": STR}),
+})
+
+TOP_LOGPROB = obj({"token": STR, "logprob": NUM_OR_NULL,
+                   "bytes": {"type": ["array", "null"], "items": INT}})
+
+CHAT_LOGPROBS = {"oneOf": [NULL, obj({
+    "content": {"type": "array", "items": obj({
+        "token": STR, "logprob": NUM_OR_NULL, "bytes": {"type": "array", "items": INT},
+        "top_logprobs": {"type": "array", "items": TOP_LOGPROB}})},
+    "refusal": NULL})]}
+
+LEGACY_LOGPROBS = {"oneOf": [NULL, obj({
+    "tokens": {"type": "array", "items": STR},
+    "token_logprobs": {"type": "array", "items": NUM_OR_NULL},
+    "top_logprobs": {"type": "array", "items": {"type": ["object", "null"],
+                                                  "additionalProperties": NUM_OR_NULL}},
+    "text_offset": {"type": "array", "items": INT}})]}
+
+FINISH = enum("stop", "length", "tool_calls")
+
+COLIBRI_STATS = obj({
+    "stats": obj({
+        "prompt_tokens": INT, "completion_tokens": INT, "tokens_per_second": {"type": "number"},
+        "cache_hit_percent": {"type": "number"}, "rss_gb": {"type": "number"},
+        "length_limited": {"type": "boolean"}}),
+    "perf": {"oneOf": [NULL, obj({
+        "wall_s": {"type": "number"}, "prompt_tokens": INT, "completion_tokens": INT,
+        "expert_disk_s": {"type": "number"}, "expert_wait_s": {"type": "number"},
+        "expert_matmul_s": {"type": "number"}, "attention_s": {"type": "number"},
+        "lm_head_s": {"type": "number"}, "forwards": INT})]},
+    "topk": NULL,
+    "entropy": {"oneOf": [NULL, {"type": "array", "items": {"type": "number"}}]},
+    "gpus": {"oneOf": [NULL, {"type": "array", "items": obj({
+        "used_gb": {"type": "number"}, "total_gb": {"type": "number"}, "experts": INT})}]},
+    "repin": {"type": "array", "items": obj({"layer": INT, "expert": INT, "old_tier": INT,
+                                              "gpu": INT})},
+}, description="The seed document's per-turn engine statistics (serve_protocol.md).")
+
+ID_CHAT = {"type": "string", "pattern": "^chatcmpl-[0-9a-f]{32}$"}
+ID_CMPL = {"type": "string", "pattern": "^cmpl-[0-9a-f]{32}$"}
+
+CHAT_MESSAGE = obj({
+    "role": const("assistant"), "content": {"type": ["string", "null"]}, "refusal": NULL,
+    "reasoning_content": STR, "tool_calls": {"type": "array", "items": TOOL_CALL, "minItems": 1},
+}, required=["role", "content", "refusal"])
+
+CHAT_COMPLETION = obj({
+    "id": ID_CHAT, "object": const("chat.completion"), "created": INT, "model": STR,
+    "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": obj({
+        "index": const(0), "message": CHAT_MESSAGE, "logprobs": CHAT_LOGPROBS,
+        "finish_reason": FINISH})},
+    "usage": USAGE, "colibri": ref("colibri_stats"),
+}, required=["id", "object", "created", "model", "choices", "usage"])
+
+CHUNK_DELTA = obj({
+    "role": const("assistant"), "content": STR, "reasoning_content": STR,
+    "tool_calls": {"type": "array", "items": obj({
+        "index": INT, "id": TOOL_CALL["properties"]["id"], "type": const("function"),
+        "function": obj({"name": STR, "arguments": STR})})},
+}, required=[], maxProperties=2)
+
+CHAT_CHUNK = obj({
+    "id": ID_CHAT, "object": const("chat.completion.chunk"), "created": INT, "model": STR,
+    "choices": {"type": "array", "maxItems": 1, "items": obj({
+        "index": const(0), "delta": CHUNK_DELTA, "logprobs": NULL,
+        "finish_reason": {"oneOf": [NULL, FINISH]}})},
+    "usage": {"oneOf": [NULL, USAGE]}, "colibri": ref("colibri_stats"),
+}, required=["id", "object", "created", "model", "choices"],
+    description="One `data:` event of a streamed chat completion. The usage chunk and the "
+                "`colibri` stats chunk carry an empty `choices` array.")
+
+COMPLETION = obj({
+    "id": ID_CMPL, "object": const("text_completion"), "created": INT, "model": STR,
+    "choices": {"type": "array", "minItems": 1, "maxItems": 1, "items": obj({
+        "index": const(0), "text": STR, "logprobs": LEGACY_LOGPROBS, "finish_reason": FINISH})},
+    "usage": USAGE, "colibri": ref("colibri_stats"),
+}, required=["id", "object", "created", "model", "choices", "usage"])
+
+COMPLETION_CHUNK = obj({
+    "id": ID_CMPL, "object": const("text_completion"), "created": INT, "model": STR,
+    "choices": {"type": "array", "maxItems": 1, "items": obj({
+        "index": const(0), "text": STR, "logprobs": NULL,
+        "finish_reason": {"oneOf": [NULL, FINISH]}})},
+    "usage": {"oneOf": [NULL, USAGE]}, "colibri": ref("colibri_stats"),
+}, required=["id", "object", "created", "model", "choices"])
+
+ERROR = obj({"error": obj({
+    "message": STR,
+    "type": enum("invalid_request_error", "authentication_error", "rate_limit_error",
+                 "server_error"),
+    "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}})},
+    description="The OpenAI error envelope (every path except /v1/messages).")
+
+ANTHROPIC_ERROR = obj({
+    "type": const("error"),
+    "error": obj({"type": ERROR["properties"]["error"]["properties"]["type"],
+                  "message": STR})},
+    description="The Anthropic error envelope used on /v1/messages.")
+
+MODEL = obj({
+    "id": STR, "object": const("model"), "created": INT, "owned_by": const("colibri"),
+    "input_modalities": {"type": "array", "items": const("text")},
+    "capabilities": {"type": "array", "items": STR}})
+
+MODEL_LIST = obj({
+    "object": const("list"), "data": {"type": "array", "items": ref("model"),
+                                      "minItems": 1, "maxItems": 1},
+    "models": {"type": "array", "items": obj({
+        "name": STR, "description": STR,
+        "release_date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}})}})
+
+ANTHROPIC_USAGE = obj({"input_tokens": INT, "output_tokens": INT})
+
+THINKING_BLOCK = obj({"type": const("thinking"), "thinking": STR, "signature": STR})
+TEXT_BLOCK = obj({"type": const("text"), "text": STR})
+TOOL_USE_BLOCK = obj({"type": const("tool_use"),
+                      "id": {"type": "string", "pattern": "^call_[0-9a-f]{24}$"},
+                      "name": STR, "input": {"type": "object"}})
+
+STOP_REASON = enum("end_turn", "max_tokens", "tool_use")
+
+MESSAGE = obj({
+    "id": {"type": "string", "pattern": "^msg_[0-9a-f]{24}$"}, "type": const("message"),
+    "role": const("assistant"), "model": STR,
+    "content": {"type": "array", "items": {"oneOf": [THINKING_BLOCK, TEXT_BLOCK,
+                                                     TOOL_USE_BLOCK]}},
+    "stop_reason": STOP_REASON, "stop_sequence": NULL, "usage": ANTHROPIC_USAGE})
+
+MESSAGE_START_MESSAGE = copy.deepcopy(MESSAGE)
+MESSAGE_START_MESSAGE["properties"]["content"] = {"type": "array", "maxItems": 0}
+MESSAGE_START_MESSAGE["properties"]["stop_reason"] = NULL
+
+MESSAGE_EVENT = {"oneOf": [
+    obj({"type": const("message_start"), "message": MESSAGE_START_MESSAGE}),
+    obj({"type": const("content_block_start"), "index": INT, "content_block": {"oneOf": [
+        THINKING_BLOCK, TEXT_BLOCK, TOOL_USE_BLOCK]}}),
+    obj({"type": const("content_block_delta"), "index": INT, "delta": {"oneOf": [
+        obj({"type": const("thinking_delta"), "thinking": STR}),
+        obj({"type": const("signature_delta"), "signature": STR}),
+        obj({"type": const("text_delta"), "text": STR}),
+        obj({"type": const("input_json_delta"), "partial_json": STR})]}}),
+    obj({"type": const("content_block_stop"), "index": INT}),
+    obj({"type": const("message_delta"),
+         "delta": obj({"stop_reason": STOP_REASON, "stop_sequence": NULL}),
+         "usage": obj({"output_tokens": INT})}),
+    obj({"type": const("message_stop")}),
+    obj({"type": const("ping")}),
+], "description": "The `data:` of one named SSE event on /v1/messages; its `type` equals the "
+                  "`event:` name."}
+
+SCHEDULER = obj({
+    "active": INT, "queued": INT, "capacity": INT, "max_queue": INT,
+    "queue_timeout_seconds": {"type": "number"}, "admitted": INT, "completed": INT,
+    "failed": INT, "rejected": INT, "timed_out": INT, "cancelled": INT})
+
+HEALTH = {"oneOf": [
+    obj({"status": const("ok")}),
+    obj({"status": enum("ok", "restarting", "down"), "arch": const("glm"),
+         "scheduler": SCHEDULER, "kv_slots": INT,
+         "input_modalities": {"type": "array", "items": const("text")},
+         "continue_assistant": {"type": "boolean"},
+         "tiers": obj({"vram": INT, "ram": INT, "disk": INT, "vram_gb": {"type": "number"},
+                       "ram_gb": {"type": "number"}}),
+         "hwinfo": obj({"cores": INT, "ram_total_gb": {"type": "number"},
+                        "ram_avail_gb": {"type": "number"}, "gpus": INT,
+                        "vram_total_gb": {"type": "number"}, "cpu": STR, "gpu": STR}),
+         "capabilities": {"type": "array", "items": STR},
+         "engine": obj({"state": enum("starting", "ready", "restarting", "down"),
+                        "restarts": INT, "pid": {"type": ["integer", "null"]},
+                        "last_exit": {"type": ["string", "null"]},
+                        "seeds": {"type": "boolean"}})},
+        required=["status", "arch", "scheduler", "kv_slots", "input_modalities",
+                  "continue_assistant", "capabilities", "engine"]),
+    obj({"status": enum("restarting", "down")}),
+]}
+
+EXPERTS = obj({"rows": INT, "cols": INT, "map": {"type": "string", "pattern": "^[0-9a-f]*$"},
+               "hits": {"type": "string", "pattern": "^[0-9a-f]*$"}, "seq": INT})
+
+PROFILE_TURN = obj({
+    "wall_s": {"type": "number"}, "prompt_tokens": INT, "completion_tokens": INT,
+    "expert_disk_s": {"type": "number"}, "expert_wait_s": {"type": "number"},
+    "expert_matmul_s": {"type": "number"}, "attention_s": {"type": "number"},
+    "lm_head_s": {"type": "number"}, "forwards": INT})
+
+PROFILE = obj({"seq": INT, "turns": {"type": "array", "maxItems": 120, "items": PROFILE_TURN}})
+
+MESSAGE_IN = {"type": "object", "required": ["role"], "properties": {
+    "role": enum("system", "developer", "user", "assistant", "tool"),
+    "content": {"type": ["string", "array", "null"]},
+    "reasoning_content": STR, "tool_calls": {"type": "array"}, "tool_call_id": STR,
+    "name": STR}}
+
+SAMPLING_FIELDS: dict[str, Schema] = {
+    "model": STR,
+    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+    "n": const(1), "best_of": {"enum": [None, 1]},
+    "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
+    "stop": {"oneOf": [NULL, {"type": "string", "minLength": 1},
+                       {"type": "array", "minItems": 1, "maxItems": 4,
+                        "items": {"type": "string", "minLength": 1}}]},
+    "stream": {"type": "boolean"},
+    "stream_options": {"type": ["object", "null"],
+                       "properties": {"include_usage": {"type": "boolean"}}},
+    "cache_slot": {"type": ["integer", "null"], "minimum": 0, "maximum": 15},
+    "seed": {"description": "Accepted; passed to the engine only when it announces "
+                            "per-request seeds."},
+    "x_colibri_ignore_leading_stop": {"type": "boolean"},
+    "frequency_penalty": {"enum": [None, 0, False]},
+    "presence_penalty": {"enum": [None, 0, False]},
+    "modalities": {"type": "array", "items": const("text"), "minItems": 1},
+    "tools": {"type": ["array", "null"]},
+    "tool_choice": {"oneOf": [enum("auto", "none", "required"), {"type": "object"}]},
+}
+
+CHAT_REQUEST: Schema = {
+    "type": "object", "required": ["model", "messages"], "additionalProperties": True,
+    "description": "Fields colibri reads. Unknown fields are accepted and ignored.",
+    "properties": {
+        **SAMPLING_FIELDS,
+        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "messages": {"type": "array", "minItems": 1, "items": MESSAGE_IN},
+        "reasoning_effort": {"enum": [None, "none", "minimal", "low", "medium", "high",
+                                      "xhigh"]},
+        "enable_thinking": {"type": "boolean"},
+        "strict_tool_calls": {"type": "boolean"},
+        "logprobs": {"type": ["boolean", "null"]},
+        "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 32},
+        "echo": {"enum": [None, False]},
+    }}
+
+COMPLETION_REQUEST: Schema = {
+    "type": "object", "required": ["model", "prompt"], "additionalProperties": True,
+    "description": "Fields colibri reads. Unknown fields are accepted and ignored.",
+    "properties": {
+        **SAMPLING_FIELDS,
+        "prompt": {"type": "string", "minLength": 1},
+        "logprobs": {"oneOf": [NULL, const(False), {"type": "integer", "minimum": 0,
+                                                    "maximum": 32}]},
+        "echo": {"type": ["boolean", "null"]},
+        "suffix": NULL,
+    }}
+
+MESSAGES_REQUEST: Schema = {
+    "type": "object", "required": ["model", "messages", "max_tokens"],
+    "additionalProperties": True,
+    "properties": {
+        "model": STR, "max_tokens": {"type": "integer", "minimum": 1},
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"], "properties": {
+                "role": enum("user", "assistant"),
+                "content": {"type": ["string", "array"]}}}},
+        "system": {"type": ["string", "array"]},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"},
+        "thinking": {"type": "object"},
+        "tools": {"type": "array"},
+        "tool_choice": {"type": "object"},
+        "stop_sequences": {"enum": [None, "", []]},
+        "top_k": NULL,
+        "cache_slot": {"type": ["integer", "null"], "minimum": 0},
+    }}
+
+SCHEMAS: dict[str, tuple[str, Schema]] = {
+    "error": ("OpenAI error envelope", ERROR),
+    "anthropic_error": ("Anthropic error envelope", ANTHROPIC_ERROR),
+    "model": ("A served model", MODEL),
+    "model_list": ("GET /v1/models", MODEL_LIST),
+    "chat_request": ("POST /v1/chat/completions body", CHAT_REQUEST),
+    "chat_completion": ("Non-streamed chat completion", CHAT_COMPLETION),
+    "chat_completion_chunk": ("Streamed chat completion chunk", CHAT_CHUNK),
+    "completion_request": ("POST /v1/completions body", COMPLETION_REQUEST),
+    "completion": ("Non-streamed legacy completion", COMPLETION),
+    "completion_chunk": ("Streamed legacy completion chunk", COMPLETION_CHUNK),
+    "messages_request": ("POST /v1/messages body", MESSAGES_REQUEST),
+    "message": ("Non-streamed Anthropic message", MESSAGE),
+    "message_stream_event": ("Streamed Anthropic event", MESSAGE_EVENT),
+    "colibri_stats": ("The `colibri` stats object", COLIBRI_STATS),
+    "health": ("GET /health", HEALTH),
+    "experts": ("GET /experts", EXPERTS),
+    "profile": ("GET /profile", PROFILE),
+}
+
+
+def schema_documents() -> dict[str, Schema]:
+    docs: dict[str, Schema] = {}
+    for name, (title, body) in SCHEMAS.items():
+        doc: Schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                       "$id": f"{BASE}{name}.json", "title": title}
+        doc.update(copy.deepcopy(body))
+        docs[name] = doc
+    return docs
+
+
+def _inline_refs(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and value.endswith(".json"):
+                out[key] = f"#/components/schemas/{value[:-5]}"
+            elif key in ("$id", "$schema"):
+                continue
+            else:
+                out[key] = _inline_refs(value)
+        return out
+    if isinstance(node, list):
+        return [_inline_refs(v) for v in node]
+    return node
+
+
+def _json(schema: str) -> Schema:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
+
+
+def _errors(envelope: str, *codes: int) -> dict[str, Any]:
+    words = {400: "Invalid request (see spec/http.md, validation catalogue)",
+             401: "Missing or invalid API key", 403: "Host not allowed",
+             404: "Unknown model or path", 429: "Queue full or queue timeout (Retry-After: 1)",
+             500: "Engine failure before the response started",
+             502: "Invalid model tool call (strict_tool_calls)",
+             503: "Scheduler closed or engine restarting"}
+    return {str(c): {"description": words[c], "content": _json(envelope)} for c in codes}
+
+
+def _sse(schema: str, text: str) -> Schema:
+    return {"text/event-stream": {
+        "schema": {"type": "string", "description": text},
+        "x-colibri-event-schema": {"$ref": f"#/components/schemas/{schema}"}}}
+
+
+def openapi_document() -> Schema:
+    gen_errors = (400, 401, 403, 404, 429, 500, 503)
+    queue_header = {"x-colibri-queue-wait-ms": {
+        "description": "Milliseconds the request waited for a KV slot.",
+        "schema": {"type": "integer"}}}
+    paths: Schema = {
+        "/v1/models": {"get": {
+            "summary": "List the served model", "operationId": "listModels",
+            "responses": {"200": {"description": "The model list", "content": _json(
+                "model_list")}, **_errors("error", 401, 403)}}},
+        "/v1/models/{model}": {"get": {
+            "summary": "One model", "operationId": "getModel",
+            "parameters": [{"name": "model", "in": "path", "required": True,
+                            "schema": STR}],
+            "responses": {"200": {"description": "The model", "content": _json("model")},
+                          **_errors("error", 401, 403, 404)}}},
+        "/v1/chat/completions": {"post": {
+            "summary": "OpenAI chat completion", "operationId": "createChatCompletion",
+            "requestBody": {"required": True, "content": _json("chat_request")},
+            "responses": {"200": {
+                "description": "JSON, or SSE `data:` chunks ending with `data: [DONE]`",
+                "headers": queue_header,
+                "content": {**_json("chat_completion"), **_sse(
+                    "chat_completion_chunk", "`data: <chunk>` events, then `data: [DONE]`")}},
+                **_errors("error", *gen_errors, 502)}}},
+        "/v1/completions": {"post": {
+            "summary": "Legacy text completion", "operationId": "createCompletion",
+            "requestBody": {"required": True, "content": _json("completion_request")},
+            "responses": {"200": {
+                "description": "JSON, or SSE `data:` chunks ending with `data: [DONE]`",
+                "headers": queue_header,
+                "content": {**_json("completion"), **_sse(
+                    "completion_chunk", "`data: <chunk>` events, then `data: [DONE]`")}},
+                **_errors("error", *gen_errors)}}},
+        "/v1/messages": {"post": {
+            "summary": "Anthropic Messages", "operationId": "createMessage",
+            "requestBody": {"required": True, "content": _json("messages_request")},
+            "responses": {"200": {
+                "description": "JSON, or named SSE events (no [DONE])",
+                "headers": queue_header,
+                "content": {**_json("message"), **_sse(
+                    "message_stream_event", "`event: <type>` + `data: <event>` pairs")}},
+                **_errors("anthropic_error", *gen_errors)}}},
+        "/health": {"get": {
+            "summary": "Liveness; full snapshot only when authenticated",
+            "operationId": "health",
+            "responses": {"200": {"description": "Engine ready", "content": _json("health")},
+                          "503": {"description": "Engine restarting or down",
+                                  "content": _json("health")},
+                          **_errors("error", 403)}}},
+        "/metrics": {"get": {
+            "summary": "Prometheus text exposition 0.0.4", "operationId": "metrics",
+            "responses": {"200": {"description": "Scheduler metrics", "content": {
+                "text/plain; version=0.0.4; charset=utf-8": {"schema": STR}}},
+                **_errors("error", 401, 403)}}},
+        "/experts": {"get": {
+            "summary": "Expert tier map telemetry (empty unless authenticated)",
+            "operationId": "experts",
+            "responses": {"200": {"description": "EMAP/HITS", "content": _json("experts")},
+                          **_errors("error", 403)}}},
+        "/profile": {"get": {
+            "summary": "Per-turn timing ring (empty unless authenticated)",
+            "operationId": "profile",
+            "responses": {"200": {"description": "PROF turns", "content": _json("profile")},
+                          **_errors("error", 403)}}},
+        "/openapi.json": {"get": {
+            "summary": "This document", "operationId": "openapi",
+            "responses": {"200": {"description": "OpenAPI 3.1",
+                                  "content": {"application/json": {"schema": {
+                                      "type": "object"}}}}}}},
+        "/{path}": {"get": {
+            "summary": "Static web/dist with SPA fallback", "operationId": "static",
+            "parameters": [{"name": "path", "in": "path", "required": True, "schema": STR}],
+            "responses": {"200": {"description": "A file of web/dist, or index.html"},
+                          **_errors("error", 401, 403, 404)}},
+                    "options": {"summary": "CORS preflight (any path)",
+                                "operationId": "preflight",
+                                "responses": {"204": {"description": "Preflight answer"},
+                                              "403": {"description": "Host not allowed"}}}},
+    }
+    components = {name: _inline_refs(doc) for name, doc in schema_documents().items()}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "colibri HTTP API", "version": "1.0.0",
+                 "description": "OpenAI- and Anthropic-compatible surface of `colibri serve`. "
+                                "Normative prose: spec/http.md."},
+        "servers": [{"url": "http://127.0.0.1:8000"}],
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
+    }
+
+
+def rendered() -> dict[Path, str]:
+    files = {SCHEMA_DIR / f"{name}.json": json.dumps(doc, indent=2) + "\n"
+             for name, doc in schema_documents().items()}
+    files[ROOT / "spec" / "openapi.yaml"] = json.dumps(openapi_document(), indent=1) + "\n"
+    return files
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for path, text in rendered().items():
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path.relative_to(ROOT)))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print("stale:", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
