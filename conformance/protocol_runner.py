@@ -97,6 +97,12 @@ class ProtocolRunner:
         self._spares: list[tuple[str, EngineSession]] = []
         self._prepared: set[str] = set()
 
+    def clone(self) -> ProtocolRunner:
+        """An independent runner (its own engines) for the same target and capabilities."""
+        return ProtocolRunner(
+            self.target, self.codec, self.grammar, set(self.capabilities), self.timeout
+        )
+
     def close(self) -> None:
         self.pool.close()
         for _, engine in self._spares:
