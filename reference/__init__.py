@@ -5,6 +5,7 @@ from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, ExpertWeights, MappedExpertStore
 from colibri.reference.kv_cache import KVState
 from colibri.reference.model import Model, load_model
+from colibri.reference.tokenizer import Tokenizer
 
 __all__ = [
     "CheckpointError",
@@ -14,5 +15,6 @@ __all__ = [
     "MappedExpertStore",
     "Model",
     "ModelConfig",
+    "Tokenizer",
     "load_model",
 ]

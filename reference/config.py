@@ -223,7 +223,9 @@ class ModelConfig:
             qk_nope_head_dim=r.positive("qk_nope_head_dim"),
             qk_rope_head_dim=rope_dim,
             v_head_dim=r.positive("v_head_dim"),
-            rms_norm_eps=float(r.number("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(r.number(
+                "rms_norm_eps", 1e-5 if model_type == "glm_moe_dsa" else 1e-6
+            )),
             rope_theta=float(theta),
             rope_interleave=interleave,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),

@@ -151,10 +151,13 @@ def serve(
 ) -> int:
     """Load, then run the selected protocol until EOF. Returns the exit status."""
     print(f"== colibri reference engine: loading {settings.model_dir} ==", file=log)
+    from colibri.reference.errors import CheckpointError
+
     try:
         runtime = build_runtime(settings, env, log)
-    except SettingsError as exc:
-        print(f"colibri engine: {exc}", file=log)
+    except (SettingsError, CheckpointError, OSError, ValueError) as exc:
+        # Nothing reaches stdout: a server waiting for READY sees EOF and the exit status.
+        print(f"colibri engine: cannot start: {exc}", file=log)
         return 2
     out = FrameWriter(stdout)
     shape = runtime.shape

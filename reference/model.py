@@ -208,4 +208,11 @@ def load_model(model_dir: str | Path, expert_store: ExpertStore | None = None) -
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
-    return Model(config, Checkpoint(path), expert_store)
+    checkpoint = Checkpoint(path)
+    if expert_store is None and any(name.endswith(".qs") for name in checkpoint.tensors):
+        # A colibri container (quantized weights: U8 payload + .qs scales) gets the
+        # dequantizing expert store.
+        from colibri.reference.quant.loading import quantized_expert_store
+
+        expert_store = quantized_expert_store(path, config)
+    return Model(config, checkpoint, expert_store)

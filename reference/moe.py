@@ -2,7 +2,7 @@
 
     out_t = sum_k w_t,k * expert_{e_t,k}(x_t)  +  shared(x_t)
 
-Each token's routed sum runs in its own selection order (k = 0, 1, ...), then the shared
+Each token's routed sum runs over its chosen experts in ascending id order, then the shared
 expert is added, so a token's result depends on no other token. Each expert chosen by several
 tokens is still applied to all of them in one product (its weights are read once per step).
 """

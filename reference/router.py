@@ -12,7 +12,10 @@ Per token x (post-attention-normed), with E experts in G groups:
     w_k     *= routed_scaling_factor
 
 Tie rule (HF's top-k order is implementation-defined): larger value first, equal values go to
-the lower expert id (lower group id for groups). ``chosen`` is listed in that order.
+the lower expert id (lower group id for groups). ``chosen`` is returned in ascending expert id
+order, and every sum over the chosen experts (the normaliser here, the weighted expert sum in
+the MoE) runs in that order: the bias decides the set, and nothing about the order of the
+choice can leak into a weight or an output bit.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def select_experts(logits: F32, bias: F32, cfg: ModelConfig) -> tuple[I64, F32]:
         mask = np.zeros(cfg.n_group, dtype=bool)
         mask[keep] = True
         choice = np.where(np.repeat(mask, per), choice, np.float32(-np.inf)).astype(np.float32)
-    chosen = top_k_desc(choice, cfg.num_experts_per_tok)
+    chosen = np.sort(top_k_desc(choice, cfg.num_experts_per_tok))
     weights = scores[chosen]
     if cfg.norm_topk_prob:
         weights = weights / (np.sum(weights, dtype=np.float32) + np.float32(1e-20))

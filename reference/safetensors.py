@@ -27,6 +27,8 @@ DTYPES: dict[str, np.dtype[np.generic]] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    # UE8M0 block exponents: readable so the quantized-container check can refuse them by rule.
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "F64": np.dtype("<f8"),
     "I8": np.dtype("i1"),
     "U8": np.dtype("u1"),
@@ -169,3 +171,48 @@ class Checkpoint:
         if info.dtype == "F32" and raw.flags.aligned:
             return raw
         return raw.astype(np.float32)
+
+
+def dtype_name(dtype: np.dtype[np.generic]) -> str:
+    for name, candidate in DTYPES.items():
+        if candidate == dtype:
+            return name
+    raise ValueError(f"no safetensors dtype for numpy dtype {dtype}")
+
+
+def write_safetensors(
+    path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+) -> None:
+    """Write tensors as a safetensors file.
+
+    The data has no holes (the format forbids them); tensors go widest dtype first, then by
+    name, so every tensor starts at a multiple of its element size (what safetensors does).
+    """
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    blobs: list[bytes] = []
+    for name in sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n)):
+        array = np.ascontiguousarray(tensors[name])
+        data = array.tobytes()
+        header[name] = {
+            "dtype": dtype_name(array.dtype),
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * ((-len(encoded)) % 8)
+    with path.open("wb") as fh:
+        fh.write(len(encoded).to_bytes(8, "little"))
+        fh.write(encoded)
+        for blob in blobs:
+            fh.write(blob)
+
+
+def read_all(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of one file, copied into memory in its stored dtype (for tools and tests)."""
+    f = SafetensorsFile(path)
+    return {name: np.array(f.raw(info)) for name, info in f.tensors.items()}

@@ -12,6 +12,7 @@ quantised or tiered storage can replace the plain memory-mapped one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from colibri.reference.config import ModelConfig
@@ -19,15 +20,21 @@ from colibri.reference.errors import CheckpointError
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.tensors import F32
 
+if TYPE_CHECKING:
+    from colibri.reference.quant.container import QuantContainer
+
 
 class TensorLoader:
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.checkpoint = checkpoint
+        self._container: QuantContainer | None = None
 
     def has(self, name: str) -> bool:
         return name in self.checkpoint
 
     def get(self, name: str, shape: tuple[int, ...]) -> F32:
+        if name + ".qs" in self.checkpoint:
+            return self._dequantized(name, shape)
         info = self.checkpoint.info(name)
         if info.shape != shape:
             raise CheckpointError(
@@ -37,6 +44,16 @@ class TensorLoader:
         if not np.isfinite(array).all():
             raise CheckpointError(f"tensor {name} contains non-finite values (NaN or Inf)")
         return array
+
+    def _dequantized(self, name: str, shape: tuple[int, ...]) -> F32:
+        """A colibri-quantized weight (U8 payload + ``.qs``), dequantized once at load."""
+        if len(shape) != 2:
+            raise CheckpointError(f"tensor {name}: only 2-D weights can be quantized")
+        if self._container is None:
+            from colibri.reference.quant.container import QuantContainer
+
+            self._container = QuantContainer.open(self.checkpoint.model_dir)
+        return self._container.weight(name, (shape[0], shape[1]))
 
 
 @dataclass(frozen=True)

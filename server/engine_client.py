@@ -78,6 +78,9 @@ class Telemetry:
 
 PROFILE_RING = 120
 
+#: How long to wait for each handshake line after STAT.
+HANDSHAKE_TAIL_S = 0.5
+
 
 @dataclass(frozen=True)
 class SubmitRequest:
@@ -140,16 +143,29 @@ class EngineProcess:
     async def _await_ready(self, stdout: asyncio.StreamReader) -> None:
         await stdout.readuntil(frames.READY_SENTINEL)
         await stdout.readline()  # the rest of the sentinel line
-        # CAPS (if any) sits between READY and STAT; read through STAT so that capabilities
-        # such as per-request seeds are known before the first request is sent.
-        for _ in range(4):
-            line = await stdout.readline()
+        # Read the handshake (spec/protocol.md: STAT, CAPS, HWINFO, ...) before declaring the
+        # engine ready, so capabilities such as per-request seeds are known before the first
+        # request. colibri's own engines put CAPS before STAT and stop after EMAP; lines after
+        # STAT are awaited briefly only, so an engine with a shorter handshake still starts.
+        last = frames.HANDSHAKE[-1]
+        seen_stat = False
+        while True:
+            try:
+                line = await (asyncio.wait_for(stdout.readline(), HANDSHAKE_TAIL_S)
+                              if seen_stat else stdout.readline())
+            except TimeoutError:
+                return
             text = line.decode("utf-8", "replace")
             fields = text.split()
-            if not fields or fields[0] in frames.PAYLOAD_KINDS:
-                raise FrameError("unexpected handshake line after READY")
+            if not line:
+                raise asyncio.IncompleteReadError(b"", None)
+            if not fields:
+                continue
+            if fields[0] in frames.PAYLOAD_KINDS:
+                raise FrameError("unexpected payload frame during the handshake")
             self._dispatch(fields[0], fields, b"", text)
-            if fields[0] == "STAT":
+            seen_stat = seen_stat or fields[0] == "STAT"
+            if fields[0] == last:
                 return
 
     async def _reap(self) -> int | None:

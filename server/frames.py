@@ -22,6 +22,15 @@ def _payload_kinds() -> frozenset[str]:
     return frozenset(load_spec().mux["payload_kinds"]) | {"TOOL", "GRPP", "GRPG"}
 
 
+def _handshake() -> tuple[str, ...]:
+    from colibri.protocol import load_spec
+
+    return tuple(load_spec().mux["handshake"])
+
+
+#: The startup lines an engine sends after READY, in order (spec/protocol.json).
+HANDSHAKE: tuple[str, ...] = _handshake()
+
 #: Line kinds followed by ``<n>`` raw payload bytes and one ``\n``; the size is field 2.
 PAYLOAD_KINDS: frozenset[str] = _payload_kinds()
 

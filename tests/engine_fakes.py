@@ -126,3 +126,35 @@ class FakeCodec:
         state.truncate(0)
         for token, row in zip(tokens, rows, strict=True):
             self.model._append(state, int(token), np.asarray(row, np.float32))
+
+
+class ByteTokenizer:
+    """Ids 0..255 are bytes; 256.. are added tokens (special), matched before bytes."""
+
+    ADDED = ("<|endoftext|>", "<|user|>", "<|assistant|>", "[gMASK]", "<sop>")
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        i = 0
+        while i < len(text):
+            for n, token in enumerate(self.ADDED):
+                if text.startswith(token, i):
+                    out.append(256 + n)
+                    i += len(token)
+                    break
+            else:
+                out.extend(text[i].encode("utf-8"))
+                i += 1
+        return out
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id >= 256:
+            return self.ADDED[token_id - 256].encode()
+        return bytes([token_id])
+
+    def token_to_id(self, token: str) -> int | None:
+        return 256 + self.ADDED.index(token) if token in self.ADDED else None
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(range(256, 256 + len(self.ADDED)))

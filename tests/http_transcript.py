@@ -21,6 +21,10 @@ KEPT_HEADERS = ("content-type", "retry-after", "cache-control", "connection",
                 "access-control-max-age", "vary", "x-accel-buffering")
 PRESENCE_HEADERS = ("x-request-id", "x-typesafe-request-id", "x-colibri-queue-wait-ms")
 
+TIMING_KEYS = frozenset({"tokens_per_second", "rss_gb", "cache_hit_percent", "wall_s",
+                         "expert_disk_s", "expert_wait_s", "expert_matmul_s", "attention_s",
+                         "lm_head_s"})
+
 NORMALISE = [
     (re.compile(r"chatcmpl-[0-9a-f]{32}"), "chatcmpl-ID"),
     (re.compile(r"cmpl-[0-9a-f]{32}"), "cmpl-ID"),
@@ -103,6 +107,14 @@ def _scrub(node: Any) -> Any:
                 out[key] = "<" + key + ">"
             elif key == "x-colibri-queue-wait-ms":
                 out[key] = "<ms>"
+            elif key == "hwinfo" and isinstance(value, dict):
+                out[key] = {k: "<host>" for k in value}
+            elif key in ("map", "hits") and isinstance(value, str):
+                # Expert heat accumulates over every earlier request: only the shape is stable.
+                out[key] = f"<hex:{len(value)}>"
+            elif key in TIMING_KEYS and isinstance(value, int | float):
+                # Measurements of the engine's machine, not outputs: only their presence counts.
+                out[key] = "<measured>"
             else:
                 out[key] = _scrub(value)
         return out

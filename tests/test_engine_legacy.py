@@ -6,6 +6,8 @@ import re
 
 from engine_fakes import FakeConfig, FakeModel
 from engine_harness import run_legacy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from colibri.protocol import parse_line
 
@@ -65,3 +67,31 @@ def test_prompt_nul_and_lenient_terminator() -> None:
     assert nul.startswith(END) and nul.endswith(b" 0 0\n")
     assert not ok.startswith(END)
     assert chat_of_x.startswith(END)  # 'X\x02RESET' is a (bad) chat line in an ids model
+
+
+_LEGACY_LINES = st.one_of(
+    st.sampled_from([b"\x02RESET\n", b"\x02MORE\n", b"3 4 5\n", b"\n", b"x\n", b"99999\n"]),
+    st.builds(
+        lambda n, m, t, p, body, term: b"\x02PROMPT %d %s %s %s\n" % (n, m, t, p) + body + term,
+        st.integers(0, 12),
+        st.sampled_from([b"0", b"1", b"3", b"x"]),
+        st.sampled_from([b"0", b"0.7", b"3", b"nan"]),
+        st.sampled_from([b"1", b"0.9", b"0"]),
+        st.binary(max_size=12),
+        st.sampled_from([b"\n", b"X", b""]),
+    ),
+    st.binary(max_size=20),
+)
+
+
+@settings(max_examples=80)
+@given(st.lists(_LEGACY_LINES, max_size=8))
+def test_fuzzed_legacy_input_never_crashes(parts: list[bytes]) -> None:
+    out, _ = run_legacy(
+        b"".join(parts), model=FakeModel(FakeConfig(eos_token_ids=())), env={"NGEN": "3"}
+    )
+    body = out.split(b"\n", 2)[2].split(b"\n", 1)[1]  # after READY, STAT, TIERS
+    # every reply ends with END + a STAT line that matches protocol.json
+    for match in re.finditer(re.escape(END) + rb"(STAT [^\n]*)\n", body):
+        assert parse_line(match.group(1)) is not None
+    assert body.count(END) == len(re.findall(re.escape(END) + rb"STAT ", body))

@@ -54,6 +54,17 @@ def test_wheel_install_gives_a_working_doctor(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     statuses = {check["id"]: check["status"] for check in report["checks"]}
     assert statuses["spec"] == "ok"
+    # The embedded default model (glm5-chat-tiny) ships inside the wheel.
+    assert statuses["default_model"] == "ok", report
+    assert result.returncode == 0, result.stdout + result.stderr
+    model_files = subprocess.run(
+        [str(python), "-c", "import colibri.resources as r; d = r.default_model_dir(); "
+         "print(sorted(p.name for p in d.iterdir()))"],
+        capture_output=True, text=True, check=True, cwd=tmp_path, env=env,
+    ).stdout
+    for name in ("config.json", "generation_config.json", "model.safetensors",
+                 "tokenizer.json", "tokenizer_config.json"):
+        assert name in model_files, model_files
     # Package data parity: the wheel sees exactly what the checkout sees.
     checkout = subprocess.run(
         [sys.executable, "-m", "colibri", "doctor", "--json"],

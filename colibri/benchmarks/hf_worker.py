@@ -1,0 +1,77 @@
+"""Bench worker for HF transformers eager (standalone: imports torch and transformers only).
+
+Run by colibri.benchmarks.reference_decode with whichever interpreter has torch installed:
+``python hf_worker.py --model DIR --tokens N --prompt "3 14 159"``; prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def rss_bytes() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run(model_dir: Path, tokens: int, prompt: list[int], warmup: int) -> dict[str, Any]:
+    rss_before = rss_bytes()
+    t0 = time.perf_counter()
+    import torch  # type: ignore[import-not-found]
+    import transformers  # type: ignore[import-not-found]
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    load_s = time.perf_counter() - t0
+    rss_after = rss_bytes()
+    ids: list[int] = []
+    times: list[float] = []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+        cache = out.cache
+        logits = out.logits[0, -1]
+        for _ in range(warmup + tokens):
+            token = int(torch.argmax(logits))
+            ids.append(token)
+            t = time.perf_counter()
+            out = model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+            times.append(time.perf_counter() - t)
+            cache = out.cache
+            logits = out.logits[0, -1]
+    times = times[warmup:]
+    return {
+        "load_s": load_s,
+        "rss_before_load_bytes": rss_before,
+        "rss_after_load_bytes": rss_after,
+        "ids": ids,
+        "step_s": times,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--warmup", type=int, default=4)
+    args = parser.parse_args()
+    prompt = [int(t) for t in args.prompt.split()]
+    print(json.dumps(run(args.model, args.tokens, prompt, args.warmup)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""Bench section ``quant-formats``: the reference on each quantized container of one model.
+
+The benchmark model is converted (``colibri convert``, cached beside it) to every expert format
+colibri defines; each container -- and the float32 original -- then runs the same greedy decode
+in a fresh process. Reported per format, side by side with f32:
+
+* tokens/s over ``tokens`` steps after a 12-token prefill and ``warmup`` untimed steps, and the
+  ratio to f32 (the reference dequantizes an expert on first use and keeps it in a byte-bounded
+  LRU, ``COLIBRI_EXPERT_CACHE_MB``; its hit/miss counts are listed);
+* bytes per token: container bytes one decode step reads (every non-expert weight, one
+  embedding row, and the on-disk bytes of each routed expert chosen in that step), the expert
+  share of it, and the ratio to f32 -- what a streaming engine has to move per token;
+* greedy agreement with f32 (tokens equal to the f32 run, position by position) and the
+  container size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks.bench_model import ensure_bench_model
+
+PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
+#: Expert formats in report order (``colibri convert --experts`` names); "f32" is the original.
+SCHEMES = ("f32", "int8", "int4", "int4g64", "int4g128", "int3", "int2", "e8", "fp8")
+
+
+def container_for(base: Path, scheme: str, cache_dir: Path) -> tuple[Path, float | None]:
+    """The container of ``base`` with ``scheme`` experts (converted once, then reused)."""
+    if scheme == "f32":
+        return base, None
+    from colibri.reference.quant.convert import convert
+
+    target = cache_dir / f"{base.name}-{scheme}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    done = target / "convert_report.json"
+    if done.is_file():
+        return target, None
+    if target.exists():  # an interrupted conversion: start over
+        for path in sorted(target.iterdir()):
+            path.unlink()
+        target.rmdir()
+    t0 = time.perf_counter()
+    report = convert(base, target, scheme, progress=sys.stderr)
+    seconds = time.perf_counter() - t0
+    done.write_text(json.dumps({**report.as_dict(), "convert_s": seconds}, indent=2) + "\n")
+    return target, seconds
+
+
+def _bytes_per_step(model_dir: Path, steps: list[list[list[Any]]]) -> tuple[list[int], list[int]]:
+    from colibri.reference.quant.safetensors_file import SafetensorsDir
+
+    files = SafetensorsDir(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    n_layers = config["num_hidden_layers"]
+    fixed = embed_row = 0
+    expert: dict[tuple[int, int], int] = {}
+    for name, entry in files.tensors.items():
+        parts = name.split(".")
+        if name == "model.embed_tokens.weight":
+            embed_row = entry.nbytes // entry.shape[0]
+            continue
+        if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= n_layers:
+            continue  # the MTP head does not run in plain decode
+        if ".mlp.experts." in name:
+            key = (int(parts[2]), int(parts[5]))
+            expert[key] = expert.get(key, 0) + entry.nbytes  # payload + .qs sidecar
+            continue
+        fixed += entry.nbytes
+    totals, experts = [], []
+    for routes in steps:
+        chosen = {(int(layer), int(e)) for layer, ids in routes for e in ids}
+        moved = sum(expert[k] for k in chosen)
+        experts.append(moved)
+        totals.append(fixed + embed_row + moved)
+    return totals, experts
+
+
+def _worker(model_dir: Path, tokens: int, warmup: int) -> dict[str, Any]:
+    import numpy as np
+
+    from colibri.reference import load_model
+
+    t0 = time.perf_counter()
+    model = load_model(model_dir)
+    load_s = time.perf_counter() - t0
+    routes: list[tuple[int, tuple[int, ...]]] = []
+    model.route_observer = lambda layer, ids: routes.append((layer, ids))
+    state = model.new_state()
+    logits = model.prefill(state, PROMPT)[-1]
+    ids: list[int] = []
+    steps: list[list[list[Any]]] = []
+    times: list[float] = []
+    for _ in range(warmup + tokens):
+        token = int(np.argmax(logits))
+        ids.append(token)
+        routes.clear()
+        t = time.perf_counter()
+        logits = model.decode(state, token)
+        times.append(time.perf_counter() - t)
+        steps.append([[layer, list(e)] for layer, e in routes])
+    stats = getattr(model.experts, "stats", None)
+    return {
+        "load_s": load_s,
+        "ids": ids,
+        "step_s": times[warmup:],
+        "warmup_step_s": times[:warmup],
+        "routes": steps[warmup:],
+        "store": type(model.experts).__name__,
+        "cache": None if stats is None else {
+            "hits": stats.hits, "misses": stats.misses, "evictions": stats.evictions,
+            "budget_bytes": getattr(model.experts, "budget_bytes", None),
+        },
+    }
+
+
+def _measure(model_dir: Path, options: BenchOptions) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "colibri.benchmarks.quant_formats", "--worker",
+           "--model", str(model_dir), "--tokens", str(options.tokens),
+           "--warmup", str(options.warmup)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=os.environ.copy())
+    if proc.returncode != 0:
+        return {"error": f"worker failed (exit {proc.returncode})",
+                "stderr_tail": proc.stderr.strip().splitlines()[-5:]}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    base = options.model if options.model is not None else ensure_bench_model(options.cache_dir)
+    schemes = tuple(options.extra.get("quant_schemes", SCHEMES))
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown:
+        raise ValueError(f"unknown quant scheme(s) {unknown}; known: {', '.join(SCHEMES)}")
+    formats: dict[str, Any] = {}
+    for scheme in schemes:
+        try:
+            model_dir, convert_s = container_for(base, scheme, options.cache_dir)
+        except ValueError as exc:  # e.g. e8 on widths that are not multiples of 256
+            formats[scheme] = {"error": f"conversion refused: {exc}"}
+            continue
+        raw = _measure(model_dir, options)
+        if "error" in raw:
+            formats[scheme] = raw
+            continue
+        totals, experts = _bytes_per_step(model_dir, raw["routes"])
+        mean_step = sum(raw["step_s"]) / len(raw["step_s"])
+        formats[scheme] = {
+            "tok_s": 1.0 / mean_step,
+            "ms_per_token": 1000.0 * mean_step,
+            "bytes_per_token": sum(totals) / len(totals),
+            "expert_bytes_per_token": sum(experts) / len(experts),
+            "container_bytes": sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
+            "load_s": raw["load_s"],
+            "convert_s": convert_s,
+            "warmup_ms": [1000.0 * t for t in raw["warmup_step_s"]],
+            "store": raw["store"],
+            "expert_cache": raw["cache"],
+            "ids": raw["ids"],
+        }
+    reference = formats.get("f32", {})
+    for row in formats.values():
+        if "error" in row or "error" in reference or not reference:
+            continue
+        row["tok_s_vs_f32"] = row["tok_s"] / reference["tok_s"]
+        row["bytes_per_token_vs_f32"] = row["bytes_per_token"] / reference["bytes_per_token"]
+        same = sum(a == b for a, b in zip(row["ids"], reference["ids"], strict=True))
+        row["greedy_agreement_vs_f32"] = same / len(reference["ids"])
+    return {
+        "model": str(base),
+        "prompt_tokens": len(PROMPT),
+        "tokens": options.tokens,
+        "warmup": options.warmup,
+        "expert_cache_mb_env": os.environ.get("COLIBRI_EXPERT_CACHE_MB"),
+        "formats": formats,
+    }
+
+
+register(Section(
+    name="quant-formats",
+    engines=("reference-quantized",),
+    description="reference decode on every quantized container vs f32 (tok/s, bytes/token)",
+    run=run,
+))
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="quant-formats bench worker")
+    parser.add_argument("--worker", action="store_true", required=True)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--tokens", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    args = parser.parse_args(argv)
+    print(json.dumps(_worker(args.model, args.tokens, args.warmup)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

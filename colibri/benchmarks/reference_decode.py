@@ -1,0 +1,271 @@
+"""Bench section ``reference-decode``: the numpy reference's decode speed beside HF transformers.
+
+Each engine runs in its own fresh process (HF in ``hf_worker.py``, a standalone script, so any
+interpreter with torch can run it: ``--peer-python``) (so one's memory and threads do not colour the
+other's numbers) on the same checkpoint and prompt:
+
+* load time, and the process RSS right after opening the model vs the checkpoint size (the
+  reference memory-maps weights, so little should be resident);
+* greedy decode: tokens/s over ``tokens`` steps after a 12-token prefill and ``warmup``
+  untimed steps (the first steps fault in experts never used before; their times are listed
+  apart), and achieved GB/s =
+  bytes of weights a step touches (every non-expert matrix, one embedding row, and each routed
+  expert chosen in that step, counted once) / seconds per step;
+* for the reference also ``decode_batch`` with ``batch`` sequences (aggregate tokens/s, GB/s
+  counting each expert once per step);
+* HF transformers eager float32 (``GlmMoeDsaForCausalLM``) when torch and transformers import,
+  and the ratio reference/HF.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks.bench_model import ensure_bench_model
+
+PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def checkpoint_bytes(model_dir: Path) -> int:
+    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+
+
+def touched_bytes(model_dir: Path, steps: list[list[tuple[int, tuple[int, ...]]]]) -> list[int]:
+    """Weight bytes each decode step reads: non-expert tensors + embedding rows + its experts."""
+    from colibri.reference.safetensors import Checkpoint
+
+    ckpt = Checkpoint(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    n_layers = config["num_hidden_layers"]
+    fixed = 0
+    expert: dict[tuple[int, int], int] = {}
+    embed_row = 0
+    for name, info in ckpt.tensors.items():
+        size = info.end - info.begin
+        parts = name.split(".")
+        if name == "model.embed_tokens.weight":
+            embed_row = size // info.shape[0]
+            continue
+        if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= n_layers:
+            continue  # the MTP head does not run in plain decode
+        if ".mlp.experts." in name:
+            key = (int(parts[2]), int(parts[5]))
+            expert[key] = expert.get(key, 0) + size
+            continue
+        fixed += size
+    out = []
+    for routes in steps:
+        chosen = {(layer, e) for layer, ids in routes for e in ids}
+        out.append(fixed + embed_row + sum(expert[k] for k in chosen))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# workers (run in a fresh interpreter)
+
+
+def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> dict[str, Any]:
+    import numpy as np
+
+    rss_before = rss_bytes()
+    t0 = time.perf_counter()
+    from colibri.reference import load_model
+
+    model = load_model(model_dir)
+    load_s = time.perf_counter() - t0
+    rss_after = rss_bytes()
+    routes: list[tuple[int, tuple[int, ...]]] = []
+    model.route_observer = lambda layer, ids: routes.append((layer, ids))
+    state = model.new_state()
+    logits = model.prefill(state, PROMPT)[-1]
+    ids: list[int] = []
+    steps: list[list[tuple[int, tuple[int, ...]]]] = []
+    times: list[float] = []
+    for _ in range(warmup + tokens):
+        token = int(np.argmax(logits))
+        ids.append(token)
+        routes.clear()
+        t = time.perf_counter()
+        logits = model.decode(state, token)
+        times.append(time.perf_counter() - t)
+        steps.append(list(routes))
+    # The first steps page in experts never used before; report them apart from steady state.
+    warm_times, times = times[:warmup], times[warmup:]
+    steps = steps[warmup:]
+    # Batched decode: `batch` sequences that share the prompt but diverge by their first token.
+    states = []
+    batch_tokens = []
+    for b in range(batch):
+        s = model.new_state()
+        batch_tokens.append(int(np.argmax(model.prefill(s, PROMPT + [b + 2])[-1])))
+        states.append(s)
+    batch_steps: list[list[tuple[int, tuple[int, ...]]]] = []
+    batch_times: list[float] = []
+    for step in range(warmup + max(1, tokens // 2)):
+        routes.clear()
+        t = time.perf_counter()
+        out = model.decode_batch(states, batch_tokens)
+        batch_times.append(time.perf_counter() - t)
+        batch_steps.append(list(routes))
+        batch_tokens = [int(i) for i in np.argmax(out, axis=-1)]
+        if step < warmup:
+            batch_times.pop()
+            batch_steps.pop()
+    alone_ms = [1000 * t for t in warm_times]
+    return {
+        "load_s": load_s,
+        "rss_before_load_bytes": rss_before,
+        "rss_after_load_bytes": rss_after,
+        "ids": ids,
+        "step_s": times,
+        "warmup_step_ms": alone_ms,
+        "routes": [[[layer, list(e)] for layer, e in s] for s in steps],
+        "batch_step_s": batch_times,
+        "batch_routes": [[[layer, list(e)] for layer, e in s] for s in batch_steps],
+        "threads": os.cpu_count(),
+    }
+
+
+def _spawn(cmd: list[str], engine: str) -> dict[str, Any]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        return {"error": f"{engine} worker failed (exit {proc.returncode})", "stderr_tail": tail}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def peer_python(options: BenchOptions) -> str:
+    """The interpreter that runs HF transformers: --peer-python, $COLIBRI_PEER_PYTHON, or ours."""
+    chosen = options.extra.get("peer_python") or os.environ.get("COLIBRI_PEER_PYTHON")
+    return str(chosen) if chosen else sys.executable
+
+
+def _torch_available(python: str) -> bool:
+    probe = subprocess.run([python, "-c", "import torch, transformers"], capture_output=True,
+                           check=False)
+    return probe.returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the section
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _decode_summary(
+    step_s: list[float], touched: list[int], tokens_per_step: int
+) -> dict[str, Any]:
+    total = sum(step_s)
+    return {
+        "steps": len(step_s),
+        "tokens_per_s": tokens_per_step * len(step_s) / total,
+        "median_step_ms": 1000 * _median(step_s),
+        "weight_bytes_per_step": int(sum(touched) / len(touched)),
+        "achieved_gb_per_s": sum(touched) / total / 1e9,
+    }
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    model_dir = options.model or ensure_bench_model(options.cache_dir)
+    size = checkpoint_bytes(model_dir)
+    result: dict[str, Any] = {"model": str(model_dir), "checkpoint_bytes": size,
+                              "prompt_tokens": len(PROMPT)}
+    ref = _spawn([sys.executable, "-m", "colibri.benchmarks.reference_decode",
+                  "--model", str(model_dir), "--tokens", str(options.tokens),
+                  "--batch", str(options.batch), "--warmup", str(options.warmup)], "reference")
+    if "error" in ref:
+        result["reference"] = ref
+        return result
+
+    def routes_of(raw: list[list[list[Any]]]) -> list[list[tuple[int, tuple[int, ...]]]]:
+        return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
+
+    touched = touched_bytes(model_dir, routes_of(ref["routes"]))
+    batch_touched = touched_bytes(model_dir, routes_of(ref["batch_routes"]))
+    loaded = ref["rss_after_load_bytes"] - ref["rss_before_load_bytes"]
+    result["reference"] = {
+        "load_s": ref["load_s"],
+        "rss_after_load_bytes": ref["rss_after_load_bytes"],
+        "rss_growth_at_load_bytes": loaded,
+        "rss_after_load_vs_checkpoint": ref["rss_after_load_bytes"] / size,
+        "decode": _decode_summary(ref["step_s"], touched, 1),
+        "warmup_steps_ms": ref["warmup_step_ms"],
+        "decode_batch": {"batch": options.batch,
+                         **_decode_summary(ref["batch_step_s"], batch_touched, options.batch)},
+        "greedy_ids": ref["ids"],
+        "cpu_count": ref["threads"],
+    }
+    python = peer_python(options)
+    if options.peers and _torch_available(python):
+        hf = _spawn([python, str(Path(__file__).with_name("hf_worker.py")), "--model",
+                     str(model_dir), "--tokens", str(options.tokens),
+                     "--warmup", str(options.warmup),
+                     "--prompt", " ".join(map(str, PROMPT))], "hf")
+        if "error" in hf:
+            result["hf_transformers_eager"] = hf
+        else:
+            result["hf_transformers_eager"] = {
+                "load_s": hf["load_s"],
+                "rss_after_load_bytes": hf["rss_after_load_bytes"],
+                "rss_after_load_vs_checkpoint": hf["rss_after_load_bytes"] / size,
+                "decode": _decode_summary(hf["step_s"], touched, 1),
+                "greedy_ids": hf["ids"],
+                "same_greedy_ids": hf["ids"] == ref["ids"],
+                "versions": hf["versions"],
+                "torch_threads": hf["torch_threads"],
+            }
+            ref_tps = result["reference"]["decode"]["tokens_per_s"]
+            hf_tps = result["hf_transformers_eager"]["decode"]["tokens_per_s"]
+            result["ratio_reference_over_hf_decode"] = ref_tps / hf_tps
+    elif options.peers:
+        result["hf_transformers_eager"] = {
+            "skipped": f"torch/transformers not importable by {python} (see --peer-python)"
+        }
+    return result
+
+
+register(Section(
+    name="reference-decode",
+    engines=("reference",),
+    description="numpy reference decode tok/s and GB/s, RSS after load, vs HF transformers eager",
+    run=run,
+))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the reference bench worker (internal)")
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=4)
+    args = parser.parse_args(argv)
+    print(json.dumps(_reference_worker(args.model, args.tokens, args.batch, args.warmup)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

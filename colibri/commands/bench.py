@@ -1,0 +1,80 @@
+"""``colibri bench``: run benchmark sections and print one JSON document, engines side by side.
+
+Sections live in ``colibri.benchmarks`` (a registry other parts of colibri extend); pick them
+with ``--section NAME`` or ``--engine ENGINE`` (repeatable), or run them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmark engines side by side (prints one JSON document)"
+    )
+    parser.add_argument("--engine", action="append", default=[],
+                        help="run the sections that measure this engine (repeatable)")
+    parser.add_argument("--section", action="append", default=[],
+                        help="run this section (repeatable; see --list)")
+    parser.add_argument("--list", action="store_true", help="list the sections and exit")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="model directory (default: each section's generated model)")
+    parser.add_argument("--cache-dir", type=Path,
+                        default=Path.home() / ".cache" / "colibri" / "bench",
+                        help="where generated benchmark models are kept")
+    parser.add_argument("--tokens", type=int, default=16, help="decode steps to time (16)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences in a batched step (4)")
+    parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps first (4)")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="skip peer engines such as HF transformers")
+    parser.add_argument("--peer-python", default=None,
+                        help="interpreter with torch + transformers for the HF peer "
+                             "(default: $COLIBRI_PEER_PYTHON or this one)")
+    parser.add_argument("--output", type=Path, default=None, help="also write the JSON here")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from colibri import __version__
+    from colibri.benchmarks import BenchOptions, load_sections, select
+
+    if args.list:
+        for section in load_sections().values():
+            print(f"{section.name:24} engines: {', '.join(section.engines):20} "
+                  f"{section.description}")
+        return 0
+    if args.tokens < 1 or args.batch < 1 or args.warmup < 0:
+        print("error: --tokens and --batch must be >= 1, --warmup >= 0", file=sys.stderr)
+        return 2
+    try:
+        sections = select(args.section, args.engine)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    options = BenchOptions(model=args.model, cache_dir=args.cache_dir, tokens=args.tokens,
+                           warmup=args.warmup, batch=args.batch, peers=not args.no_peers,
+                           extra={"peer_python": args.peer_python} if args.peer_python else {})
+    report: dict[str, Any] = {
+        "colibri_version": __version__,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "processor": platform.processor() or platform.machine()},
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "sections": {},
+    }
+    for section in sections:
+        t0 = time.perf_counter()
+        result = section.run(options)
+        result["section_wall_s"] = time.perf_counter() - t0
+        report["sections"][section.name] = result
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text + "\n")
+    return 0

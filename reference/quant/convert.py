@@ -1,0 +1,352 @@
+"""Convert an HF checkpoint into a colibri container with quantized routed experts.
+
+Input: a directory of ``*.safetensors`` in F32/BF16/F16, or HF's FP8 layout (``F8_E4M3``
+weights with ``<name>_scale_inv`` F32 block multipliers); fused expert tensors
+(``mlp.experts.gate_up_proj`` ``[E, 2M, D]``, ``mlp.experts.down_proj`` ``[E, D, M]``) are split
+per expert. Output: ``model.safetensors`` (or numbered shards) where each quantized weight is a
+``U8`` payload plus its ``.qs`` sidecar, the model's JSON files, and a ``colibri.fmt`` stamp for
+exactly the tensors whose byte sizes would otherwise resolve to another format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+from colibri.reference.quant.codec import quantize
+from colibri.reference.quant.errors import QuantFormatError
+from colibri.reference.quant.formats import E8_BLOCK, FORMAT_NAMES, Fmt
+from colibri.reference.quant.fp8 import dequantize_fp8
+from colibri.reference.quant.progress import ProgressBar
+from colibri.reference.quant.resolve import resolve_format
+from colibri.reference.quant.safetensors_file import (
+    FMT_STAMP_KEY,
+    SafetensorsDir,
+    write_safetensors,
+)
+
+F32 = npt.NDArray[np.float32]
+
+#: ``--experts`` / ``--dense`` choices -> (format, group size).
+SCHEMES: dict[str, tuple[Fmt, int]] = {
+    "f32": (Fmt.F32, 0),
+    "int8": (Fmt.INT8_ROW, 0),
+    "int4": (Fmt.INT4_ROW, 0),
+    "int4g64": (Fmt.INT4_GROUPED, 64),
+    "int4g128": (Fmt.INT4_GROUPED, 128),
+    "int3": (Fmt.INT3_G64, 0),
+    "int2": (Fmt.INT2_ROW, 0),
+    "e8": (Fmt.E8_IQ3, 0),
+    "fp8": (Fmt.FP8_E4M3_B128, 0),
+}
+EXPERT_SCHEMES = tuple(k for k in SCHEMES if k != "f32")
+
+#: JSON and tokenizer files copied next to the weights.
+COPIED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+SCALE_INV_SUFFIX = "_scale_inv"
+DEFAULT_SHARD_BYTES = 4 << 30
+
+_SPLIT_EXPERT = re.compile(
+    r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$"
+)
+_EXPERT = _SPLIT_EXPERT
+_FUSED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_NEVER_QUANTIZED = re.compile(
+    r"(norm\.weight|norm\.bias|mlp\.gate\.weight|e_score_correction_bias|embed_tokens\.weight|"
+    r"lm_head\.weight|\.bias)$"
+)
+
+
+class ConvertError(ValueError):
+    """The input or output of a conversion is unusable (named in the message)."""
+
+
+@dataclass
+class ConvertReport:
+    tensors: int = 0
+    quantized: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    formats: dict[str, int] = field(default_factory=dict)
+    stamped: list[str] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tensors": self.tensors,
+            "quantized": self.quantized,
+            "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes,
+            "formats": dict(sorted(self.formats.items())),
+            "stamped": self.stamped,
+            "shards": self.shards,
+        }
+
+
+def is_routed_expert(name: str) -> bool:
+    return _EXPERT.match(name) is not None
+
+
+def is_dense_linear(name: str, shape: tuple[int, ...]) -> bool:
+    """2-D weights that ``--dense`` applies to: attention, dense/shared MLP, indexer, MTP."""
+    return len(shape) == 2 and name.endswith(".weight") and not _NEVER_QUANTIZED.search(name)
+
+
+class _Source:
+    """Logical HF tensors of the input directory as float32 (or raw fp8 for pass-through)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.files = SafetensorsDir(directory)
+
+    def names(self) -> Iterator[tuple[str, tuple[int, ...], int]]:
+        """``(logical name, shape, source bytes)`` in sorted order, fused experts split."""
+        out: list[tuple[str, tuple[int, ...], int]] = []
+        for name, entry in self.files.tensors.items():
+            if name.endswith(".qs"):
+                raise ConvertError(
+                    f"{self.files.directory}: {name} is a colibri scale sidecar; the input is "
+                    "already a colibri container, convert from the HF checkpoint instead"
+                )
+            if name.endswith(SCALE_INV_SUFFIX):
+                if name[: -len(SCALE_INV_SUFFIX)] not in self.files:
+                    raise ConvertError(f"{name}: scale without its weight")
+                continue
+            fused = _FUSED.match(name)
+            if fused and len(entry.shape) == 3:
+                experts, rows, cols = entry.shape
+                per = entry.nbytes // experts
+                for e in range(experts):
+                    if fused.group(2) == "gate_up_proj":
+                        half = rows // 2
+                        for proj in ("gate_proj", "up_proj"):
+                            expert = f"{fused.group(1)}.{e}.{proj}.weight"
+                            out.append((expert, (half, cols), per // 2))
+                    else:
+                        expert = f"{fused.group(1)}.{e}.down_proj.weight"
+                        out.append((expert, (rows, cols), per))
+                continue
+            out.append((name, entry.shape, entry.nbytes))
+        return iter(sorted(out))
+
+    def fp8_parts(self, name: str) -> tuple[npt.NDArray[np.uint8], F32] | None:
+        """The raw e4m3 bytes and f32 block scales of an HF FP8 weight, else None."""
+        if name not in self.files or self.files.entry(name).dtype != "F8_E4M3":
+            return None
+        scale_name = name + SCALE_INV_SUFFIX
+        if scale_name not in self.files:
+            raise ConvertError(f"{name}: F8_E4M3 weight without {scale_name}")
+        scale = self.files.entry(scale_name)
+        if scale.dtype != "F32":
+            raise QuantFormatError(
+                name,
+                f"{scale_name} is {scale.dtype}: fp8 block scales must be F32 "
+                "(UE8M0 scales are refused for GLM)",
+            )
+        return np.asarray(self.files.raw(name)), self.files.float32(scale_name).reshape(-1)
+
+    def float32(self, name: str, shape: tuple[int, ...]) -> F32:
+        if name in self.files:
+            fp8 = self.fp8_parts(name)
+            if fp8 is not None:
+                rows, cols = shape
+                scales = _checked_scales(name, fp8[1], rows, cols)
+                return dequantize_fp8(fp8[0], scales, rows, cols)
+            return self.files.float32(name)
+        match = _SPLIT_EXPERT.match(name)
+        if match is None:
+            raise ConvertError(f"{name}: not in the input")
+        prefix, e, proj = match.group(1), int(match.group(2)), match.group(3)
+        # Slice the stored (memory-mapped) array first: converting the whole fused tensor
+        # once per expert would cost O(experts^2).
+        if proj == "down":
+            return self._fused_slice(f"{prefix}.down_proj", e, None)
+        return self._fused_slice(f"{prefix}.gate_up_proj", e, proj == "gate")
+
+    def _fused_slice(self, name: str, expert: int, first_half: bool | None) -> F32:
+        entry = self.files.entry(name)
+        if entry.dtype not in ("F32", "F16", "BF16"):
+            raise ConvertError(f"{name}: fused experts must be F32/F16/BF16, got {entry.dtype}")
+        block = self.files.array(name)[expert]
+        if first_half is not None:
+            half = block.shape[0] // 2
+            block = block[:half] if first_half else block[half:]
+        return np.asarray(block, dtype=np.float32).copy()
+
+
+def _checked_scales(name: str, scales: F32, rows: int, cols: int) -> F32:
+    expected = -(-rows // 128) * -(-cols // 128)
+    if scales.size != expected:
+        raise QuantFormatError(
+            name, f"{name}{SCALE_INV_SUFFIX} has {scales.size} block scales; [{rows}, {cols}] "
+            f"needs {expected}"
+        )
+    if not np.all(np.isfinite(scales)):
+        raise QuantFormatError(name, f"{name}{SCALE_INV_SUFFIX} holds non-finite scales")
+    return scales
+
+
+def _encode(
+    source: _Source, name: str, shape: tuple[int, ...], fmt: Fmt, group_size: int
+) -> dict[str, npt.NDArray[Any]]:
+    rows, cols = shape
+    if fmt == Fmt.FP8_E4M3_B128:
+        raw = source.fp8_parts(name)
+        if raw is not None:  # HF FP8 in, fmt8 out: the bytes pass through untouched
+            scales = _checked_scales(name, raw[1], rows, cols)
+            return {name: raw[0].reshape(-1).copy(), name + ".qs": scales}
+    weights = source.float32(name, shape)
+    if fmt == Fmt.F32:
+        return {name: np.ascontiguousarray(weights, dtype=np.float32)}
+    payload, scales = quantize(fmt, weights, group_size=group_size or 64, name=name)
+    return {name: payload, name + ".qs": scales}
+
+
+def _stamp_needed(name: str, shape: tuple[int, ...], fmt: Fmt, out: dict[str, Any]) -> bool:
+    """True when unstamped byte arithmetic would not read back ``fmt`` (or would refuse)."""
+    rows, cols = shape
+    nb, ns = out[name].nbytes, out[name + ".qs"].nbytes
+    try:
+        resolved = resolve_format(name, rows, cols, nb, ns)
+    except QuantFormatError:
+        resolved = None
+    if resolved is not None and resolved.fmt == fmt:
+        return False
+    if fmt == Fmt.INT4_ROW and resolved is not None and resolved.fmt == Fmt.INT4_GROUPED:
+        return False  # one group per row: the same numbers either way
+    # Must be resolvable with the stamp, or the container would be unreadable.
+    resolve_format(name, rows, cols, nb, ns, stamp=FORMAT_NAMES[fmt])
+    return True
+
+
+def convert(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    experts: str,
+    dense: str = "f32",
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: TextIO | None = None,
+) -> ConvertReport:
+    """Write the container for ``model_dir`` to the (absent or empty) ``out_dir``."""
+    if experts not in EXPERT_SCHEMES:
+        choices = ", ".join(EXPERT_SCHEMES)
+        raise ConvertError(f"--experts must be one of {choices}, got {experts!r}")
+    if dense not in SCHEMES:
+        raise ConvertError(f"--dense must be one of {', '.join(SCHEMES)}, got {dense!r}")
+    src_dir, dst = Path(model_dir), Path(out_dir)
+    if not (src_dir / "config.json").is_file():
+        raise ConvertError(f"{src_dir}: no config.json (not a model directory)")
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise ConvertError(f"{dst}: output exists and is not empty; refusing to overwrite it")
+    source = _Source(src_dir)
+    plan = [(name, shape, nbytes, *_target(name, shape, experts, dense))
+            for name, shape, nbytes in source.names()]
+    _preflight(plan)
+    report = ConvertReport()
+    bar = ProgressBar("convert", len(plan), sum(p[2] for p in plan), progress)
+    dst.mkdir(parents=True, exist_ok=True)
+    shard: dict[str, npt.NDArray[Any]] = {}
+    shards: list[dict[str, npt.NDArray[Any]]] = []
+    stamps: dict[str, str] = {}
+    size = 0
+    for name, shape, nbytes, fmt, gs in plan:
+        if fmt == Fmt.F32:
+            out = {name: _kept(source, name, shape)}
+        else:
+            out = _encode(source, name, shape, fmt, gs)
+            report.quantized += 1
+            if _stamp_needed(name, shape, fmt, out):
+                stamps[name] = FORMAT_NAMES[fmt]
+        label = FORMAT_NAMES[fmt] + (f"/g{gs}" if gs else "")
+        report.formats[label] = report.formats.get(label, 0) + 1
+        out_bytes = sum(a.nbytes for a in out.values())
+        if shard and size + out_bytes > shard_bytes:
+            shards.append(shard)
+            shard, size = {}, 0
+        shard.update(out)
+        size += out_bytes
+        report.tensors += 1
+        report.input_bytes += nbytes
+        report.output_bytes += out_bytes
+        bar.advance(nbytes)
+    shards.append(shard)
+    _write_shards(dst, shards, stamps, report)
+    _copy_json(src_dir, dst)
+    report.stamped = sorted(stamps)
+    return report
+
+
+def _target(name: str, shape: tuple[int, ...], experts: str, dense: str) -> tuple[Fmt, int]:
+    if is_routed_expert(name):
+        return SCHEMES[experts]
+    if is_dense_linear(name, shape):
+        return SCHEMES[dense]
+    return Fmt.F32, 0
+
+
+def _preflight(plan: list[tuple[str, tuple[int, ...], int, Fmt, int]]) -> None:
+    """Refuse before writing anything when a tensor cannot take its target format."""
+    for name, shape, _, fmt, _ in plan:
+        if fmt == Fmt.F32:
+            continue
+        if len(shape) != 2:
+            raise ConvertError(f"{name}: only 2-D weights are quantized, shape {list(shape)}")
+        if fmt == Fmt.E8_IQ3 and shape[1] % E8_BLOCK != 0:
+            raise QuantFormatError(
+                name,
+                f"e8-iq3-lattice needs a width that is a multiple of {E8_BLOCK}, got {shape[1]}",
+            )
+
+
+def _kept(source: _Source, name: str, shape: tuple[int, ...]) -> npt.NDArray[Any]:
+    """A tensor left unquantized: every float (BF16, F16, HF FP8) becomes F32, as colibri's
+    converter keeps norms, the router and the correction bias; other dtypes are copied."""
+    if source.fp8_parts(name) is not None:
+        return source.float32(name, shape)
+    if source.files.entry(name).dtype in ("F32", "F16", "BF16"):
+        return source.files.float32(name)
+    return np.array(source.files.array(name))
+
+
+def _write_shards(
+    dst: Path, shards: list[dict[str, Any]], stamps: dict[str, str], report: ConvertReport
+) -> None:
+    count = len(shards)
+    for i, tensors in enumerate(shards):
+        name = (
+            "model.safetensors" if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+        )
+        local = {k: v for k, v in stamps.items() if k in tensors}
+        meta = {"format": "pt"}
+        if local:
+            meta[FMT_STAMP_KEY] = json.dumps(local, sort_keys=True, separators=(",", ":"))
+        write_safetensors(dst / name, tensors, meta)
+        report.shards.append(name)
+
+
+def _copy_json(src: Path, dst: Path) -> None:
+    for name in COPIED_FILES:
+        path = src / name
+        if not path.is_file():
+            continue
+        if name == "config.json":
+            config = json.loads(path.read_text())
+            # The container is no longer an HF FP8 checkpoint; colibri formats are self-described.
+            config.pop("quantization_config", None)
+            (dst / name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        else:
+            shutil.copyfile(path, dst / name)

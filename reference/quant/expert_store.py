@@ -1,0 +1,126 @@
+"""Routed experts of a quantized container, dequantized on first use into a byte-bounded LRU.
+
+numpy dequantization costs about a hundred times the matmul it feeds, so an expert is decoded
+once and kept while it stays among the most recently used within ``budget_bytes`` of float32
+weights. The three projections of an expert are decoded together: routing selects experts,
+not single matrices.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from colibri.reference.experts import ExpertWeights
+from colibri.reference.quant.container import QuantContainer, TensorFormat
+from colibri.reference.quant.errors import QuantFormatError
+from colibri.reference.quant.formats import Fmt
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+DEFAULT_BUDGET_BYTES = 256 << 20
+
+
+def expert_name(layer: int, expert: int, projection: str) -> str:
+    return f"model.layers.{layer}.mlp.experts.{expert}.{projection}.weight"
+
+
+@dataclass
+class StoreStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+class QuantizedExpertStore:
+    """The reference engine's ``ExpertStore`` over a container: decodes lazily, bounded by bytes.
+
+    ``expert(layer, e)`` returns the float32 ``ExpertWeights`` (HF layout: gate/up ``[M, D]``,
+    down ``[D, M]``), whatever format each projection is stored in.
+    """
+
+    def __init__(
+        self,
+        container: QuantContainer,
+        hidden_size: int,
+        moe_intermediate_size: int,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    ) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"expert cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.container = container
+        self.hidden = hidden_size
+        self.inter = moe_intermediate_size
+        self.budget_bytes = budget_bytes
+        self.stats = StoreStats()
+        self._cache: OrderedDict[tuple[int, int], ExpertWeights] = OrderedDict()
+        self._resident = 0
+
+    @property
+    def resident_bytes(self) -> int:
+        return self._resident
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        return {
+            "gate_proj": (self.inter, self.hidden),
+            "up_proj": (self.inter, self.hidden),
+            "down_proj": (self.hidden, self.inter),
+        }
+
+    def formats(self, layer: int, expert: int) -> dict[str, TensorFormat]:
+        """The stored format of each projection; fmt6 must cover all three or none."""
+        shapes = self.shapes()
+        out = {
+            p: self.container.tensor_format(expert_name(layer, expert, p), shapes[p])
+            for p in PROJECTIONS
+        }
+        e8 = [p for p, f in out.items() if f.fmt == Fmt.E8_IQ3]
+        if e8 and len(e8) != len(PROJECTIONS):
+            raise QuantFormatError(
+                expert_name(layer, expert, e8[0]),
+                "e8-iq3-lattice must cover all three projections of an expert "
+                f"(only {', '.join(e8)} are e8)",
+            )
+        return out
+
+    def bytes_on_disk(self, layer: int, expert: int) -> int:
+        return sum(f.nbytes for f in self.formats(layer, expert).values())
+
+    def check_present(self, layers: Iterable[int], n_experts: int) -> None:
+        """Resolve every expert's format up front, so a bad container is refused at load."""
+        for layer in layers:
+            for e in range(n_experts):
+                self.formats(layer, e)
+
+    def is_resident(self, layer: int, expert: int) -> bool:
+        return (layer, expert) in self._cache
+
+    def expert(self, layer: int, expert: int) -> ExpertWeights:
+        key = (layer, expert)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            self.stats.hits += 1
+            return cached
+        self.stats.misses += 1
+        self.formats(layer, expert)
+        shapes = self.shapes()
+        gate, up, down = (
+            self.container.weight(expert_name(layer, expert, p), shapes[p]) for p in PROJECTIONS
+        )
+        weights = ExpertWeights(gate, up, down)
+        self._insert(key, weights)
+        return weights
+
+    def _insert(self, key: tuple[int, int], weights: ExpertWeights) -> None:
+        if weights.nbytes > self.budget_bytes:
+            return  # larger than the whole budget: used once, never cached
+        self._cache[key] = weights
+        self._resident += weights.nbytes
+        while self._resident > self.budget_bytes:
+            _, old = self._cache.popitem(last=False)
+            self._resident -= old.nbytes
+            self.stats.evictions += 1

@@ -1,0 +1,83 @@
+"""The engine's SUBMIT/STOP/CANCEL parsers accept exactly what spec/protocol.json's grammar
+accepts (within its byte limits)."""
+
+from __future__ import annotations
+
+from colibri.reference.submit_parse import (
+    MAX_GRAMMAR,
+    MAX_PAYLOAD,
+    Control,
+    frame_submit,
+    parse_control,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+from colibri.protocol import ProtocolViolation, load_spec, parse_line
+
+_TOKENS = st.sampled_from(
+    [
+        "0",
+        "1",
+        "7",
+        "00",
+        "16777216",
+        "16777217",
+        "1048577",
+        "0.7",
+        ".5",
+        "1e-3",
+        "2.",
+        "+1",
+        "-0",
+        "nan",
+        "inf",
+        "x",
+        "",
+        "logprobs=2",
+        "ids=1",
+        "seed=99",
+        "LOG=1",
+        "a=b",
+        "=1",
+        "k=",
+        "abcdefghijklmnop=1",
+        "18446744073709551615",
+        "99999999999999999999",
+        "1 ",
+    ]
+)
+
+
+@given(st.lists(_TOKENS, min_size=0, max_size=10))
+def test_submit_framing_agrees_with_protocol_json(fields: list[str]) -> None:
+    line = "SUBMIT " + " ".join(fields)
+    try:
+        parsed = parse_line(line, direction="server")
+    except ProtocolViolation:
+        parsed = None
+    framed = frame_submit(line.encode())
+    if parsed is None:
+        assert framed is None
+    else:
+        within = (
+            parsed.get_int("bytes") <= MAX_PAYLOAD
+            and int(str(parsed.values.get("gbytes", 0))) <= MAX_GRAMMAR
+        )
+        assert (framed is not None) == within
+        if framed is not None:
+            assert framed.nbytes == parsed.get_int("bytes")
+
+
+@given(st.sampled_from(["STOP", "CANCEL"]), st.lists(_TOKENS, max_size=3))
+def test_control_lines_agree_with_protocol_json(verb: str, fields: list[str]) -> None:
+    line = " ".join([verb, *fields])
+    spec = load_spec()
+    matches = spec.request_lines[verb].regex.match(line) is not None
+    result = parse_control(line.encode())
+    if matches and 1 <= int(fields[0]) < 2**64:
+        assert result == Control(verb, int(fields[0]))  # type: ignore[arg-type]
+    elif line.startswith(verb + " "):
+        assert result == "bad"
+    else:
+        assert result is None
