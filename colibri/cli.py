@@ -18,12 +18,13 @@ from colibri import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.version",
     "colibri.commands.doctor",
-    "colibri.commands.serve",
     "colibri.commands.generate",
     "colibri.commands.convert",
     "colibri.commands.bench",
+    "colibri.commands.serve",
     "colibri.commands.engine",
     "colibri.commands.chat",
+    "colibri.commands.conformance",
 )
 
 

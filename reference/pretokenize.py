@@ -149,6 +149,8 @@ def build_pre_tokenizer(spec: Mapping[str, Any] | None) -> list[Splitter]:
         steps = list(spec.get("pretokenizers", []))
     else:
         steps = [spec]
+    if not all(isinstance(step, dict) for step in steps):
+        raise UnsupportedTokenizerError("a pre_tokenizer step is not an object")
     if not steps or steps[-1].get("type") != "ByteLevel":
         raise UnsupportedTokenizerError("the pre_tokenizer must end with ByteLevel")
     splitters: list[Splitter] = []

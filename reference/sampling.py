@@ -21,12 +21,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.rng import Rng
 
 FloatRow = npt.NDArray[np.float32]
+
+
+class UniformSource(Protocol):
+    """Anything that hands out colibri uniforms in [0, 1), e.g. :class:`rng.Rng`."""
+
+    def uniform(self) -> float: ...
+
 
 #: The widest top-k table the wire protocol carries (``logprobs=0..32``).
 MAX_TOP_LOGPROBS = 32
@@ -68,8 +75,9 @@ def distribution(logits: npt.ArrayLike, temperature: float, top_p: float) -> Flo
     temp = np.float32(temperature)
     inv_t = np.float32(1.0) / (temp if temp > _MIN_TEMPERATURE else _MIN_TEMPERATURE)
     scaled = (row[finite] - peak) * inv_t  # float32 arithmetic, as in C
-    # expf: computed in float64 and rounded once to float32, i.e. correctly rounded
-    # (up to a double-rounding case too rare to matter); libm's expf agrees.
+    # expf, correctly rounded: float64 exp rounded once to float32 (a double-rounding
+    # miss is too rare to matter). glibc's expf, which colibri calls, is one ulp off on
+    # about 0.06% of arguments; see DEVIATIONS for why that is accepted.
     probs[finite] = np.exp(scaled.astype(np.float64)).astype(np.float32)
     total = _sequential_sum(probs.astype(np.float64))
     if not math.isfinite(total) or total <= 0.0:
@@ -79,16 +87,43 @@ def distribution(logits: npt.ArrayLike, temperature: float, top_p: float) -> Flo
     probs = probs / np.float32(total)
     nucleus = float(np.float32(top_p))
     if 0.0 < nucleus < 1.0:
-        probs = _truncate_nucleus(probs, nucleus)
+        probs = nucleus_order(probs, nucleus)
     return probs
 
 
-def _truncate_nucleus(probs: FloatRow, nucleus: float) -> FloatRow:
-    # Descending probability; a stable sort of the negated values puts equal
-    # probabilities in ascending id order (our tie rule; colibri's heap order is
-    # unspecified).
+#: How many of the most probable tokens are ordered before falling back to a full sort.
+_NUCLEUS_PREFIX = 1024
+
+
+def nucleus_order(probs: FloatRow, nucleus: float, prefix: int = _NUCLEUS_PREFIX) -> FloatRow:
+    """``probs`` truncated to the nucleus (see the module docstring).
+
+    Only the head of the (descending probability, ascending id) order matters, so the
+    ``prefix`` most probable tokens, plus every token tied with the last of them, are
+    ordered first; the full vocabulary is sorted only when their mass stays below
+    ``nucleus``. Every token left out is strictly less probable than every token ordered,
+    so the kept set is exactly what a full sort gives.
+    """
+    if probs.size > prefix:
+        threshold = np.partition(probs, probs.size - prefix)[probs.size - prefix]
+        head = np.flatnonzero(probs >= threshold)
+        order = head[np.lexsort((head, -probs[head]))]
+        running = np.cumsum(probs[order].astype(np.float64))
+        if running[-1] >= nucleus:
+            return _keep_prefix(probs, order, running, nucleus)
+    # A stable sort of the negated values puts equal probabilities in ascending id order
+    # (our tie rule; colibri's heap order is unspecified).
     order = np.argsort(-probs, kind="stable")
     running = np.cumsum(probs[order].astype(np.float64))
+    return _keep_prefix(probs, order, running, nucleus)
+
+
+def _keep_prefix(
+    probs: FloatRow,
+    order: npt.NDArray[np.intp],
+    running: npt.NDArray[np.float64],
+    nucleus: float,
+) -> FloatRow:
     reached = np.flatnonzero(running >= nucleus)
     kept = int(reached[0]) + 1 if reached.size else probs.size
     kept_ids = order[:kept]
@@ -117,7 +152,11 @@ def sample_index(probs: FloatRow, u01: float, ban: int = -1) -> int:
 
 
 def sample(
-    logits: npt.ArrayLike, temperature: float, top_p: float, rng: Rng, ban: int = -1
+    logits: npt.ArrayLike,
+    temperature: float,
+    top_p: float,
+    rng: UniformSource,
+    ban: int = -1,
 ) -> int:
     """colibri's ``pick_tok``: greedy when ``temperature <= 0``, else one draw from ``rng``."""
     if np.float32(temperature) <= 0:
@@ -136,7 +175,9 @@ def log_normalizer(logits: npt.ArrayLike) -> float:
     row = _as_row(logits)
     peak = float(row[0]) if np.isnan(row[0]) else float(np.nanmax(row))
     wide = row.astype(np.float64)
-    return peak + math.log(_sequential_sum(np.exp(wide - peak)))
+    # Infinite logits give inf - inf = NaN here, as in C; that is the answer, not a warning.
+    with np.errstate(invalid="ignore"):
+        return peak + math.log(_sequential_sum(np.exp(wide - peak)))
 
 
 def log_softmax(logits: npt.ArrayLike) -> npt.NDArray[np.float64]:

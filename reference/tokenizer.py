@@ -39,6 +39,11 @@ class TokenizerFileError(ValueError):
     """A tokenizer.json that is malformed or inconsistent (e.g. a merge outside the vocab)."""
 
 
+def _kind(component: object) -> object:
+    """The ``type`` of a tokenizer.json component (normalizer, decoder, ...)."""
+    return component.get("type") if isinstance(component, dict) else component
+
+
 def _parse_merges(raw: Iterable[Any]) -> list[tuple[str, str]]:
     merges: list[tuple[str, str]] = []
     for index, merge in enumerate(raw):
@@ -135,10 +140,12 @@ class Tokenizer:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Tokenizer:
         if data.get("normalizer") is not None:
-            raise UnsupportedTokenizerError(f"normalizer {data['normalizer'].get('type')!r}")
+            raise UnsupportedTokenizerError(f"normalizer {_kind(data['normalizer'])!r}")
         decoder = data.get("decoder")
-        if decoder is not None and decoder.get("type") != "ByteLevel":
-            raise UnsupportedTokenizerError(f"decoder {decoder.get('type')!r} (only ByteLevel)")
+        if decoder is not None and _kind(decoder) != "ByteLevel":
+            raise UnsupportedTokenizerError(f"decoder {_kind(decoder)!r} (only ByteLevel)")
+        if not isinstance(data.get("pre_tokenizer"), dict | None):
+            raise TokenizerFileError("pre_tokenizer is not an object")
         model = data.get("model")
         if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict):
             raise TokenizerFileError("tokenizer.json has no model.vocab")

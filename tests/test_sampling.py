@@ -14,6 +14,7 @@ from colibri.reference.sampling import (
     distribution,
     log_softmax,
     logprob_entry,
+    nucleus_order,
     sample,
     sample_index,
     sorted_by_logprob,
@@ -296,3 +297,50 @@ def test_tail_formatting() -> None:
     assert NO_PREDICTOR_TAIL == " nan 0"
     with pytest.raises(ValueError, match="outside the vocabulary"):
         logprob_entry(row, 3, 1)
+
+
+# ----------------------------------------------------------------------------- goldens
+def _golden_row() -> np.ndarray:
+    """A fixed logit row from a formula (no RNG, so it is the same on every platform)."""
+    ids = np.arange(64, dtype=np.float64)
+    return (3.0 * np.sin(ids * 1.7) + 0.05 * ids).astype(np.float32)
+
+
+def test_sampled_sequences_snapshot(snapshot_json: object) -> None:
+    """Golden draws: another engine's sampler must produce these ids for these seeds."""
+    row = _golden_row()
+    golden: dict[str, list[int]] = {}
+    for seed in (1, 42):
+        for temperature, top_p in ((0.7, 0.9), (1.0, 1.0), (1.3, 0.5)):
+            rng = Rng.from_seed(seed)
+            golden[f"seed={seed} t={temperature} top_p={top_p}"] = [
+                sample(row, temperature, top_p, rng) for _ in range(16)
+            ]
+    golden["greedy"] = [sample(row, 0.0, 1.0, Rng())]
+    assert golden == snapshot_json
+
+
+def test_logprob_tails_snapshot(snapshot_json: object) -> None:
+    row = _golden_row()
+    tails = {f"token={t} k={k}": logprob_entry(row, t, k).tail() for t, k in
+             ((0, 1), (int(np.argmax(row)), 5), (17, 32))}
+    assert tails == snapshot_json
+
+
+@given(row=rows, top_p=st.floats(0.05, 0.999), prefix=st.integers(1, 8))
+def test_partial_nucleus_order_equals_the_full_sort(
+    row: np.ndarray, top_p: float, prefix: int
+) -> None:
+    probs = distribution(row, 1.0, 1.0)
+    nucleus = float(np.float32(top_p))
+    assert nucleus_order(probs, nucleus, prefix).tobytes() == \
+        nucleus_order(probs, nucleus, prefix=10**9).tobytes()
+
+
+def test_partial_nucleus_on_a_large_vocabulary() -> None:
+    row = np.random.default_rng(4).normal(size=154_880).astype(np.float32) * 4
+    row[:50] = row.max()  # ties straddling the partition boundary
+    probs = distribution(row, 0.8, 1.0)
+    for top_p in (0.5, 0.9, 0.999):
+        fast = nucleus_order(probs, top_p)
+        assert fast.tobytes() == nucleus_order(probs, top_p, prefix=10**9).tobytes()

@@ -100,7 +100,13 @@ def test_read_deadline_closes_a_silent_client(server: LiveServer) -> None:
     with socket.create_connection(("127.0.0.1", server.server.port), timeout=10) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Length: 50\r\n\r\n{")
-        assert sock.recv(100) == b""
+        # The server closes with our unread bytes in its buffer, which the kernel may turn
+        # into a reset instead of a clean EOF: both mean the deadline closed the connection.
+        try:
+            received = sock.recv(100)
+        except ConnectionResetError:
+            received = b""
+        assert received == b""
 
 
 def test_serve_command_runs_an_engine_and_shuts_down() -> None:

@@ -262,3 +262,28 @@ def test_pinning_rewrites_only_real_class_escapes() -> None:
     assert pinned.startswith(r"[^\r\n\U00000041-\U0000005A")
     assert "]?[\\U00000041-" in pinned  # outside a class the ranges get their own brackets
     assert pinned.endswith("]") and "[]\\U00000030-" in pinned
+
+
+@pytest.mark.parametrize(
+    "pre_tokenizer",
+    [
+        {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"String": "e "}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": True},
+    ],
+    ids=["split-literal", "bytelevel-no-regex", "bytelevel-gpt2-regex"],
+)
+def test_other_pre_tokenizer_shapes_equal_hf(pre_tokenizer: dict[str, object]) -> None:
+    """Literal Split patterns and ByteLevel alone (whole stretches become one BPE word)."""
+    data = json.loads(FIXTURE.read_text())
+    data["pre_tokenizer"] = pre_tokenizer
+    ours = Tokenizer.from_json(data)
+    hf = tokenizers.Tokenizer.from_str(json.dumps(data))
+    for text in (CORPUS_TEXT[:3000], "the tree e e  e\r\n", "<|user|>Hi there<think>", ""):
+        assert ours.encode(text) == _hf_ids(hf, text)

@@ -1,37 +1,57 @@
-"""``colibri generate``: greedy continuation of token ids (and text, with a tokenizer)."""
+"""``colibri generate``: continue a prompt with the reference engine.
+
+``--ids`` prints the generated token ids (and their text when the model ships a tokenizer).
+``--prompt`` renders the text as a chat turn (GLM-5 layout, thinking off) by default, and
+prints only the generated text. Greedy unless ``--temperature`` > 0; sampling uses colibri's
+RNG and sampler (colibri.reference.sampling), so ``--seed`` makes a run reproducible.
+"""
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import math
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from colibri.reference import Tokenizer
+
+#: How --prompt text becomes the model's input (GLM-5; see spec/model.md "Tokenizer").
+TEMPLATES = {
+    # One user turn with thinking off, as colibri's legacy chat loop sends it.
+    "chat": "[gMASK]<sop><|user|>{text}<|assistant|><think></think>",
+    # colibri's PROMPT mode: the text after the [gMASK]<sop> prefix.
+    "prefix": "[gMASK]<sop>{text}",
+    # The text exactly as given (colibri's CHAT_TEMPLATE=0).
+    "none": "{text}",
+}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "generate", help="greedy generation with the reference engine (prints token ids)"
+        "generate", help="generate with the reference engine (text from --prompt, ids from --ids)"
     )
     parser.add_argument("--model", type=Path, default=None,
                         help="model directory (default: the embedded default model)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ids", help='prompt token ids, e.g. "3 14 159" (spaces or commas)')
     source.add_argument("--prompt", help="prompt text (needs a model with tokenizer.json)")
+    parser.add_argument("--template", choices=sorted(TEMPLATES), default="chat",
+                        help="how --prompt is wrapped: chat (a user turn, default), "
+                             "prefix ([gMASK]<sop> + text), none (as given)")
     parser.add_argument("--max-tokens", type=int, default=20, help="tokens to generate (20)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (default) is greedy; > 0 samples")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (1.0 = off)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="sampling seed (colibri's SEED formula); default: the fixed "
+                             "unseeded state")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="keep going past end-of-sequence ids")
     parser.set_defaults(handler=run)
-
-
-def _tokenizer(model_dir: Path) -> Any | None:
-    """The model's tokenizer when it ships one and colibri.reference provides a Tokenizer."""
-    import colibri.reference as ref
-
-    cls = getattr(ref, "Tokenizer", None)
-    path = model_dir / "tokenizer.json"
-    if cls is None or not path.is_file():
-        return None
-    return cls.from_file(path)
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -44,32 +64,67 @@ def _parse_ids(text: str) -> list[int]:
         raise ValueError(f"--ids must be integers, got {text!r}") from None
 
 
+def _check_sampling(args: argparse.Namespace) -> str | None:
+    if args.max_tokens < 0:
+        return "--max-tokens must be >= 0"
+    if not math.isfinite(args.temperature):
+        return "--temperature must be a finite number"
+    if not (math.isfinite(args.top_p) and 0.0 < args.top_p <= 1.0):
+        return "--top-p must be in (0, 1]"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    from colibri.reference import CheckpointError, load_model
-    from colibri.reference.generate import greedy_tokens
+    from colibri.reference import CheckpointError, Tokenizer, load_model
+    from colibri.reference.generate import sampled_tokens
+    from colibri.reference.rng import Rng
     from colibri.resources import default_model_dir
 
     model_dir: Path = args.model or default_model_dir()
-    if args.max_tokens < 0:
-        print("error: --max-tokens must be >= 0", file=sys.stderr)
+    problem = _check_sampling(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         model = load_model(model_dir)
-        tokenizer = _tokenizer(model_dir)
+        has_tokenizer = (model_dir / "tokenizer.json").is_file()
+        tokenizer = Tokenizer.from_file(model_dir) if has_tokenizer else None
+        stops: set[int] = set() if args.ignore_eos else set(model.config.eos_token_ids)
         if args.prompt is not None:
             if tokenizer is None:
                 print(f"error: --prompt needs a tokenizer; {model_dir} has none (use --ids)",
                       file=sys.stderr)
                 return 2
-            prompt = list(tokenizer.encode(args.prompt))
+            prompt = tokenizer.encode(TEMPLATES[args.template].replace("{text}", args.prompt))
+            if not args.ignore_eos:
+                # Standalone colibri also stops at every special control token.
+                stops |= tokenizer.special_ids
         else:
             prompt = _parse_ids(args.ids)
-        stops = () if args.ignore_eos else model.config.eos_token_ids
-        tokens = list(greedy_tokens(model, prompt, args.max_tokens, stops))
+        rng = Rng() if args.seed is None else Rng.from_seed(args.seed)
+        tokens = sampled_tokens(model, prompt, args.max_tokens, tuple(sorted(stops)),
+                                temperature=args.temperature, top_p=args.top_p, rng=rng)
+        if args.prompt is not None:
+            assert tokenizer is not None
+            _stream_text(tokens, tokenizer, stops)
+            return 0
+        generated = list(tokens)
     except (CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(" ".join(str(t) for t in tokens))
+    print(" ".join(str(t) for t in generated))
     if tokenizer is not None:
-        print(tokenizer.decode(tokens))
+        print(tokenizer.decode(generated))
     return 0
+
+
+def _stream_text(tokens: Iterable[int], tokenizer: Tokenizer, stops: set[int]) -> None:
+    """Print the text as tokens arrive; a character cut across tokens waits for its end."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for token in tokens:
+        if token in stops:
+            break
+        sys.stdout.write(decoder.decode(tokenizer.token_bytes(token)))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,316 @@
+"""The engine adapter: starts any engine command the way colibri's gateway does.
+
+The child gets colibri's environment (``SNAP``, ``SERVE=1``, ``SERVE_BATCH=1``, ``KV_SLOTS``,
+``CTX``, ``COLI_STATE_DIR``, ...), so colibri's own C binary is as valid a target as
+``colibri engine``. Each session gets a private state directory so persistence files of one
+case never leak into another; a restart inside a case keeps it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, BinaryIO, cast
+
+from colibri.conformance.frames import Frame, FrameReader
+
+#: Handshake lines that announce optional capabilities (forward compatible: old servers
+#: ignore them). Tokens are ``name``, ``name=1`` or ``name=0``.
+CAPABILITY_KINDS = ("CAPS", "CAPABILITIES", "FEATURES")
+
+#: Names engines use in their capability line -> the suite's capability names.
+CAPABILITY_ALIASES = {
+    "logprobs": "logprobs",
+    "echo": "logprobs",
+    "ids": "ids",
+    "token_ids": "ids",
+    "topk": "topk_frames",
+    "topk_frames": "topk_frames",
+    "seed": "per_request_seed",
+    "per_request_seed": "per_request_seed",
+    "persist": "persistence",
+    "persistence": "persistence",
+    "kv_persist": "persistence",
+    "legacy": "legacy_protocol",
+    "legacy_protocol": "legacy_protocol",
+    "mtp": "mtp",
+    "grammar": "grammar",
+    "stop": "stop",
+    "accept": "accept",
+    "context_exceeded": "context_exceeded",
+}
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or stopped answering."""
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """What to run: a command line plus the model it serves."""
+
+    command: list[str]
+    model_dir: Path | None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    startup_timeout: float = 120.0
+
+    @classmethod
+    def from_command(
+        cls, command: str, model_dir: Path | None, extra_env: dict[str, str] | None = None
+    ) -> EngineTarget:
+        argv = shlex.split(command)
+        if not argv:
+            raise EngineError("--engine-cmd is empty")
+        return cls(argv, model_dir, dict(extra_env or {}))
+
+    def environment(self, config: dict[str, Any], state_dir: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        if self.model_dir is not None:
+            env["SNAP"] = str(self.model_dir)
+        env["SERVE"] = "1"
+        if config.get("protocol", "mux") == "mux":
+            env["SERVE_BATCH"] = "1"
+        else:
+            env.pop("SERVE_BATCH", None)
+        env["KV_SLOTS"] = str(config.get("kv_slots", 2))
+        env["CTX"] = str(config.get("ctx", 256))
+        env.setdefault("SEED", "1234")
+        env["COLI_STATE_DIR"] = str(state_dir)
+        persist = bool(config.get("persist", False))
+        env["COLI_PERSIST"] = "1" if persist else "0"
+        env["KVSAVE"] = "1" if persist else "0"
+        env.update({str(k): str(v) for k, v in config.get("env", {}).items()})
+        return env
+
+
+class EngineSession:
+    """One running engine plus everything it wrote; restartable against the same state."""
+
+    def __init__(self, target: EngineTarget, config: dict[str, Any]) -> None:
+        self.target = target
+        self.config = dict(config)
+        self._state = tempfile.TemporaryDirectory(prefix="colibri-conformance-")
+        self.state_dir = Path(self._state.name)
+        self.frames: list[Frame] = []
+        self.sent: list[bytes] = []
+        self.exit_codes: list[int] = []
+        self.generation = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: FrameReader | None = None
+        self._stderr: IO[bytes] | None = None
+        self._stdin_closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.spawn()
+        self.await_ready()
+
+    def spawn(self) -> None:
+        """Start the process without waiting (so several engines can load in parallel)."""
+        legacy = self.config.get("protocol", "mux") == "legacy"
+        self._stderr = tempfile.TemporaryFile()
+        try:
+            self._proc = subprocess.Popen(
+                self.target.command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=self.target.environment(self.config, self.state_dir),
+                bufsize=0,
+            )
+        except OSError as exc:
+            raise EngineError(f"cannot start {shlex.join(self.target.command)}: {exc}") from exc
+        self._stdin_closed = False
+        self.generation += 1
+        assert self._proc.stdout is not None
+        self._reader = FrameReader(cast(BinaryIO, self._proc.stdout), legacy=legacy)
+
+    def await_ready(self) -> None:
+        self.wait_for(lambda f: f.kind == "READY", self.target.startup_timeout, "READY")
+        # The status line after READY is part of the handshake every server waits for.
+        self.wait_for(
+            lambda f: f.kind == "STAT", self.target.startup_timeout, "the STAT after READY"
+        )
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        """Close stdin (graceful), then escalate; never leaves a child behind."""
+        proc = self._proc
+        if proc is None:
+            return
+        self.close_stdin()
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        self._drain()
+        self.exit_codes.append(code)
+        self._proc = None
+
+    def kill(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        proc.send_signal(signal.SIGKILL)
+        self.exit_codes.append(proc.wait())
+        self._drain()
+        self._proc = None
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            if self._stderr is not None:
+                self._stderr.close()
+            self._state.cleanup()
+
+    def _drain(self) -> None:
+        reader = self._reader
+        if reader is None:
+            return
+        deadline = time.monotonic() + 5
+        while not reader.eof and time.monotonic() < deadline:
+            try:
+                frame = reader.next(deadline - time.monotonic())
+            except TimeoutError:
+                break
+            if frame is not None:
+                self.frames.append(frame)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stderr_tail(self, limit: int = 1500) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        data = self._stderr.read()
+        return data[-limit:].decode("utf-8", "replace")
+
+    # -- io ----------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or self._stdin_closed:
+            raise EngineError("engine stdin is not open")
+        self.sent.append(data)
+        try:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as exc:
+            raise EngineError(f"engine closed its stdin ({exc})") from exc
+
+    def close_stdin(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.stdin is not None and not self._stdin_closed:
+            self._stdin_closed = True
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def wait_for(
+        self, predicate: Any, timeout: float, what: str, start: int | None = None
+    ) -> Frame:
+        """Read until a frame satisfies predicate (also checks frames already read)."""
+        for frame in self.frames[start or 0 :]:
+            if predicate(frame):
+                return frame
+        reader = self._reader
+        if reader is None:
+            raise EngineError(f"engine not running while waiting for {what}")
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                item = reader.next(remaining)
+            except TimeoutError as exc:
+                raise EngineError(f"timed out after {timeout:.0f}s waiting for {what}") from exc
+            if item is None:
+                raise EngineError(f"engine output ended while waiting for {what}")
+            self.frames.append(item)
+            if predicate(item):
+                return item
+
+    def await_exit(self, timeout: float) -> int:
+        proc = self._proc
+        if proc is None:
+            raise EngineError("engine is not running")
+        reader = self._reader
+        deadline = time.monotonic() + timeout
+        while reader is not None and not reader.eof:
+            try:
+                item = reader.next(deadline - time.monotonic())
+            except TimeoutError as exc:
+                raise EngineError(f"engine did not exit within {timeout:.0f}s") from exc
+            if item is not None:
+                self.frames.append(item)
+        try:
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired as exc:
+            raise EngineError(
+                f"engine closed stdout but did not exit within {timeout:.0f}s"
+            ) from exc
+        self.exit_codes.append(code)
+        self._proc = None
+        return code
+
+
+def capabilities_from_frames(frames: list[Frame]) -> set[str]:
+    """Optional capabilities announced in the handshake."""
+    found: set[str] = set()
+    for frame in frames:
+        if frame.kind not in CAPABILITY_KINDS:
+            continue
+        for token in frame.fields[1:]:
+            name, _, value = token.partition("=")
+            alias = CAPABILITY_ALIASES.get(name.lower())
+            # Values are numbers (logprobs=32 is the largest k); 0 means "not supported".
+            if alias and value not in ("0", "false", "off", "no"):
+                found.add(alias)
+    return found
+
+
+def probe_legacy(target: EngineTarget, timeout: float) -> bool:
+    """Does the engine speak the legacy protocol (SERVE=1 without SERVE_BATCH)?
+
+    A RESET must come back as the END sentinel and a STAT line.
+    """
+    session = EngineSession(target, {"protocol": "legacy", "kv_slots": 1})
+    try:
+        session.start()
+        session.send(b"\x02RESET\n")
+        # EOF right after, so a mux-only engine exits instead of leaving us to time out.
+        session.close_stdin()
+        session.await_exit(timeout)
+        return any(f.kind == "TEXT" for f in session.frames)
+    except EngineError:
+        return False
+    finally:
+        session.close()
+
+
+def probe_capabilities(
+    target: EngineTarget, protocol_timeout: float = 30.0
+) -> tuple[set[str], list[Frame]]:
+    """Start the engine once, read its whole handshake (EOF makes it exit), parse caps."""
+    # SERVE_TOPK=1 so an engine able to send TOPK frames says so in its capability line.
+    session = EngineSession(target, {"kv_slots": 1, "env": {"SERVE_TOPK": "1"}})
+    try:
+        session.start()
+        session.close_stdin()
+        session.await_exit(protocol_timeout)
+        return capabilities_from_frames(session.frames), list(session.frames)
+    finally:
+        session.close()

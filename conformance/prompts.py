@@ -1,0 +1,77 @@
+"""Turning a case's prompt into SUBMIT payload bytes for the model under test.
+
+A model with a tokenizer gets the text itself. A model without one (such as the
+``glm5-tiny`` fixture) is driven with the ``ids=1`` extension: the payload is decimal token
+ids. Texts are mapped to ids byte by byte, so a text that extends another still extends it
+as ids, which keeps prefix-reuse cases meaningful in both modes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class PromptError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Payload:
+    data: bytes
+    #: Token count when the suite knows it (ids payloads), else None.
+    tokens: int | None
+    ids: bool
+
+
+@dataclass(frozen=True)
+class PromptCodec:
+    ids_mode: bool
+    vocab: int
+    oracle: dict[str, Any]
+
+    @classmethod
+    def for_model(cls, model_dir: Path | None, mode: str = "auto") -> PromptCodec:
+        vocab = 256
+        oracle: dict[str, Any] = {}
+        has_tokenizer = False
+        if model_dir is not None:
+            config = model_dir / "config.json"
+            if config.is_file():
+                vocab = int(json.loads(config.read_text()).get("vocab_size", vocab))
+            oracle_file = model_dir / "oracle.json"
+            if oracle_file.is_file():
+                loaded = json.loads(oracle_file.read_text())
+                oracle = loaded if isinstance(loaded, dict) else {}
+            has_tokenizer = (model_dir / "tokenizer.json").is_file()
+        ids_mode = {"ids": True, "text": False}.get(mode, not has_tokenizer)
+        if vocab < 4:
+            raise PromptError(f"vocabulary of {vocab} tokens is too small to build prompts")
+        return cls(ids_mode, vocab, oracle)
+
+    def text_ids(self, text: str) -> list[int]:
+        # Stay clear of id 0 and the top of the vocabulary, where special tokens usually sit.
+        span = min(self.vocab - 2, 250)
+        return [1 + byte % span for byte in text.encode("utf-8")]
+
+    def oracle_ids(self, key: str) -> list[int]:
+        value = self.oracle.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+            raise PromptError(f"oracle.json has no token-id list {key!r}")
+        return [int(v) for v in value]
+
+    def encode(self, prompt: Any) -> Payload:
+        if isinstance(prompt, dict) and "ids" in prompt:
+            ids = [int(v) for v in prompt["ids"]]
+            return Payload(" ".join(map(str, ids)).encode(), len(ids), True)
+        if isinstance(prompt, dict) and "oracle" in prompt:
+            ids = self.oracle_ids(str(prompt["oracle"]))
+            return Payload(" ".join(map(str, ids)).encode(), len(ids), True)
+        if not isinstance(prompt, str):
+            raise PromptError(f"unsupported prompt {prompt!r}")
+        if self.ids_mode:
+            ids = self.text_ids(prompt)
+            return Payload(" ".join(map(str, ids)).encode(), len(ids), True)
+        return Payload(prompt.encode("utf-8"), None, False)

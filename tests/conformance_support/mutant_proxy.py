@@ -1,0 +1,216 @@
+"""A proxy between the conformance runner and a real engine that breaks it on purpose.
+
+``python mutant_proxy.py MUTANT ENGINE-ARGV...`` spawns the engine with the same environment
+and rewrites the byte streams in one specific way (see MUTANTS). The mutation test runs named
+conformance cases through each mutant and asserts they fail: the suite has teeth. The mutant
+``none`` is transparent, which proves the proxy itself changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+
+from colibri.conformance.frames import Frame, FrameSplitter
+
+MUTANTS = {
+    "none": "transparent proxy",
+    "drop_accept": "never sends ACCEPT",
+    "misformat_done": "prints DONE's tok/s with three decimals instead of two",
+    "wrong_error_code": "answers SLOT_BUSY as DUPLICATE_ID",
+    "no_drain_rejected": "does not drain the payload of a SUBMIT refused for its values",
+    "data_out_of_slot_order": "emits a decode step's DATA frames in descending slot order",
+    "broken_prefix_reuse": "a reused slot yields a different first token",
+    "leak_cancelled": "sends one more DATA after acknowledging a CANCEL",
+    "cancel_as_done": "acknowledges CANCEL with DONE instead of ERROR CANCELLED",
+    "stop_as_cancel": "treats STOP as CANCEL",
+    "no_eof_drain": "exits at stdin EOF without finishing in-flight requests",
+    "echo_off_by_one": "numbers ECHO positions from 1",
+    "wrong_context_limit": "reports CTX-1 instead of CTX-2 in CONTEXT_EXCEEDED",
+    "empty_prompt_code": "answers EMPTY_PROMPT as BAD_REQUEST",
+    "tail_on_plain_data": "adds a logprob tail to DATA of requests that did not ask",
+    "stat_format": "prints the startup STAT with one decimal for rss",
+}
+
+_SUBMIT = re.compile(
+    rb"SUBMIT ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+) (\S+) (\S+)( [0-9]+)?((?: \S+=\S+)*)"
+)
+
+
+class Proxy:
+    def __init__(self, mutant: str, argv: list[str]) -> None:
+        self.mutant = mutant
+        self.engine = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+        )
+        self.out = sys.stdout.buffer
+        self.lock = threading.Lock()
+        self.slot_uses: dict[int, int] = {}
+        self.warm_ids: set[int] = set()
+        self.logprob_ids: set[int] = set()
+        self.last_data: dict[int, Frame] = {}
+        self.perturbed: set[int] = set()
+
+    # -- server -> engine ------------------------------------------------------------------
+    def pump_input(self) -> None:
+        source = sys.stdin.buffer
+        sink = self.engine.stdin
+        assert sink is not None
+        buffer = b""
+
+        def more() -> bool:
+            nonlocal buffer
+            chunk = os.read(source.fileno(), 65536)
+            buffer += chunk
+            return bool(chunk)
+
+        try:
+            while True:
+                while b"\n" not in buffer:
+                    if not more():
+                        if buffer:
+                            sink.write(buffer)
+                        raise EOFError
+                line, _, buffer = buffer.partition(b"\n")
+                match = _SUBMIT.fullmatch(line)
+                if match is None:
+                    if self.mutant == "stop_as_cancel" and line.startswith(b"STOP "):
+                        line = b"CANCEL " + line[5:]
+                    sink.write(line + b"\n")
+                    continue
+                size = int(match.group(3)) + int((match.group(7) or b" 0").strip())
+                while len(buffer) < size + 1:
+                    if not more():
+                        sink.write(line + b"\n" + buffer)
+                        raise EOFError
+                body, buffer = buffer[: size + 1], buffer[size + 1 :]
+                rid, slot = int(match.group(1)), int(match.group(2))
+                if b"logprobs=" in (match.group(8) or b"") and b"logprobs=0" not in match.group(8):
+                    self.logprob_ids.add(rid)
+                if self.mutant == "no_drain_rejected" and _bad_values(match):
+                    sink.write(b"SUBMIT refused-values\n" + body)
+                    continue
+                self.slot_uses[slot] = self.slot_uses.get(slot, 0) + 1
+                if self.slot_uses[slot] > 1:
+                    self.warm_ids.add(rid)
+                sink.write(line + b"\n" + body)
+        except (EOFError, BrokenPipeError, OSError):
+            pass
+        if self.mutant == "no_eof_drain":
+            self.engine.kill()
+            return
+        try:
+            sink.close()
+        except OSError:
+            pass
+
+    # -- engine -> server ------------------------------------------------------------------
+    def write(self, frames: list[Frame]) -> None:
+        data = b"".join(self.mutate(f) for f in frames)
+        if data:
+            self.out.write(data)
+            self.out.flush()
+
+    def mutate(self, f: Frame) -> bytes:
+        m, rid = self.mutant, f.request_id
+        fields = f.fields
+        if m == "drop_accept" and f.kind == "ACCEPT":
+            return b""
+        if m == "misformat_done" and f.kind == "DONE" and len(fields) > 4:
+            fields[4] = f"{float(fields[4]):.3f}"
+            return " ".join(fields).encode() + b"\n"
+        if m == "wrong_error_code" and f.kind == "ERROR" and "SLOT_BUSY" in fields:
+            return f.header.replace(b"SLOT_BUSY", b"DUPLICATE_ID") + b"\n"
+        if m == "empty_prompt_code" and f.kind == "ERROR" and "EMPTY_PROMPT" in fields:
+            return f.header.replace(b"EMPTY_PROMPT", b"BAD_REQUEST") + b"\n"
+        if m == "wrong_context_limit" and f.kind == "ERROR" and "CONTEXT_EXCEEDED" in fields:
+            fields[-1] = str(int(fields[-1]) + 1)
+            return " ".join(fields).encode() + b"\n"
+        if m == "broken_prefix_reuse" and f.kind == "DATA" and rid in self.warm_ids:
+            if rid not in self.perturbed:
+                self.perturbed.add(rid)
+                return _with_payload(f, (f.payload or b"") + b"#")
+        if (
+            m == "leak_cancelled"
+            and f.kind == "ERROR"
+            and "CANCELLED" in fields
+            and rid in self.last_data
+        ):
+            return f.wire() + self.last_data[rid].wire()
+        if m == "cancel_as_done" and f.kind == "ERROR" and "CANCELLED" in fields:
+            return f"DONE {rid} STAT 1 1.00 0.0 0.01 1 0\n".encode()
+        if m == "echo_off_by_one" and f.kind == "ECHO" and len(fields) > 3:
+            fields[3] = str(int(fields[3]) + 1)
+            return " ".join(fields).encode() + b"\n" + (f.payload or b"") + b"\n"
+        if m == "tail_on_plain_data" and f.kind == "DATA" and rid not in self.logprob_ids:
+            return f.header + b" -0.500000 0\n" + (f.payload or b"") + b"\n"
+        if m == "stat_format" and f.kind == "STAT" and len(fields) == 5:
+            fields[4] = f"{float(fields[4]):.1f}"
+            return " ".join(fields).encode() + b"\n"
+        if f.kind == "DATA" and rid is not None:
+            self.last_data[rid] = f
+        return f.wire()
+
+    def pump_output(self) -> None:
+        stream = self.engine.stdout
+        assert stream is not None
+        splitter = FrameSplitter()
+        pending: list[Frame] = []
+        reorder = self.mutant == "data_out_of_slot_order"
+        while True:
+            if reorder and pending:
+                ready, _, _ = select.select([stream], [], [], 0.05)
+                if not ready:
+                    self.write(_reversed_run(pending))
+                    pending = []
+                    continue
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                break
+            for frame in splitter.feed(chunk):
+                if reorder and frame.kind == "DATA":
+                    pending.append(frame)
+                    continue
+                if pending:
+                    self.write(_reversed_run(pending))
+                    pending = []
+                self.write([frame])
+        self.write(_reversed_run(pending) + splitter.finish())
+
+    def run(self) -> int:
+        threading.Thread(target=self.pump_input, daemon=True).start()
+        self.pump_output()
+        return self.engine.wait() if self.mutant != "no_eof_drain" else 0
+
+
+def _with_payload(frame: Frame, payload: bytes) -> bytes:
+    fields = frame.fields
+    fields[2] = str(len(payload))
+    return " ".join(fields).encode() + b"\n" + payload + b"\n"
+
+
+def _reversed_run(frames: list[Frame]) -> list[Frame]:
+    return list(reversed(frames))
+
+
+def _bad_values(match: re.Match[bytes]) -> bool:
+    try:
+        temperature, top_p = float(match.group(5)), float(match.group(6))
+    except ValueError:
+        return False
+    return not (0 <= temperature <= 2 and 0 < top_p <= 1) or int(match.group(4)) == 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] not in MUTANTS:
+        print(f"usage: mutant_proxy.py {{{'|'.join(MUTANTS)}}} ENGINE-ARGV...", file=sys.stderr)
+        return 2
+    return Proxy(argv[0], argv[1:]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

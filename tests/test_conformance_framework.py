@@ -1,0 +1,274 @@
+"""The conformance framework itself: case data, frame splitting, verdict logic, reporters."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from colibri.conformance.cases import CaseError, load_cases, parse_cases
+from colibri.conformance.expectations import Expectations, ExpectationsError
+from colibri.conformance.frames import READY, FrameSplitter
+from colibri.conformance.http_runner import _metrics, sse_events
+from colibri.conformance.http_target import Response
+from colibri.conformance.outcome import FAIL, PASS, SKIP, XFAIL, XPASS, CheckFailure, Result
+from colibri.conformance.report import summary_table, verdict, write_json, write_junit
+from colibri.conformance.runner import run_case, run_suite
+from hypothesis import given
+from hypothesis import strategies as st
+
+from colibri.resources import spec_path
+
+SECTION = re.compile(r"^#{2,3} ([0-9]+(?:\.[0-9]+)?)\.? ", re.M)
+
+
+def _sections(document: str) -> list[str]:
+    return SECTION.findall(spec_path(document).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(("suite", "document"), [("protocol", "protocol.md"), ("http", "http.md")])
+def test_every_spec_section_is_checked_by_a_case(suite: str, document: str) -> None:
+    cited: set[str] = set()
+    for case in load_cases(suite):
+        assert case.clause.startswith(document + " §"), case.id
+        cited.update(re.findall(r"§([0-9]+(?:\.[0-9]+)?)", case.clause))
+    sections = _sections(document)
+    assert sorted(cited - set(sections)) == [], "cases cite sections that do not exist"
+    uncovered = [
+        s for s in sections if s not in cited and not any(c.startswith(s + ".") for c in cited)
+    ]
+    assert uncovered == []
+
+
+def test_suites_are_substantial_and_ids_unique() -> None:
+    protocol, http = load_cases("protocol"), load_cases("http")
+    assert len(protocol) >= 70 and len(http) >= 60
+    ids = [c.id for c in protocol + http]
+    assert len(ids) == len(set(ids))
+    assert {c.level for c in protocol + http} == {"must", "should"}
+
+
+def _case(**changes: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "id": "protocol.sample.case",
+        "suite": "protocol",
+        "area": "sample",
+        "description": "a sample case for tests",
+        "clause": "protocol.md §2.5",
+        "level": "must",
+        "steps": [{"op": "close_stdin"}],
+        "expect": [{"type": "grammar"}],
+    }
+    base.update(changes)
+    return base
+
+
+def test_schema_rejects_malformed_cases_naming_them() -> None:
+    parse_cases(_case(), "ok.json")
+    with pytest.raises(CaseError, match="protocol.sample.case"):
+        parse_cases(_case(level="may"), "bad.json")
+    with pytest.raises(CaseError):
+        parse_cases(_case(steps=[{"op": "submit", "id": 1}]), "bad.json")  # no prompt
+    with pytest.raises(CaseError, match="does not apply"):
+        parse_cases(_case(expect=[{"type": "status", "equals": 200}]), "bad.json")
+    with pytest.raises(CaseError, match="must start with"):
+        parse_cases(_case(id="protocol.x.y", suite="http", steps=[]), "bad.json")
+
+
+def test_unknown_capability_is_refused() -> None:
+    with pytest.raises(CaseError):
+        parse_cases(_case(requires=["teleportation"]), "bad.json")
+
+
+# -- frames ------------------------------------------------------------------------------
+_header_text = st.text(alphabet="ABCDEFGHIJ0123456789 .-", min_size=1, max_size=30).map(
+    lambda s: "X" + s.replace("\n", "")
+)
+_frame = st.one_of(
+    _header_text.map(lambda h: (h.encode(), None)),
+    st.tuples(st.integers(1, 99), st.binary(max_size=40)).map(
+        lambda t: (f"DATA {t[0]} {len(t[1])}".encode(), t[1])
+    ),
+)
+
+
+@given(st.lists(_frame, max_size=12), st.lists(st.integers(1, 17), max_size=20))
+def test_splitter_recovers_frames_whatever_the_chunking(
+    frames: list[tuple[bytes, bytes | None]], cuts: list[int]
+) -> None:
+    wire = (
+        b"pre amble\n"
+        + READY
+        + b"\n"
+        + b"".join(h + b"\n" + (p + b"\n" if p is not None else b"") for h, p in frames)
+    )
+    splitter, got, position = FrameSplitter(), [], 0
+    for cut in cuts:
+        got += splitter.feed(wire[position : position + cut])
+        position += cut
+    got += splitter.feed(wire[position:]) + splitter.finish()
+    assert [f.kind for f in got[:2]] == ["PREAMBLE", "READY"]
+    assert [(f.header, f.payload) for f in got[2:]] == frames
+    assert b"".join(f.wire() for f in got[1:]) == wire[len(b"pre amble\n") :]
+
+
+def test_bad_payload_terminator_is_a_broken_frame() -> None:
+    frames = FrameSplitter(seen_ready=True).feed(b"DATA 1 2\nabX")
+    assert frames[0].kind == "BROKEN" and "LF" in frames[0].problem
+
+
+def test_legacy_replies_split_into_text_and_stat() -> None:
+    splitter = FrameSplitter(legacy=True)
+    data = (
+        READY
+        + b"\nSTAT 0 0.00 0.0 0.10\nTIERS 0 0 8 0.00 0.00\n"
+        + b"Hello STAT world\x01\x01END\x01\x01\nSTAT 3 1.00 0.0 0.10 5 0\n"
+    )
+    kinds = [(f.kind, f.payload) for f in splitter.feed(data)]
+    assert kinds == [
+        ("READY", None),
+        ("STAT", None),
+        ("TIERS", None),
+        ("TEXT", b"Hello STAT world"),
+        ("STAT", None),
+    ]
+
+
+# -- verdicts ----------------------------------------------------------------------------
+class _Scripted:
+    """An executor whose verdict per case is scripted (and counts attempts)."""
+
+    def __init__(self, outcomes: dict[str, list[str]], capabilities: set[str]) -> None:
+        self.outcomes = outcomes
+        self.capabilities = capabilities
+        self.calls: dict[str, int] = {}
+
+    def run(self, case: Any) -> list[str]:
+        number = self.calls.get(case.id, 0)
+        self.calls[case.id] = number + 1
+        if self.outcomes[case.id][min(number, len(self.outcomes[case.id]) - 1)] == "fail":
+            raise CheckFailure("scripted failure")
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def _cases(*names: str, requires: list[str] | None = None) -> list[Any]:
+    return [
+        parse_cases(_case(id=f"protocol.t.{n}", requires=requires or []), "t.json")[0]
+        for n in names
+    ]
+
+
+def test_expectations_turn_failures_into_xfail_and_flaky_into_reruns(tmp_path: Path) -> None:
+    path = tmp_path / "expect.json"
+    path.write_text(
+        json.dumps(
+            {
+                "cases": {
+                    "protocol.t.known": {"status": "xfail", "reason": "known bug"},
+                    "protocol.t.fixed": {"status": "xfail", "reason": "was broken"},
+                    "protocol.t.flaky": {"status": "flaky", "reason": "timing"},
+                    "protocol.t.skipped": {"status": "skip", "reason": "too slow here"},
+                }
+            }
+        )
+    )
+    expectations = Expectations.load(path)
+    executor = _Scripted(
+        {
+            "protocol.t.known": ["fail"],
+            "protocol.t.fixed": ["pass"],
+            "protocol.t.flaky": ["fail", "pass"],
+            "protocol.t.skipped": ["fail"],
+            "protocol.t.broken": ["fail"],
+        },
+        set(),
+    )
+    cases = _cases("known", "fixed", "flaky", "skipped", "broken")
+    results = {r.case_id: r for r in run_suite(executor, cases, expectations, reruns=2)}
+    assert {k: r.status for k, r in results.items()} == {
+        "protocol.t.known": XFAIL,
+        "protocol.t.fixed": XPASS,
+        "protocol.t.flaky": PASS,
+        "protocol.t.skipped": SKIP,
+        "protocol.t.broken": FAIL,
+    }
+    assert results["protocol.t.flaky"].attempts == 2
+    assert executor.calls.get("protocol.t.skipped") is None
+    assert not verdict(list(results.values()))
+    updated = expectations.updated(list(results.values()))
+    assert updated.cases["protocol.t.broken"].status == "xfail"
+    assert "protocol.t.fixed" not in updated.cases
+    assert updated.cases["protocol.t.known"].reason == "known bug"
+    updated.save(path)
+    again = run_suite(executor, cases, Expectations.load(path), reruns=2)
+    assert verdict(again)
+
+
+def test_missing_capability_skips_with_reason() -> None:
+    executor = _Scripted({"protocol.t.needs": ["fail"]}, {"mux"})
+    result = run_case(executor, _cases("needs", requires=["logprobs"])[0], Expectations())
+    assert result.status == SKIP and "logprobs" in result.message
+
+
+def test_expectation_files_need_reasons(tmp_path: Path) -> None:
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({"cases": {"protocol.t.a": {"status": "xfail"}}}))
+    with pytest.raises(ExpectationsError, match="reason"):
+        Expectations.load(path)
+
+
+def test_reporters(tmp_path: Path) -> None:
+    results = [
+        Result("protocol.a.one", "protocol", "a", "must", "protocol.md §1", PASS),
+        Result("protocol.a.two", "protocol", "a", "must", "protocol.md §1", FAIL, "boom"),
+        Result("protocol.b.three", "protocol", "b", "should", "protocol.md §2", SKIP, "lacks x"),
+    ]
+    write_json(results, tmp_path / "r.json")
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["ok"] is False and [c["status"] for c in document["cases"]] == [
+        "pass",
+        "fail",
+        "skip",
+    ]
+    write_junit(results, tmp_path / "r.xml", "suite")
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "3" and suite.get("failures") == "1"
+    out = io.StringIO()
+    summary_table(results, out)
+    assert re.search(r"protocol\.a\s+1\s+1", out.getvalue())
+    assert "FAIL protocol.a.two" in out.getvalue()
+
+
+# -- HTTP helpers ------------------------------------------------------------------------
+def test_sse_parsing() -> None:
+    body = b'event: ping\ndata: {"type":"ping"}\n\n: keepalive\n\ndata: a\ndata: b\n\n'
+    assert sse_events(body) == [
+        {"event": "ping", "data": '{"type":"ping"}'},
+        {"comment": ": keepalive"},
+        {"data": "a\nb"},
+    ]
+
+
+def _metrics_response(text: str) -> Response:
+    return Response(200, {}, [], text.encode())
+
+
+def test_metrics_check_catches_inconsistent_histograms() -> None:
+    good = (
+        '# HELP h x\n# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\n'
+        "h_sum 0.5\nh_count 2\n"
+    )
+    _metrics({"required": ["h"]}, _metrics_response(good))
+    with pytest.raises(CheckFailure, match="cumulative"):
+        _metrics({}, _metrics_response(good.replace('le="1"} 1', 'le="1"} 3')))
+    with pytest.raises(CheckFailure, match="missing"):
+        _metrics({"required": ["other"]}, _metrics_response(good))
+    with pytest.raises(CheckFailure, match="sample"):
+        _metrics({}, _metrics_response("not a metric line at all\n"))

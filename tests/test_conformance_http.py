@@ -1,0 +1,52 @@
+"""The HTTP conformance cases as pytest tests, against `colibri serve`.
+
+The server runs the embedded default model when this checkout has it, else the server tests'
+scripted engine (tests/fake_engine.py), so the HTTP half is checked either way. The suite
+starts the server itself (`--server-cmd`), with an API key, so the auth, admission, Host and
+CORS cases that need their own server flags run too.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from colibri.conformance.cases import Case, load_cases
+from colibri.conformance.expectations import Expectations
+from colibri.conformance.http_runner import HttpRunner, http_runner
+from colibri.conformance.http_target import HttpTargetError
+from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL
+from colibri.conformance.runner import run_case
+
+SERVE = f"{shlex.quote(sys.executable)} -m colibri serve"
+FAKE_ENGINE = (
+    f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).parent / 'fake_engine.py'))}"
+)
+CASES = load_cases("http")
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[HttpRunner]:
+    try:
+        executor = http_runner(None, SERVE, None, "conformance-key", timeout=30.0)
+    except HttpTargetError:
+        executor = http_runner(
+            None, f"{SERVE} --engine-cmd {shlex.quote(FAKE_ENGINE)}", None, "conformance-key"
+        )
+    yield executor
+    executor.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_http_case(runner: HttpRunner, case: Case) -> None:
+    result = run_case(runner, case, Expectations(), reruns=0)
+    if result.status in (SKIP, XFAIL):
+        pytest.skip(result.message)
+    if result.status in (FAIL, ERROR):
+        if case.level == "should":
+            pytest.skip(f"should-level case failed: {result.message}")
+        pytest.fail(result.message, pytrace=False)
+    assert result.status == PASS
