@@ -146,3 +146,18 @@ def test_resolution_of_arbitrary_sizes_is_exact_or_refused(
     assert 4 * scale_count(resolved.fmt, rows, cols, resolved.group_size) == ns
     if stamp is not None:
         assert resolved.fmt == FORMATS_BY_NAME[stamp]
+
+
+def test_codec_refuses_mismatched_sizes_naming_the_tensor() -> None:
+    from colibri.reference.quant import QuantFormatError
+
+    w = np.ones((4, 128), dtype=np.float32)
+    payload, scales = quantize(Fmt.INT4_GROUPED, w)
+    with pytest.raises(QuantFormatError, match="^w: int4-grouped scale count 7 matches no group"):
+        dequantize(4, payload, scales[:7], w.shape, name="w")
+    with pytest.raises(QuantFormatError, match="^w: int4-grouped payload of \\[4, 128\\] must be"):
+        dequantize(4, payload[:-1], scales, w.shape, name="w")
+    with pytest.raises(QuantFormatError, match="^w: int8-row needs a .qs scale sidecar"):
+        dequantize(1, np.zeros(512, np.uint8), None, w.shape, name="w")
+    with pytest.raises(ValueError, match="unknown quantized format ordinal 7"):
+        dequantize(7, payload, scales, w.shape)
