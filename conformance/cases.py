@@ -43,11 +43,18 @@ class CaseError(ValueError):
     """A case file is malformed; the message names the file and the case."""
 
 
+#: Steps that end or replace the engine process: a session using them needs its own engine.
+LIFECYCLE_OPS = frozenset({"close_stdin", "await_exit", "restart", "kill", "fuzz"})
+
+
 @dataclass(frozen=True)
 class Session:
     name: str
     engine: dict[str, Any]
     steps: list[dict[str, Any]]
+    #: Needs a newly started engine (cold slots, its own state dir, lifecycle steps); other
+    #: sessions may run on a pooled engine that earlier cases used.
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,12 +101,21 @@ def _build(raw: dict[str, Any], source: str) -> Case:
     if "sessions" in raw:
         if raw["steps"]:
             raise CaseError(f"{source}: {raw['id']}: give either steps or sessions, not both")
-        sessions = [
-            Session(s["name"], {**base_engine, **s.get("engine", {})}, list(s["steps"]))
+        specs = [
+            (s["name"], {**base_engine, **s.get("engine", {})}, list(s["steps"]), s.get("fresh"))
             for s in raw["sessions"]
         ]
     else:
-        sessions = [Session("main", base_engine, list(raw["steps"]))]
+        specs = [("main", base_engine, list(raw["steps"]), None)]
+    sessions = [
+        Session(
+            name,
+            engine,
+            steps,
+            bool(fresh or raw.get("fresh") or any(st["op"] in LIFECYCLE_OPS for st in steps)),
+        )
+        for name, engine, steps, fresh in specs
+    ]
     names = [s.name for s in sessions]
     if len(set(names)) != len(names):
         raise CaseError(f"{source}: {raw['id']}: session names repeat")
@@ -113,7 +129,7 @@ def _build(raw: dict[str, Any], source: str) -> Case:
         requires=frozenset(raw.get("requires", [])),
         expect=list(raw["expect"]),
         sessions=sessions,
-        fresh=bool(raw.get("fresh", False)) or len(sessions) > 1,
+        fresh=any(session.fresh for session in sessions),
         server_args=tuple(raw.get("server_args", [])),
         source=source,
         raw=raw,

@@ -87,8 +87,12 @@ def run_fuzz(
     slot: int,
     timeout: float,
     seed: int = 20250,
+    commands: list[bytes] | None = None,
 ) -> None:
-    """Baseline the sentinel, rerun it under noise, compare; the engine then exits on EOF."""
+    """Baseline the sentinel, rerun it under noise, compare; the engine then exits on EOF.
+
+    ``commands`` replaces the seeded noise (the pytest suite feeds hypothesis examples).
+    """
     payload = codec.encode(SENTINEL_PROMPT)
     ext = " 0 ids=1" if payload.ids else ""
     frame = (
@@ -108,7 +112,8 @@ def run_fuzz(
     if not baseline or not baseline[-1].startswith(b"DONE"):
         raise CheckFailure(f"sentinel baseline did not complete: {baseline[-1:]!r}")
     second = len(engine.frames)
-    engine.send(frame + b"".join(noise(seed, examples)))
+    burst = commands if commands is not None else noise(seed, examples)
+    engine.send(frame + b"".join(burst))
     # EOF makes the engine finish what it accepted and exit; the noise may legitimately
     # end stdin processing early (BAD_FRAME), never the sentinel's decode.
     engine.close_stdin()

@@ -97,6 +97,12 @@ class ProtocolRunner:
         self._spares: list[tuple[str, EngineSession]] = []
         self._prepared: set[str] = set()
 
+    def clone(self) -> ProtocolRunner:
+        """An independent runner (its own engines) for the same target and capabilities."""
+        return ProtocolRunner(
+            self.target, self.codec, self.grammar, set(self.capabilities), self.timeout
+        )
+
     def close(self) -> None:
         self.pool.close()
         for _, engine in self._spares:
@@ -109,6 +115,8 @@ class ProtocolRunner:
             return
         self._prepared.add(case.id)
         for spec in case.sessions:
+            if not spec.fresh:
+                continue
             engine = EngineSession(self.target, spec.engine)
             try:
                 engine.spawn()
@@ -137,7 +145,7 @@ class ProtocolRunner:
             self.prepare(case)
         try:
             for spec in case.sessions:
-                session = self._open(case, spec.engine)
+                session = self._open(spec.fresh, spec.engine)
                 live.append(session)
                 session.name = spec.name
                 for number, step in enumerate(spec.steps):
@@ -154,9 +162,9 @@ class ProtocolRunner:
             for session in live:
                 self._release(case, session)
 
-    def _open(self, case: Case, config: dict[str, Any]) -> LiveSession:
+    def _open(self, fresh: bool, config: dict[str, Any]) -> LiveSession:
         try:
-            if case.fresh:
+            if fresh:
                 return LiveSession("main", self._fresh(config), 0, pooled=False)
             engine = self.pool.take(config)
         except EngineError as exc:

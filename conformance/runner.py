@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -29,6 +30,10 @@ class Executor(Protocol):
     def run(self, case: Case) -> list[str]: ...
 
     def close(self) -> None: ...
+
+
+class Cloneable(Executor, Protocol):
+    def clone(self) -> Executor: ...
 
 
 def select_cases(cases: Iterable[Case], patterns: list[str]) -> list[Case]:
@@ -106,3 +111,46 @@ def run_suite(
     finally:
         executor.close()
     return results
+
+
+def run_parallel(
+    executor: Cloneable,
+    cases: list[Case],
+    expectations: Expectations,
+    reruns: int = 2,
+    jobs: int = 2,
+    progress: Callable[[Result], None] | None = None,
+) -> list[Result]:
+    """Like run_suite, with `jobs` independent executors (each its own engines) working
+    through the cases; results come back in case order. Cases never share an engine across
+    workers, so a verdict does not depend on what ran next to it."""
+    if jobs <= 1 or len(cases) < 2:
+        return run_suite(executor, cases, expectations, reruns, progress)
+    workers = [executor] + [executor.clone() for _ in range(jobs - 1)]
+    results: list[Result | None] = [None] * len(cases)
+    lock = threading.Lock()
+    position = [0]
+
+    def work(worker: Executor) -> None:
+        while True:
+            with lock:
+                number = position[0]
+                position[0] += 1
+            if number >= len(cases):
+                return
+            result = run_case(worker, cases[number], expectations, reruns)
+            with lock:
+                results[number] = result
+                if progress is not None:
+                    progress(result)
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in workers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for worker in workers:
+            worker.close()
+    return [r for r in results if r is not None]

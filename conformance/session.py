@@ -5,13 +5,19 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.expectations import Expectations
 from colibri.conformance.outcome import Result
 from colibri.conformance.report import summary_table, verdict, write_json, write_junit
-from colibri.conformance.runner import Executor, run_suite, select_cases
+from colibri.conformance.runner import (
+    Cloneable,
+    Executor,
+    run_parallel,
+    run_suite,
+    select_cases,
+)
 
 
 @dataclass
@@ -28,6 +34,7 @@ class RunOptions:
     timeout: float = 30.0
     list_only: bool = False
     quiet: bool = False
+    jobs: int = 1
 
 
 def finish(
@@ -59,7 +66,14 @@ def finish(
             out.write(f"{result.status.upper():5} {result.case_id}\n")
             out.flush()
 
-    results = run_suite(executor, cases, expectations, options.reruns, progress)
+    if options.jobs > 1 and hasattr(executor, "clone"):
+        # Only executors whose cases cannot disturb each other offer clone() (protocol).
+        parallel = cast(Cloneable, executor)
+        results = run_parallel(
+            parallel, cases, expectations, options.reruns, options.jobs, progress
+        )
+    else:
+        results = run_suite(executor, cases, expectations, options.reruns, progress)
     out.write(f"\ncolibri conformance {suite}: {target_name}\n")
     out.write(f"capabilities: {', '.join(sorted(executor.capabilities)) or '(none)'}\n\n")
     summary_table(results, out)

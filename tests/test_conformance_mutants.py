@@ -3,7 +3,8 @@
 Every mutant wraps the reference mux engine (on the engine tests' fake model, so a start
 takes well under a second) in tests/conformance_support/mutant_proxy.py. For each mutant the
 test runs the cases that must catch it and asserts each one FAILS; the transparent proxy
-passes the same cases, so the failures come from the mutation, not from the proxy.
+passes the same cases, so the failures come from the mutation, not from the proxy. All
+mutants run side by side, once, the first time a verdict is needed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import shlex
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from colibri.conformance.runner import run_suite
 
 SUPPORT = Path(__file__).parent / "conformance_support"
 ENGINE = f"{shlex.quote(sys.executable)} {shlex.quote(str(SUPPORT / 'mux_fake_model.py'))}"
+PROXY = f"{shlex.quote(sys.executable)} {shlex.quote(str(SUPPORT / 'mutant_proxy.py'))}"
 MODEL = SUPPORT / "fake-model"
 
 #: mutant -> cases that must fail under it.
@@ -42,23 +45,27 @@ KILLERS: dict[str, list[str]] = {
     "tail_on_plain_data": ["protocol.frames.data-plain-without-logprobs"],
     "stat_format": ["protocol.handshake.stat-format"],
 }
+EVERY_KILLER = sorted({case for cases in KILLERS.values() for case in cases})
+
+
+def _run(mutant: str, case_ids: list[str], capabilities: frozenset[str]) -> dict[str, str]:
+    # A mutant may make the engine withhold an answer; a short wait keeps the test quick.
+    timeout = 10.0 if mutant == "none" else 3.0
+    runner = protocol_runner(
+        f"{PROXY} {mutant} {ENGINE}", MODEL, timeout=timeout, capabilities=set(capabilities)
+    )
+    cases = [c for c in load_cases("protocol") if c.id in case_ids]
+    assert sorted(c.id for c in cases) == sorted(set(case_ids)), "a killer case was renamed"
+    return {r.case_id: r.status for r in run_suite(runner, cases, Expectations(), reruns=0)}
 
 
 @functools.cache
-def _capabilities() -> frozenset[str]:
-    return frozenset(protocol_runner(ENGINE, MODEL, timeout=8.0).capabilities)
-
-
-def _run(mutant: str, case_ids: list[str]) -> dict[str, str]:
-    proxy = shlex.quote(str(SUPPORT / "mutant_proxy.py"))
-    command = f"{shlex.quote(sys.executable)} {proxy} {mutant} {ENGINE}"
-    # A mutant may make the engine withhold an answer; a short wait keeps the test quick.
-    timeout = 8.0 if mutant == "none" else 3.0
-    runner = protocol_runner(command, MODEL, timeout=timeout, capabilities=set(_capabilities()))
-    cases = [c for c in load_cases("protocol") if c.id in case_ids]
-    assert sorted(c.id for c in cases) == sorted(set(case_ids)), "a killer case was renamed"
-    results = run_suite(runner, cases, Expectations(), reruns=0)
-    return {r.case_id: r.status for r in results}
+def _statuses() -> dict[str, dict[str, str]]:
+    capabilities = frozenset(protocol_runner(ENGINE, MODEL, timeout=10.0).capabilities)
+    plan = {"none": EVERY_KILLER, **KILLERS}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {m: pool.submit(_run, m, ids, capabilities) for m, ids in plan.items()}
+        return {m: future.result() for m, future in futures.items()}
 
 
 def test_at_least_twelve_mutants() -> None:
@@ -66,12 +73,9 @@ def test_at_least_twelve_mutants() -> None:
 
 
 def test_transparent_proxy_passes_every_killer_case() -> None:
-    every = sorted({case for cases in KILLERS.values() for case in cases})
-    statuses = _run("none", every)
-    assert statuses == dict.fromkeys(every, PASS)
+    assert _statuses()["none"] == dict.fromkeys(EVERY_KILLER, PASS)
 
 
 @pytest.mark.parametrize("mutant", sorted(KILLERS))
 def test_mutant_is_caught(mutant: str) -> None:
-    statuses = _run(mutant, KILLERS[mutant])
-    assert statuses == dict.fromkeys(KILLERS[mutant], FAIL), statuses
+    assert _statuses()[mutant] == dict.fromkeys(KILLERS[mutant], FAIL)

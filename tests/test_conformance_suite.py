@@ -1,8 +1,9 @@
 """The conformance suite as pytest tests: every protocol case against `colibri engine` on
 the glm5-tiny fixture (ids=1 payloads) and on the default chat model (text payloads).
 
-One test per case and target, so CI shows per-case verdicts: `must` failures fail the test,
-`should` failures and capability skips are reported as skips with their reason.
+Both targets run once, side by side (each on a few engines, `run_parallel`), the first time a
+test needs a verdict; each test then reports its case: `must` failures fail, `should`
+failures and capability skips are skips with their reason.
 """
 
 from __future__ import annotations
@@ -10,16 +11,15 @@ from __future__ import annotations
 import functools
 import shlex
 import sys
-from collections.abc import Iterator
+import threading
 
 import pytest
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.engine import EngineError
 from colibri.conformance.expectations import Expectations
-from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL
-from colibri.conformance.protocol_runner import ProtocolRunner
+from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL, Result
 from colibri.conformance.protocol_target import protocol_runner
-from colibri.conformance.runner import run_case
+from colibri.conformance.runner import run_parallel
 
 from colibri.resources import DEFAULT_MODEL_NAME, fixture_model_dir
 
@@ -28,36 +28,42 @@ TARGETS = ["glm5-tiny", DEFAULT_MODEL_NAME]
 CASES = load_cases("protocol")
 
 
-@functools.cache
-def _runner(model: str) -> ProtocolRunner | str:
-    """The runner for a model, or why it cannot run (a model not committed yet)."""
+def _run_target(model: str) -> dict[str, Result] | str:
     directory = fixture_model_dir(model)
     if not (directory / "config.json").is_file():
         return f"fixture model {model} is not in this checkout"
     try:
-        return protocol_runner(ENGINE, directory, timeout=30.0)
+        runner = protocol_runner(ENGINE, directory, timeout=30.0)
     except EngineError as exc:
         return f"colibri engine cannot serve {model}: {exc}"
+    results = run_parallel(runner, CASES, Expectations(), reruns=0, jobs=2)
+    return {r.case_id: r for r in results}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_runners() -> Iterator[None]:
-    yield
-    for model in TARGETS:
-        runner = _runner(model)
-        if isinstance(runner, ProtocolRunner):
-            runner.close()
+@functools.cache
+def _verdicts() -> dict[str, dict[str, Result] | str]:
+    verdicts: dict[str, dict[str, Result] | str] = {}
+
+    def run(model: str) -> None:
+        verdicts[model] = _run_target(model)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in TARGETS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return verdicts
 
 
 @pytest.mark.parametrize("model", TARGETS)
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_protocol_case(model: str, case: Case) -> None:
-    runner = _runner(model)
-    if isinstance(runner, str):
+    outcome = _verdicts()[model]
+    if isinstance(outcome, str):
         if model == "glm5-tiny":
-            pytest.fail(runner)
-        pytest.skip(runner)
-    result = run_case(runner, case, Expectations(), reruns=0)
+            pytest.fail(outcome)
+        pytest.skip(outcome)
+    result = outcome[case.id]
     if result.status in (SKIP, XFAIL):
         pytest.skip(result.message)
     if result.status in (FAIL, ERROR):

@@ -21,6 +21,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.reference_decode",
     "colibri.benchmarks.quant_formats",
     "colibri.benchmarks.engine_slots",
+    "colibri.benchmarks.server_stream",
 )
 
 

@@ -86,6 +86,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="payload form: text, token ids (ids=1), or auto (ids without a tokenizer)",
     )
     protocol.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run cases on N engines side by side (default 1)",
+    )
+    protocol.add_argument(
         "--protocol-json", type=Path, help="grammar file (default: spec/protocol.json)"
     )
     _common(protocol)
@@ -120,6 +127,7 @@ def _options(args: argparse.Namespace) -> object:
         timeout=args.timeout,
         list_only=args.list_only,
         quiet=args.quiet,
+        jobs=getattr(args, "jobs", 1),
     )
 
 
