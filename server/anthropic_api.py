@@ -12,7 +12,7 @@ from colibri.server.context import JSON, Exchange, ServerState, conversation_slo
 from colibri.server.context import wait_header as queue_wait_header
 from colibri.server.errors import bad
 from colibri.server.generation import run_engine
-from colibri.server.openai_api import submit_request
+from colibri.server.openai_api import check_prompt, submit_request
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
@@ -207,6 +207,7 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
     if slot is None and config.kv_slots > 1:
         slot = conversation_slot(translated, config.kv_slots)
     stream = v.stream_flag(openai_body)
+    check_prompt(rendered.prompt, "messages")
     tools_spec = shaping.tools
     split = ThinkingSplit(rendered.starts_in_reasoning) if (
         rendered.starts_in_reasoning or tools_spec is not None) else None

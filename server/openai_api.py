@@ -109,6 +109,12 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
                     v.ignore_leading_stop(body), strict)
 
 
+def check_prompt(prompt: str, param: str) -> None:
+    """The wire protocol refuses NUL in a payload; say so before taking a slot."""
+    if "\x00" in prompt:
+        raise bad("NUL bytes are not supported in prompts.", param)
+
+
 def submit_request(shaping: v.Shaping, prompt: str, slot: int, logprobs: int,
                    seed: dict[str, int]) -> SubmitRequest:
     ext: dict[str, int] = {}
@@ -152,6 +158,7 @@ def _delta(kind: str, text: str) -> JSON:
 
 async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) -> None:
     plan = plan_chat(state, body)
+    check_prompt(plan.prompt, "messages")
     rid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
     stops = stop_filter(plan.shaping.stop, plan.ignore_leading, chat=True)
@@ -245,6 +252,7 @@ async def completion(state: ServerState, body: JSON, exchange: Exchange) -> None
                   "unsupported_parameter")
     include = v.include_usage(body, stream)
     ignore_leading = v.ignore_leading_stop(body)
+    check_prompt(prompt, "prompt")
     rid = "cmpl-" + uuid.uuid4().hex
     created = int(time.time())
     stops = stop_filter(shaping.stop, ignore_leading, chat=False)

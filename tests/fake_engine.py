@@ -117,7 +117,7 @@ class Engine:
         if turn is not None:
             self.line("HITS 2 4 a5")
             self.line(f"PROF 0.010 {len(turn.prompt)} {turn.emitted} 0.000 0.000 0.002 "
-                      f"0.003 0.001 {turn.emitted + 1}")
+                      f"0.003 0.001 {turn.emitted + 1} 1.000 2.000 0 0 0 5.000 0.000 1")
 
     # ---- input ------------------------------------------------------------------
     def reader(self) -> None:
@@ -212,10 +212,11 @@ class Engine:
         if name == "noise":
             # Unknown kinds and advisory telemetry in the middle of a turn.
             self.line("FUTURE_KIND 1 2 3")
-            self.line(f"TOPK {rid} 5 -0.1 41 -0.2 42 -0.3 43 -0.4 44 -0.5 45")
-            self.line(f"PERF {rid} 0.1 0.0 0.0 0.0 0.0 0.0 0.0")
+            self.line(f"TOPK {rid} 2 -0.100000 4869 -0.200000 6c6c")
+            self.line(f"PERF {rid} 0.100000 0.000000 0.000000 0.000000 0.000000 0.000000 "
+                      "0.000000")
             self.line("REPIN 1 2 0 0")
-            self.line("ENTROPY 1.5 2.5")
+            self.line("ENTROPY 1.500 2.500")
             self.line("GPUS 1 1.500 24.000 7")
         if name == "fault":
             self.line(f"ERROR {rid} ENGINE_FAULT")

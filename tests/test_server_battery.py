@@ -208,6 +208,7 @@ CASES: list[tuple[str, str, str, str, Any, dict[str, str], bytes | None]] = [
     ("completion-prompt-empty", "open", "POST", P, cmpl(""), {}, None),
     ("completion-prompt-list", "open", "POST", P, cmpl(["a"]), {}, None),
     ("completion-suffix", "open", "POST", P, cmpl("a", suffix="b"), {}, None),
+    ("completion-nul-prompt", "open", "POST", P, cmpl("a\u0000b"), {}, None),
     ("completion-no-implicit-stop", "open", "POST", P, cmpl("q @@marker@@"), {}, None),
     ("messages-basic", "open", "POST", MS, msgs("hi"), {}, None),
     ("messages-stream", "open", "POST", MS, msgs("hi", stream=True), {}, None),

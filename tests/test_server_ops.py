@@ -402,3 +402,23 @@ def test_prompts_never_reach_logs(server: LiveServer, caplog: pytest.LogCaptureF
     assert secret not in captured.err and secret not in captured.out
     metrics = exchange(server.url, "GET", "/metrics", headers={"x-api-key": "k"})["text"]
     assert secret not in metrics
+
+
+def test_concurrent_streams_are_demultiplexed_by_id() -> None:
+    live = launch(ServerConfig(model_id=M, kv_slots=2, max_tokens=64))
+    try:
+        def stream(slot: int, directive: str) -> str:
+            events = exchange(live.url, "POST", "/v1/chat/completions", {
+                "model": M, "stream": True, "cache_slot": slot,
+                "messages": [{"role": "user", "content": directive}]})["events"]
+            return "".join(e["choices"][0]["delta"].get("content", "") for e in events
+                           if e != "[DONE]" and e["choices"])
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(stream, 0, "@@hold:2@@")
+            second = pool.submit(stream, 1, "@@multi@@")
+            assert first.result(30) == "Héllo world" * 4
+            assert second.result(30) == "Hello world, this is a longer reply."
+        assert health(live)["scheduler"]["completed"] == 2
+    finally:
+        live.stop()

@@ -367,3 +367,33 @@ def test_engine_commands() -> None:
     env = engine_env(EngineSpec("/m"), ServerConfig(kv_slots=3, max_tokens=9))
     assert (env["SNAP"], env["SERVE"], env["SERVE_BATCH"], env["KV_SLOTS"], env["NGEN"]) == (
         "/m", "1", "1", "3", "9")
+
+
+def test_fake_engine_speaks_the_protocol_grammar() -> None:
+    """The scripted engine every server test uses must itself follow spec/protocol.json."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from colibri.protocol import parse_line
+
+    fake = Path(__file__).with_name("fake_engine.py")
+    script = (b"SUBMIT 1 0 12 8 0 0.9 0 logprobs=2\nab @@noise@@\n"
+              b"SUBMIT 2 1 3 8 0 0.9\nabc\nSUBMIT 3 2 10 2 0 0.9\nx @@long@@\n"
+              b"SUBMIT 4 3 4 8 0 0.9\nx\x00yz\n")
+    out = subprocess.run([sys.executable, str(fake)], input=script, capture_output=True,
+                         timeout=30, check=True, env={"KV_SLOTS": "4"}).stdout
+    lines = out.split(b"\n")
+    kinds = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line or line.startswith(b"==") or b"READY" in line:
+            continue
+        parsed = parse_line(line)
+        kinds.append(parsed.kind if parsed else line.split()[0].decode())
+        if kinds[-1] in frames.PAYLOAD_KINDS:
+            i += 1  # the payload line
+    assert kinds.count("DONE") == 3 and "FUTURE_KIND" in kinds and "ECHO" in kinds
+    assert "ERROR" in kinds and "TOPK" in kinds and "PROF" in kinds
