@@ -4,7 +4,6 @@ run the mux or legacy loop on stdin/stdout (what ``colibri engine`` does)."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import signal
@@ -62,16 +61,16 @@ def load_tokenizer(model_dir: Path) -> TextTokenizer | None:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None
-    # Imported by name: the tokenizer module is optional for models driven by token ids.
-    tokenizer_module = importlib.import_module("colibri.reference.tokenizer")
-    loaded: TextTokenizer = tokenizer_module.Tokenizer.from_file(path)
+    from colibri.reference.tokenizer import Tokenizer
+
+    loaded: TextTokenizer = Tokenizer.from_file(path)
     return loaded
 
 
 def build_runtime(settings: EngineSettings, env: Mapping[str, str], log: TextIO) -> EngineRuntime:
     """The reference model with a tiered expert store, its tokenizer, and the state dir."""
     from colibri.reference.config import ModelConfig
-    from colibri.reference.expert_store import TieredExpertStore
+    from colibri.reference.expert_store import TieredExpertStore, mapped_reader
     from colibri.reference.kv_codec import ReferenceKvCodec
     from colibri.reference.model import Model
     from colibri.reference.safetensors import Checkpoint
@@ -81,7 +80,16 @@ def build_runtime(settings: EngineSettings, env: Mapping[str, str], log: TextIO)
     config = ModelConfig.from_dir(model_dir)
     checkpoint = Checkpoint(model_dir)
     rows = usage_rows(config)
-    store = TieredExpertStore(TensorLoader(checkpoint), config, rows, settings.ram_budget_bytes)
+    read = mapped_reader(TensorLoader(checkpoint), config)
+    if any(name.endswith(".qs") for name in checkpoint.tensors):
+        # A colibri container: experts are dequantized when read (the quant store with no
+        # cache of its own; the tiers below are the engine's).
+        from colibri.reference.quant.loading import quantized_expert_store
+
+        quantized = quantized_expert_store(model_dir, config, budget_bytes=0)
+        if quantized is not None:
+            read = quantized.expert
+    store = TieredExpertStore(read, config, rows, settings.ram_budget_bytes)
     model = Model(config, checkpoint, store)
     engine_model: EngineModel = model
     state_dir: Path | None = None

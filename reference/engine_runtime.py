@@ -3,10 +3,11 @@ their files, expert usage and tiers, and the telemetry lines built from them."""
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -82,9 +83,38 @@ class EngineRuntime:
         #: Set with REPIN=n: one live re-pin pass, returning the swaps it made.
         self.repinner: Callable[[], list[Repin]] | None = None
         model.route_observer = self._observe
+        self._lock: BinaryIO | None = None
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            self._load_usage()
+            if self._take_state_lock(self.state_dir):
+                self._load_usage()
+            else:
+                self.persist = False
+                self.kv_enabled = False
+                self.state_dir = None
+
+    def _take_state_lock(self, state_dir: Path) -> bool:
+        """One engine per state directory: two writers appending the same `.coli_kv` would
+        interleave records of different conversations. A second engine runs without
+        persistence (and says so) rather than share the files."""
+        handle = open(state_dir / ".lock", "ab")  # noqa: SIM115 - held for the process lifetime
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            print(
+                f"[KV] {state_dir} is in use by another engine: persistence is off for this one",
+                file=self.log,
+            )
+            return False
+        self._lock = handle
+        return True
+
+    def close(self) -> None:
+        """Release the state directory (the loops call this when they end)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     # --- usage -------------------------------------------------------------------------
 

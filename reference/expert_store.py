@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -28,17 +28,34 @@ from colibri.reference.experts import ExpertWeights, expert_tensor_names
 from colibri.reference.weights import TensorLoader
 
 Key = tuple[int, int]
+#: Reads one expert's float32 weights from the container (the disk tier), uncached.
+ExpertReader = Callable[[int, int], ExpertWeights]
+
+
+def mapped_reader(loader: TensorLoader, cfg: ModelConfig) -> ExpertReader:
+    """Float checkpoints: copy the expert out of the memory-mapped safetensors."""
+    d, inter = cfg.hidden_size, cfg.moe_intermediate_size
+
+    def read(layer: int, expert: int) -> ExpertWeights:
+        gate, up, down = expert_tensor_names(layer, expert)
+        return ExpertWeights(
+            gate=np.array(loader.get(gate, (inter, d)), dtype=np.float32, copy=True),
+            up=np.array(loader.get(up, (inter, d)), dtype=np.float32, copy=True),
+            down=np.array(loader.get(down, (d, inter)), dtype=np.float32, copy=True),
+        )
+
+    return read
 
 
 class TieredExpertStore:
     def __init__(
         self,
-        loader: TensorLoader,
+        read: ExpertReader,
         cfg: ModelConfig,
         layers: Sequence[int],
         ram_budget_bytes: int = 0,
     ) -> None:
-        self.loader = loader
+        self.read = read
         self.cfg = cfg
         self.layers = list(layers)
         self.ram_budget = ram_budget_bytes  # 0: unbounded
@@ -76,15 +93,9 @@ class TieredExpertStore:
         return (layer, expert) in self._pinned or (layer, expert) in self._lru
 
     def _read(self, key: Key) -> ExpertWeights:
-        """Copy an expert out of the mapped container (the disk tier) into RAM."""
+        """Bring an expert from the container (the disk tier) into RAM."""
         started = time.perf_counter()
-        d, inter = self.cfg.hidden_size, self.cfg.moe_intermediate_size
-        gate, up, down = expert_tensor_names(*key)
-        weights = ExpertWeights(
-            gate=np.array(self.loader.get(gate, (inter, d)), dtype=np.float32, copy=True),
-            up=np.array(self.loader.get(up, (inter, d)), dtype=np.float32, copy=True),
-            down=np.array(self.loader.get(down, (d, inter)), dtype=np.float32, copy=True),
-        )
+        weights = self.read(*key)
         self._counters.disk_seconds += time.perf_counter() - started
         self._counters.disk_bytes += weights.nbytes
         return weights

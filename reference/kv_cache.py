@@ -84,3 +84,52 @@ class KVState:
         """The valid cache rows of one layer, by name (views; for persistence)."""
         kv = self.layers[layer]
         return {name: array[: self.length] for name, array in kv.arrays.items()}
+
+    def export_arrays(self) -> dict[str, np.ndarray]:
+        """Everything needed to resume this sequence, as named arrays (copies).
+
+        ``tokens`` [n] int64, ``hidden`` [n, D], and ``layers.L.<name>`` for every cache array
+        of layer L. The MTP cache is not included: it refills itself at the next draft.
+        """
+        out: dict[str, np.ndarray] = {
+            "tokens": np.asarray(self.tokens, dtype=np.int64),
+            "hidden": self.hidden[: self.length].copy(),
+        }
+        for i in range(len(self.layers)):
+            for name, array in self.layer_arrays(i).items():
+                out[f"layers.{i}.{name}"] = array.copy()
+        return out
+
+    def import_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Replace this (fresh or used) state's contents with ``export_arrays`` output.
+
+        Every array is checked against this state's layout; a mismatch raises ValueError
+        naming the array, and leaves the state unchanged.
+        """
+        tokens = arrays.get("tokens")
+        if tokens is None or tokens.ndim != 1:
+            raise ValueError("state arrays: 'tokens' missing or not one-dimensional")
+        n = int(tokens.shape[0])
+        expected = {"hidden": (n, self.hidden_size)}
+        for i, layer in enumerate(self.layers):
+            for name, width in layer.widths.items():
+                expected[f"layers.{i}.{name}"] = (n, width)
+        for key, shape in expected.items():
+            got = arrays.get(key)
+            if got is None:
+                raise ValueError(f"state arrays: '{key}' is missing")
+            if tuple(got.shape) != shape:
+                raise ValueError(f"state arrays: '{key}' has shape {list(got.shape)}, "
+                                 f"expected {list(shape)}")
+            if not np.isfinite(got).all():
+                raise ValueError(f"state arrays: '{key}' holds non-finite values")
+        extra = set(arrays) - set(expected) - {"tokens"}
+        if extra:
+            raise ValueError(f"state arrays: unexpected {', '.join(sorted(extra))}")
+        self.truncate(0)
+        self.reserve(n)
+        self.hidden[:n] = arrays["hidden"]
+        for i, layer in enumerate(self.layers):
+            for name in layer.widths:
+                layer.arrays[name][:n] = arrays[f"layers.{i}.{name}"]
+        self.tokens.extend(int(t) for t in tokens)

@@ -19,7 +19,13 @@ from colibri.reference import dsa
 from colibri.reference.config import ModelConfig
 from colibri.reference.experts import ExpertStore
 from colibri.reference.kv_cache import KVLayer
-from colibri.reference.mla import absorbed_attention_row, naive_attention, project
+from colibri.reference.mla import (
+    absorb_queries,
+    expand_contexts,
+    latent_attention_row,
+    naive_attention,
+    project,
+)
 from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.moe import RouteObserver, moe
 from colibri.reference.norms import rms_norm
@@ -125,7 +131,8 @@ def row_layer(
         if run_indexer:
             caches[r]["index_key"][slots[r]] = ikeys[r]
     kv_b_k, kv_b_v = aw.kv_b_heads(cfg)
-    context = np.empty((m, cfg.num_attention_heads * cfg.v_head_dim), dtype=np.float32)
+    qabs = absorb_queries(p.q_nope, kv_b_k)
+    context = np.empty((m, cfg.num_attention_heads, cfg.kv_lora_rank), dtype=np.float32)
     keeps: list[I64 | None] = []
     for r in range(m):
         seen = slots[r] + 1
@@ -140,9 +147,7 @@ def row_layer(
         keeps.append(keep)
         if keep is not None:
             latent, rope_key = latent[keep], rope_key[keep]
-        context[r] = absorbed_attention_row(
-            p.q_nope[r], p.q_rope[r], latent, rope_key, kv_b_k, kv_b_v, cfg
-        )
-    x = x + row_matmul(context, aw.o)
+        context[r] = latent_attention_row(qabs[r], p.q_rope[r], latent, rope_key, cfg)
+    x = x + row_matmul(expand_contexts(context, kv_b_v), aw.o)
     h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
     return x + _feed_forward(h, lw, ctx, row_matmul), keeps

@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 from colibri.reference.engine_runtime import EngineRuntime, Slot
 from colibri.reference.host_info import peak_rss_gb
-from colibri.reference.request_sampling import XorShift64, pick, request_rng
+from colibri.reference.request_sampling import pick, request_rng
+from colibri.reference.rng import Rng
 from colibri.reference.submit_parse import MAX_PAYLOAD, parse_id_payload
 from colibri.reference.wire_input import ByteSource
 from colibri.reference.wire_output import END, READY, FrameWriter, f1, f2
@@ -48,7 +49,7 @@ class LegacyEngine:
         self.pending: list[int | None] = [None] * len(self.slots)
         self.temperature = temperature
         self.top_p = top_p
-        self.rng: XorShift64 = request_rng(None, runtime.settings.seed)
+        self.rng: Rng = request_rng(None, runtime.settings.seed)
 
     def run(self) -> int:
         self.out.raw(READY)
@@ -71,6 +72,7 @@ class LegacyEngine:
             else:
                 self.chat(line)
         self.rt.save_usage()
+        self.rt.close()
         return 0
 
     # --- replies -------------------------------------------------------------------------

@@ -96,6 +96,41 @@ def naive_attention(
     return result
 
 
+def absorb_queries(q_nope: F32, kv_b_k: F32) -> F32:
+    """qabs[r, h] = kv_b_k[h]^T q_nope[r, h] for M rows: [M, H, nope] -> [M, H, kv_lora].
+
+    Head blocks outside, rows inside, one gemv per (head, row): a row's result never depends
+    on the other rows, and each head's block of kv_b is read once per step (see row_matmul).
+    """
+    m, h, _ = q_nope.shape
+    out = np.empty((m, h, kv_b_k.shape[2]), dtype=np.float32)
+    for head in range(h):
+        for r in range(m):
+            out[r, head] = aligned_copy(q_nope[r, head]) @ kv_b_k[head]
+    return out
+
+
+def expand_contexts(context: F32, kv_b_v: F32) -> F32:
+    """out[r, h] = kv_b_v[h] context[r, h] for M rows: [M, H, kv_lora] -> [M, H * v]."""
+    m, h, _ = context.shape
+    out = np.empty((m, h, kv_b_v.shape[1]), dtype=np.float32)
+    for head in range(h):
+        for r in range(m):
+            out[r, head] = kv_b_v[head] @ aligned_copy(context[r, head])
+    return out.reshape(m, -1)
+
+
+def latent_attention_row(
+    qabs: F32, q_rope: F32, latent: F32, rope_key: F32, cfg: ModelConfig
+) -> F32:
+    """One row's attention in latent space: [H, kv_lora] queries over the keys it may see
+    (already selected) -> the attention-weighted latent per head [H, kv_lora]."""
+    scores = (qabs @ latent.T + q_rope @ rope_key.T) * np.float32(cfg.attn_scale)
+    probs = softmax(scores.astype(np.float32))  # [H, S]
+    context: F32 = probs @ latent
+    return context
+
+
 def absorbed_attention_row(
     q_nope: F32,
     q_rope: F32,
@@ -105,20 +140,8 @@ def absorbed_attention_row(
     kv_b_v: F32,
     cfg: ModelConfig,
 ) -> F32:
-    """One query row against the cached latents it may see (already selected): -> [H * v].
-
-    Every product here runs one head at a time with a fixed shape, so the row's result does not
-    depend on which other rows are being processed (see tensors.row_matmul).
-    """
-    h = cfg.num_attention_heads
-    qabs = np.empty((h, cfg.kv_lora_rank), dtype=np.float32)
-    for head in range(h):
-        qabs[head] = aligned_copy(q_nope[head]) @ kv_b_k[head]
-    scores = (qabs @ latent.T + q_rope @ rope_key.T) * np.float32(cfg.attn_scale)
-    probs = softmax(scores.astype(np.float32))  # [H, S]
-    context = probs @ latent  # [H, kv_lora]
-    out = np.empty((h, cfg.v_head_dim), dtype=np.float32)
-    for head in range(h):
-        out[head] = kv_b_v[head] @ aligned_copy(context[head])
-    return out.reshape(-1)
-
+    """One query row against the cached latents it may see: -> [H * v] (the three steps)."""
+    qabs = absorb_queries(q_nope[None], kv_b_k)[0]
+    context = latent_attention_row(qabs, q_rope, latent, rope_key, cfg)
+    out: F32 = expand_contexts(context[None], kv_b_v)[0]
+    return out

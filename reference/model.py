@@ -33,14 +33,17 @@ class Model:
         config: ModelConfig,
         checkpoint: Checkpoint,
         expert_store: ExpertStore | None = None,
+        loader: TensorLoader | None = None,
     ) -> None:
         self.config = cfg = config
         self.checkpoint = checkpoint
-        loader = TensorLoader(checkpoint)
+        # A quantisation-aware loader (same interface) can replace the plain float one.
+        loader = loader or TensorLoader(checkpoint)
         d, v = cfg.hidden_size, cfg.vocab_size
         self.embed = loader.get("model.embed_tokens.weight", (v, d))
         self.final_norm = loader.get("model.norm.weight", (d,))
-        if cfg.tie_word_embeddings and not loader.has("lm_head.weight"):
+        if cfg.tie_word_embeddings:
+            # HF ties the head to the embedding after loading, whatever lm_head.weight holds.
             self.lm_head = self.embed
         else:
             self.lm_head = loader.get("lm_head.weight", (v, d))
@@ -152,8 +155,11 @@ class Model:
 
     def _rows(self, states: list[KVState], tokens: list[int], positions: list[int]) -> F32:
         x = self._embed(tokens)
-        for s in {id(s): s for s in states}.values():
-            s.reserve(max(p for st, p in zip(states, positions, strict=True) if st is s) + 1)
+        needed: dict[int, tuple[KVState, int]] = {}
+        for s, p in zip(states, positions, strict=True):
+            needed[id(s)] = (s, max(p + 1, needed.get(id(s), (s, 0))[1]))
+        for s, capacity in needed.values():
+            s.reserve(capacity)
         keeps: list[I64 | None] = [None] * len(states)
         for i, lw in enumerate(self.layers):
             caches = [s.layers[i] for s in states]
@@ -202,17 +208,26 @@ class Model:
         return draft
 
 
-def load_model(model_dir: str | Path, expert_store: ExpertStore | None = None) -> Model:
-    """Open a model directory (config.json + safetensors). Weights are memory-mapped."""
+def load_model(
+    model_dir: str | Path,
+    expert_store: ExpertStore | None = None,
+    loader: TensorLoader | None = None,
+) -> Model:
+    """Open a model directory (config.json + safetensors). Weights are memory-mapped.
+
+    ``expert_store`` replaces where routed experts come from (quantised, tiered...);
+    ``loader`` replaces how the other tensors become float32 (it must wrap this directory's
+    checkpoint, e.g. ``MyLoader(Checkpoint(model_dir))``).
+    """
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
-    checkpoint = Checkpoint(path)
+    checkpoint = loader.checkpoint if loader is not None else Checkpoint(path)
     if expert_store is None and any(name.endswith(".qs") for name in checkpoint.tensors):
         # A colibri container (quantized weights: U8 payload + .qs scales) gets the
         # dequantizing expert store.
         from colibri.reference.quant.loading import quantized_expert_store
 
         expert_store = quantized_expert_store(path, config)
-    return Model(config, checkpoint, expert_store)
+    return Model(config, checkpoint, expert_store, loader)

@@ -9,15 +9,23 @@ decodes, so a request's frames do not depend on what the other slots are doing.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference import logprob_table
 from colibri.reference.engine_runtime import EngineRuntime, Slot
 from colibri.reference.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
-from colibri.reference.request_sampling import XorShift64, greedy, pick, request_rng
+from colibri.reference.request_sampling import (
+    NO_PREDICTOR_TAIL,
+    greedy,
+    logprob_tail,
+    pick,
+    request_rng,
+    top_candidates,
+)
+from colibri.reference.rng import Rng
 from colibri.reference.submit_parse import (
     MAX_HEADER,
     Control,
@@ -37,11 +45,15 @@ from colibri.reference.wire_output import (
     f2,
     f3,
     f6,
-    logprob_tail,
 )
 
 HITS_EVERY = 6
 TOPK_COUNT = 5
+#: colibri's MTP guard: over the last 24 proposals, under 70% accepted pauses drafting for
+#: 256 tokens (COLI_MTP_GUARD_WINDOW / COLI_MTP_GUARD_PCT in colibri).
+MTP_GUARD_WINDOW = 24
+MTP_GUARD_PCT = 70
+MTP_GUARD_PAUSE = 256
 
 
 @dataclass
@@ -51,7 +63,7 @@ class Request:
     temperature: float
     top_p: float
     logprobs: int
-    rng: XorShift64
+    rng: Rng
     prompt_tokens: int
     maximum: int
     submitted_at: float
@@ -96,6 +108,8 @@ class MuxEngine:
         self.steps_since_repin = 0
         self.drafted = 0
         self.accepted = 0
+        self.mtp_recent: deque[bool] = deque(maxlen=MTP_GUARD_WINDOW)
+        self.mtp_paused = 0  # decode steps left without drafting
         #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
         self.step_log: list[tuple[int, float]] = []
 
@@ -150,6 +164,7 @@ class MuxEngine:
                 break
             self.step()
         self.rt.save_usage()
+        self.rt.close()
         print(f"[API] {self.steps} decode steps, {self.rows} rows", file=self.log)
         if self.drafted:
             print(
@@ -298,11 +313,9 @@ class MuxEngine:
         k = min(request.logprobs, self.rt.vocab)
         for pos, token in enumerate(tokens):
             if pos == 0:
-                tail = " nan 0"
+                tail = NO_PREDICTOR_TAIL
             else:
-                row = logits[pos - 1]
-                lps = logprob_table.log_softmax(row)
-                tail = logprob_tail(float(lps[token]), logprob_table.table(lps, row, k))
+                tail = logprob_tail(logits[pos - 1], token, k)
             payload = self.rt.token_payload(token)
             self.out.payload(echo_header(request.rid, payload, pos, tail), payload)
 
@@ -323,29 +336,21 @@ class MuxEngine:
     def emit(self, request: Request, token: int, row: npt.NDArray[np.float32]) -> None:
         payload = self.rt.token_payload(token)
         tail = ""
-        lps: npt.NDArray[np.float64] | None = None
         if request.logprobs > 0:
-            lps = logprob_table.log_softmax(row)
-            k = min(request.logprobs, self.rt.vocab)
-            tail = logprob_tail(float(lps[token]), logprob_table.table(lps, row, k))
+            tail = logprob_tail(row, token, min(request.logprobs, self.rt.vocab))
         self.out.payload(data_header(request.rid, payload, tail), payload)
         request.emitted += 1
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
         if self.rt.settings.serve_topk:
-            if lps is None:
-                lps = logprob_table.log_softmax(row)
-            self.out.line(self.topk_line(request.rid, lps, row))
+            self.out.line(self.topk_line(request.rid, row))
 
-    def topk_line(
-        self, rid: int, lps: npt.NDArray[np.float64], row: npt.NDArray[np.float32]
-    ) -> str:
-        parts = [f"TOPK {rid}"]
-        top = logprob_table.top_tokens(row, TOPK_COUNT)
-        parts.append(str(len(top)))
-        for token in top:
+    def topk_line(self, rid: int, row: npt.NDArray[np.float32]) -> str:
+        top = top_candidates(row, TOPK_COUNT)
+        parts = [f"TOPK {rid} {len(top)}"]
+        for token, logprob in top:
             text = self.rt.token_payload(token).hex() or "-"
-            parts.append(f"{f6(float(lps[token]))} {text}")
+            parts.append(f"{f6(logprob)} {text}")
         return " ".join(parts)
 
     def step(self) -> None:
@@ -358,7 +363,9 @@ class MuxEngine:
             return
         if len(ready) == 1 and len(self.active) == 1 and self.rt.drafter is not None:
             slot_index, request = ready[0]
-            if request.temperature <= 0.0:
+            if self.mtp_paused > 0:
+                self.mtp_paused -= 1
+            elif request.temperature <= 0.0:
                 self.speculative_step(self.slots[slot_index], request)
                 self.after_step()
                 return
@@ -413,7 +420,20 @@ class MuxEngine:
         self.steps += 1
         self.rows += 2
         self.drafted += 1
-        if greedy(rows[0]) != draft:
+        accepted = greedy(rows[0]) == draft
+        self.mtp_recent.append(accepted)
+        if (
+            len(self.mtp_recent) == MTP_GUARD_WINDOW
+            and 100 * sum(self.mtp_recent) < MTP_GUARD_PCT * MTP_GUARD_WINDOW
+        ):
+            self.mtp_paused = MTP_GUARD_PAUSE
+            self.mtp_recent.clear()
+            print(
+                f"[MTP] acceptance under {MTP_GUARD_PCT}% over {MTP_GUARD_WINDOW} drafts: "
+                f"drafting paused for {MTP_GUARD_PAUSE} tokens",
+                file=self.log,
+            )
+        if not accepted:
             self.rt.truncate_slot(slot, slot.state.length - 1)
             self.advance(request, rows[0])
             return

@@ -9,7 +9,6 @@ does, so the bytes agree.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import BinaryIO
 
 READY = b"\x01\x01READY\x01\x01\n"
@@ -32,13 +31,6 @@ def f6(x: float) -> str:
     if math.isnan(x):
         return "nan"
     return f"{x:.6f}"
-
-
-def logprob_tail(lp: float, table: Sequence[tuple[int, float]]) -> str:
-    """' <lp> <k>( <token> <lp>)*' as colibri's logprob_tail prints it."""
-    parts = [f" {f6(lp)} {len(table)}"]
-    parts.extend(f" {token} {f6(value)}" for token, value in table)
-    return "".join(parts)
 
 
 def data_header(rid: int, payload: bytes, tail: str = "") -> bytes:

@@ -322,7 +322,6 @@ class Handler(tornado.web.RequestHandler):
     async def post(self, *_args: str) -> None:
         path = self.request.path
         self.anthropic = path == "/v1/messages"
-        started = time.monotonic()
         try:
             if not self._host_allowed():
                 raise self._host_error()
@@ -349,9 +348,6 @@ class Handler(tornado.web.RequestHandler):
                 self._abort()
             else:
                 await self._error(engine_error())
-        finally:
-            log.info("%s %s %d %.1fms", self.request.method, path, self.get_status(),
-                     (time.monotonic() - started) * 1000)
 
     def _abort(self) -> None:
         """End a response that can no longer be completed: close the connection."""

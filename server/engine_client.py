@@ -29,6 +29,8 @@ class Accept:
 class Data:
     payload: bytes
     record: TokenRecord | None
+    #: The numeric tail could not be read: this request fails, the engine carries on.
+    malformed: bool = False
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,11 @@ class EngineProcess:
     def _dispatch(self, kind: str, fields: list[str], payload: bytes, line: str) -> None:
         tele = self.telemetry
         if kind == "DATA":
-            self._deliver(fields, Data(payload, frames.parse_logprob_tail(fields[3:])), False)
+            try:
+                data = Data(payload, frames.parse_logprob_tail(fields[3:]))
+            except FrameError:
+                data = Data(payload, None, malformed=True)
+            self._deliver(fields, data, False)
         elif kind == "ECHO":
             if len(fields) < 4:
                 raise FrameError("ECHO needs a position")

@@ -93,6 +93,7 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
     echoes: list[tuple[bytes, TokenRecord | None]] = []
     accepted = False
     stop_sent = cancel_sent = False
+    malformed = False
     try:
         while True:
             if cancelled() and not cancel_sent:
@@ -118,6 +119,12 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
                     await on_accept(0)
                 pieces.append((event.payload, event.record))
                 text = decoder.decode(event.payload)
+                if event.malformed and not malformed:
+                    # Fail this request when its turn ends; stop spending its budget now.
+                    malformed = True
+                    if not stop_sent:
+                        stop_sent = True
+                        await engine.stop(request_id)
                 if cancel_sent or stop_sent:
                     continue
                 if text:
@@ -131,6 +138,10 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
             elif isinstance(event, Done):
                 if cancel_sent:
                     raise ClientCancelled()
+                if malformed:
+                    raise errors.APIError(
+                        500, "The engine sent a log-probability record this server cannot "
+                        "read.", type="server_error", code="engine_logprob_tail_malformed")
                 tail = decoder.decode(b"", final=True)
                 if tail and not stop_sent:
                     await on_text(tail)

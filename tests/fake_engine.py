@@ -5,11 +5,14 @@ ACCEPT, DATA interleaved one per step in slot order, the telemetry block before 
 CONTEXT_EXCEEDED, SLOT_BUSY, CANCELLED, logprob tails and ECHO frames) but its replies come
 from a table: the last ``@@name@@`` or ``@@name:N@@`` directive in the prompt picks the
 script; without one it answers ``"Hé"``, ``"llo"`` like colibri's own gateway fakes. Tokens
-are the prompt's UTF-8 bytes, so ``prompt_tokens`` is the payload length. Fault injection:
-``die`` (exit mid-stream), ``dieearly`` (exit before ACCEPT), ``prefill:N`` (N×100 ms after
-ACCEPT), ``hold:N`` (N×10 ms per token), ``fault`` (an unknown ERROR code); ``echo`` replies
-with the rendered prompt (``<`` shown as ``\u2039`` so no marker fires); ``header`` with the
-SUBMIT header fields after the id.
+are the prompt's UTF-8 bytes, so ``prompt_tokens`` is the payload length.
+
+Fault injection and probes: ``die`` (exit mid-stream), ``dieearly`` (exit before ACCEPT),
+``prefill:N`` (N x 100 ms after ACCEPT), ``hold:N`` (N x 10 ms per token), ``gate:N`` (no
+token until the file ``$FAKE_GATE.N`` exists: holds a slot as long as a test needs, without
+timing), ``fault`` (an unknown ERROR code), ``badtail`` (malformed logprob tails), ``noise``
+(unknown kinds and telemetry mid-turn), ``echo`` (replies with the rendered prompt, ``<``
+shown as U+2039 so no marker fires), ``header`` (replies with the SUBMIT header after the id).
 
 Environment: ``KV_SLOTS`` (1), ``CTX`` (4096), ``FAKE_CAPS`` (a CAPS line body, e.g.
 ``seed=1``), ``FAKE_START_DELAY_S``.
@@ -65,7 +68,11 @@ SCRIPTS: dict[str, list[str]] = {
     "fault": [],
     "echo": [],  # filled per request
     "header": [],  # filled per request
+    "noise": ["Hé", "llo"],
+    "badtail": ["bad", "tail", "after"],
+    "gate": ["Hé", "llo"],
 }
+MALFORMED_TOKENS = [t.encode() for t in SCRIPTS["badtail"]]
 
 DIRECTIVE = re.compile(r"@@([a-z_0-9]+)(?::([0-9]+))?@@")
 
@@ -80,6 +87,7 @@ class Request:
     tokens: list[bytes]
     maximum: int
     delay_s: float = 0.0
+    gate: str | None = None
     emitted: int = 0
     die_after: int | None = None
     hits: set[int] = field(default_factory=set)
@@ -201,6 +209,14 @@ class Engine:
         if name == "header":
             # The SUBMIT header as received (without the id, which depends on test order).
             script = [" ".join(fields[2:])]
+        if name == "noise":
+            # Unknown kinds and advisory telemetry in the middle of a turn.
+            self.line("FUTURE_KIND 1 2 3")
+            self.line(f"TOPK {rid} 5 -0.1 41 -0.2 42 -0.3 43 -0.4 44 -0.5 45")
+            self.line(f"PERF {rid} 0.1 0.0 0.0 0.0 0.0 0.0 0.0")
+            self.line("REPIN 1 2 0 0")
+            self.line("ENTROPY 1.5 2.5")
+            self.line("GPUS 1 1.500 24.000 7")
         if name == "fault":
             self.line(f"ERROR {rid} ENGINE_FAULT")
             return
@@ -209,6 +225,8 @@ class Engine:
                       min(max_tokens, room), delay)
         if name == "die":
             req.die_after = 1
+        if name == "gate":
+            req.gate = f"{os.environ.get('FAKE_GATE', '/nonexistent')}.{arg or '0'}"
         self.line(f"ACCEPT {rid} {len(payload)}")
         k = ext.get("logprobs", 0)
         if k:
@@ -234,11 +252,18 @@ class Engine:
         if not self.active:
             return
         time.sleep(max(r.delay_s for r in self.active.values()))
+        if all(r.gate and not os.path.exists(r.gate) for r in self.active.values()):
+            time.sleep(0.01)  # every active request waits for its gate file
+            return
         for slot in sorted(self.active):
             req = self.active[slot]
+            if req.gate and not os.path.exists(req.gate):
+                continue
             token = req.tokens[req.emitted]
             k = req.ext.get("logprobs", 0)
             tail = self.tail(token[0] if token else 0, req.emitted, k) if k else ""
+            if k and req.tokens == MALFORMED_TOKENS:
+                tail = " -0.5 2 7"  # a count that does not match its table
             self.payload_frame(f"DATA {req.rid} {len(token)}{tail}", token)
             req.emitted += 1
             if req.die_after is not None and req.emitted >= req.die_after:

@@ -112,6 +112,9 @@ def _scrub(node: Any) -> Any:
             elif key in ("map", "hits") and isinstance(value, str):
                 # Expert heat accumulates over every earlier request: only the shape is stable.
                 out[key] = f"<hex:{len(value)}>"
+            elif key == "entropy" and isinstance(value, list):
+                # Routing entropy follows the engine's whole history, not this request.
+                out[key] = ["<measured>"] * len(value)
             elif key in TIMING_KEYS and isinstance(value, int | float):
                 # Measurements of the engine's machine, not outputs: only their presence counts.
                 out[key] = "<measured>"

@@ -32,6 +32,8 @@ def test_quant_section_compares_formats_with_f32(tmp_path: Path) -> None:
     assert int4["bytes_per_token"] < f32["bytes_per_token"]
     assert int4["expert_cache"]["misses"] > 0
     assert 0.0 <= int4["greedy_agreement_vs_f32"] <= 1.0
+    assert f32["prefill_logits_max_abs_diff_vs_f32"] == 0.0
+    assert 0.0 < int4["prefill_logits_rel_l2_vs_f32"] < 0.5
     assert len(int4["ids"]) == 3  # warmup + tokens
     # glm5-tiny's experts are 32 wide: e8 needs multiples of 256, reported, not crashed
     assert "multiple of 256" in formats["e8"]["error"]

@@ -103,6 +103,19 @@ def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
         assert drafted.engine.accepted == 0
 
 
+def test_mtp_guard_pauses_drafting_when_acceptance_is_low() -> None:
+    script = [submit(1, 0, ids(*PROMPT), 60, ext="ids=1")]
+
+    def wrong(runtime: Any) -> None:
+        runtime.drafter = _OracleDrafter(runtime.model, right=False)
+
+    run = run_engine(script, model_dir=TINY, configure=wrong)
+    assert run.engine.drafted == 24  # one full window, then paused for the rest
+    assert "drafting paused for 256 tokens" in run.stderr
+    plain = run_engine(script, model_dir=TINY)
+    assert comparable(run.for_id(1)) == comparable(plain.for_id(1))
+
+
 DEEPSEEK = resources.fixture_model_dir("deepseek3-tiny")
 
 
@@ -119,3 +132,19 @@ def test_resume_on_real_models(tmp_path: Path, model_dir: Path) -> None:
     assert "resumed conversation from disk: 16 tokens" in resumed.stderr
     cold = run_engine([follow], model_dir=model_dir)
     assert comparable(resumed.for_id(2)) == comparable(cold.for_id(2))
+
+
+CHAT = resources.default_model_dir()
+
+
+def test_golden_transcript_default_chat_model(snapshot_json: SnapshotAssertion) -> None:
+    """The embedded default model (a tokenizer, the GLM template rendered by the server)."""
+    prompt = "[gMASK]<sop><|system|>Be brief.<|user|>Hello, colibri!<|assistant|><think></think>"
+    script = [
+        submit(1, 0, prompt.encode(), 8, ext="logprobs=2")
+        + submit(2, 1, "héllo wörld".encode(), 6, temperature="0.7", top_p="0.9", ext="seed=3"),
+        submit(3, 0, (prompt + "Hi").encode(), 4) + submit(4, 1, b"\xff\xfe", 4),
+    ]
+    run = run_engine(script, kv_slots=2, model_dir=CHAT, env={"SERVE_TOPK": "1"})
+    assert b"tokenizer=1" in run.stdout
+    assert transcript(run) == snapshot_json

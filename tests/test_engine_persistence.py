@@ -187,7 +187,31 @@ def test_persist_off_writes_nothing(tmp_path: Path) -> None:
         state_dir=tmp_path,
         env={"KVSAVE": "0"},
     )
-    assert [p.name for p in tmp_path.iterdir()] == [".coli_usage"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".coli_usage", ".lock"]
+
+
+def test_a_second_engine_on_the_same_state_dir_runs_without_persistence(tmp_path: Path) -> None:
+    from colibri.reference.engine_runtime import EngineRuntime
+    from colibri.reference.engine_settings import from_environment
+    from engine_fakes import FakeCodec
+
+    settings = from_environment({}, model_dir=Path("fake"), ctx=64)
+    model = _model()
+    first = EngineRuntime(
+        model, None, settings, io.StringIO(), state_dir=tmp_path, codec=FakeCodec(model)
+    )
+    log = io.StringIO()
+    second = EngineRuntime(
+        _model(), None, settings, log, state_dir=tmp_path, codec=FakeCodec(model)
+    )
+    assert first.kv_enabled and not second.kv_enabled and second.state_dir is None
+    assert "in use by another engine" in log.getvalue()
+    first.close()
+    third = EngineRuntime(
+        _model(), None, settings, io.StringIO(), state_dir=tmp_path, codec=FakeCodec(model)
+    )
+    assert third.kv_enabled
+    third.close()
 
 
 # --- .coli_usage ---------------------------------------------------------------------------

@@ -32,3 +32,10 @@ def test_every_kind_of_difference_is_listed(tmp_path: Path) -> None:
 
 def test_generators_are_discovered() -> None:
     assert "make_models.py" in [p.name for p in generators()]
+
+
+def test_committed_fixture_models_stay_under_20_mb() -> None:
+    from colibri.resources import fixtures_dir
+
+    total = sum(p.stat().st_size for p in (fixtures_dir() / "models").rglob("*") if p.is_file())
+    assert total < 20 * 1024 * 1024, f"fixtures/models holds {total / 2**20:.1f} MiB"

@@ -108,3 +108,29 @@ def test_kv_arrays_are_reachable_for_persistence() -> None:
     assert arrays["latent"].shape == (3, m.config.kv_lora_rank)
     assert arrays["rope_key"].shape == (3, m.config.qk_rope_head_dim)
     assert arrays["index_key"].shape == (3, m.config.index_head_dim)
+
+
+def test_exported_state_resumes_to_the_same_bytes() -> None:
+    m = model("glm5-tiny-dsa")
+    ids = oracle("glm5-tiny-dsa")["full_ids"]
+    original = _state_after(m, ids[:20])
+    arrays = original.export_arrays()
+    resumed = m.new_state()
+    resumed.import_arrays(arrays)
+    assert resumed.length == 20 and resumed.tokens == ids[:20]
+    assert m.decode(resumed, ids[20]).tobytes() == m.decode(original, ids[20]).tobytes()
+
+
+def test_import_refuses_arrays_of_another_layout() -> None:
+    m = model("glm5-tiny")
+    arrays = _state_after(m, [1, 2, 3]).export_arrays()
+    bad = dict(arrays)
+    bad["layers.2.latent"] = bad["layers.2.latent"][:, :-1]
+    fresh = m.new_state()
+    try:
+        fresh.import_arrays(bad)
+    except ValueError as exc:
+        assert "layers.2.latent" in str(exc)
+    else:
+        raise AssertionError("a misshapen cache array was accepted")
+    assert fresh.length == 0

@@ -133,3 +133,41 @@ def test_bf16_fixture_holds_bf16_values_exactly() -> None:
     raw = m.checkpoint.raw("model.layers.0.self_attn.o_proj.weight")
     assert raw.dtype == np.dtype(ml_dtypes.bfloat16)
     assert oracle("deepseek3-tiny")["tf_pred"]  # the oracle was computed from these values
+
+
+def test_q_proj_without_q_lora_is_consistent(tmp_path: Path) -> None:
+    """DeepSeek-V3 allows q_lora_rank=null (one q_proj); both execution forms must agree."""
+    d = copy_fixture("deepseek3-tiny", tmp_path)
+    _edit_config(d, q_lora_rank=None)
+    rng = np.random.default_rng(5)
+
+    def to_q_proj(t: dict[str, np.ndarray]) -> None:
+        for layer in range(3):
+            p = f"model.layers.{layer}.self_attn."
+            for name in ("q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"):
+                del t[p + name]
+            t[p + "q_proj.weight"] = (0.05 * rng.standard_normal((4 * 32, 128))).astype(
+                ml_dtypes.bfloat16
+            )
+
+    rewrite_tensors(d, to_q_proj)
+    m = load_model(d)
+    assert m.config.q_lora_rank is None
+    ids = oracle("deepseek3-tiny")["full_ids"]
+    full = m.forward(ids)
+    state = m.new_state()
+    assert float(np.max(np.abs(m.prefill(state, ids) - full))) <= 1e-5
+
+
+def test_tied_embeddings_serve_as_the_head(tmp_path: Path) -> None:
+    d = copy_fixture("glm5-tiny", tmp_path)
+    _edit_config(d, tie_word_embeddings=True)
+    rewrite_tensors(d, lambda t: t.pop("lm_head.weight"))
+    m = load_model(d)
+    assert m.lm_head is m.embed
+    ids = [3, 14, 159]
+    hidden, logits = m.forward_hidden(ids)
+    from colibri.reference.norms import rms_norm
+
+    normed = rms_norm(hidden, m.final_norm, m.config.rms_norm_eps)
+    assert np.allclose(logits, normed @ m.embed.T, atol=1e-5)

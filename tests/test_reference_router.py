@@ -120,3 +120,33 @@ def test_route_observer_sees_every_token_at_every_sparse_layer() -> None:
     assert sorted(layer for layer, _ in seen) == sorted(sparse * 4)
     assert all(len(ids) == m.config.num_experts_per_tok for _, ids in seen)
     assert all(m.experts.is_resident(layer, e) for layer, ids in seen for e in ids)
+
+
+def test_a_custom_expert_store_is_what_the_moe_reads() -> None:
+    from colibri.reference import ExpertWeights, load_model
+    from reference_support import fresh_model
+
+    from colibri.resources import fixture_model_dir
+
+    base = fresh_model("glm5-tiny")
+    asked: list[tuple[int, int]] = []
+
+    class CountingStore:
+        def expert(self, layer: int, expert: int) -> ExpertWeights:
+            asked.append((layer, expert))
+            return base.experts.expert(layer, expert)
+
+        def is_resident(self, layer: int, expert: int) -> bool:
+            return (layer, expert) in asked
+
+    class ZeroStore(CountingStore):
+        def expert(self, layer: int, expert: int) -> ExpertWeights:
+            w = super().expert(layer, expert)
+            return ExpertWeights(w.gate, w.up, np.zeros_like(w.down))
+
+    ids = [3, 14, 159, 26]
+    counted = load_model(fixture_model_dir("glm5-tiny"), expert_store=CountingStore())
+    assert counted.forward(ids).tobytes() == base.forward(ids).tobytes()
+    assert {layer for layer, _ in asked} == {3, 4}
+    zeroed = load_model(fixture_model_dir("glm5-tiny"), expert_store=ZeroStore())
+    assert not np.allclose(zeroed.forward(ids), base.forward(ids))

@@ -142,6 +142,8 @@ CASES: list[tuple[str, str, str, str, Any, dict[str, str], bytes | None]] = [
      {}, None),
     ("chat-logprobs-stop-cut", "open", "POST", C,
      chat("q @@stopword@@", logprobs=True, stop="ld"), {}, None),
+    ("chat-logprobs-tail-malformed", "open", "POST", C,
+     chat("q @@badtail@@", logprobs=True), {}, None),
     ("chat-logprobs-stream", "open", "POST", C, chat("q", logprobs=True, stream=True), {},
      None),
     ("chat-top-logprobs-range", "open", "POST", C, chat("q", top_logprobs=33), {}, None),
@@ -279,7 +281,7 @@ def servers(request: pytest.FixtureRequest,
     # A real engine decodes with numpy: a small server ceiling keeps the battery fast.
     ceiling = 256 if request.param == "fake" else 12
     base = ServerConfig(model_id=M, kv_slots=2, max_tokens=ceiling, web_dist=str(dist))
-    env = {"CTX": "2048"}
+    env = {"CTX": "2048", "COLI_PERSIST": "0"}  # no KV or usage files outside the test
     try:
         open_server = launch(base, argv, env)
     except EngineStartError:

@@ -9,6 +9,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -108,9 +109,10 @@ def test_anthropic_sdk_messages(server: LiveServer) -> None:
 
 # ---- admission under load -------------------------------------------------------------
 
-def test_loopback_load_exact_rejections_and_counters() -> None:
+def test_loopback_load_exact_rejections_and_counters(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
     live = launch(ServerConfig(model_id=M, kv_slots=1, max_queue=2, max_tokens=64,
-                               max_connections_per_ip=32))
+                               max_connections_per_ip=32), env={"FAKE_GATE": str(gate)})
     try:
         def post(content: str) -> int:
             return int(exchange(live.url, "POST", "/v1/chat/completions",
@@ -118,7 +120,7 @@ def test_loopback_load_exact_rejections_and_counters() -> None:
                                                            "content": content}]})["status"])
 
         pool = concurrent.futures.ThreadPoolExecutor(12)
-        holder = pool.submit(post, "@@hold:30@@")
+        holder = pool.submit(post, "@@gate@@")
         wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
         fillers = []
         for n in range(2):
@@ -127,6 +129,7 @@ def test_loopback_load_exact_rejections_and_counters() -> None:
         extra = [pool.submit(post, "x") for _ in range(7)]
         extra_status = [f.result(30) for f in extra]
         assert extra_status == [429] * 7
+        Path(f"{gate}.0").touch()  # let the holder finish
         assert holder.result(30) == 200 and [f.result(30) for f in fillers] == [200, 200]
         pool.shutdown()
         snap = health(live)["scheduler"]
@@ -140,16 +143,19 @@ def test_loopback_load_exact_rejections_and_counters() -> None:
         live.stop()
 
 
-def test_queue_full_response_shape() -> None:
-    live = launch(ServerConfig(model_id=M, kv_slots=1, max_queue=0, max_tokens=64))
+def test_queue_full_response_shape(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    live = launch(ServerConfig(model_id=M, kv_slots=1, max_queue=0, max_tokens=64),
+                  env={"FAKE_GATE": str(gate)})
     try:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             holder = pool.submit(exchange, live.url, "POST", "/v1/chat/completions",
                                  {"model": M, "messages": [{"role": "user",
-                                                            "content": "@@hold:20@@"}]})
+                                                            "content": "@@gate@@"}]})
             wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
             refused = exchange(live.url, "POST", "/v1/messages", {
                 "model": M, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]})
+            Path(f"{gate}.0").touch()
             assert holder.result(30)["status"] == 200
         assert refused["status"] == 429
         assert refused["headers"]["retry-after"] == "1"
@@ -186,11 +192,12 @@ def test_engine_killed_mid_stream_is_survived() -> None:
         live.stop()
 
 
-def test_client_disconnect_cancels_generation() -> None:
-    live = launch(ServerConfig(model_id=M, max_tokens=64))
+def test_client_disconnect_cancels_generation(tmp_path: Path) -> None:
+    live = launch(ServerConfig(model_id=M, max_tokens=64),
+                  env={"FAKE_GATE": str(tmp_path / "gate")})
     try:
         body = json.dumps({"model": M, "stream": True, "messages": [
-            {"role": "user", "content": "@@hold:30@@"}]}).encode()
+            {"role": "user", "content": "@@gate@@"}]}).encode()
         sock = socket.create_connection(("127.0.0.1", live.server.port))
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Type: application/json\r\nContent-Length: "
@@ -302,3 +309,96 @@ def test_chat_attach_streams_a_conversation(server: LiveServer) -> None:
     out = io.StringIO()
     assert attach.run(args, io.StringIO("hi\nagain\n\n"), out) == 0
     assert out.getvalue() == "Héllo\nHéllo\n"
+
+
+def test_bench_section_reports_both_sides() -> None:
+    import os
+    import sys
+
+    from colibri.server.bench import measure
+    from server_harness import FAKE_ENGINE
+
+    report = measure([sys.executable, FAKE_ENGINE], dict(os.environ), tokens=8, rounds=1,
+                     warmup=0)
+    assert report["engine_alone"]["completion_tokens"] == 2
+    assert report["through_server"]["completion_tokens"] == 2
+    assert set(report) >= {"ratio_decode", "ratio_end_to_end", "meets_target"}
+
+
+def test_unknown_lines_ignored_and_turn_telemetry_kept(server: LiveServer) -> None:
+    reply = exchange(server.url, "POST", "/v1/chat/completions", {
+        "model": M, "messages": [{"role": "user", "content": "@@noise@@"}]},
+        headers={"x-api-key": "k"})["body"]
+    assert reply["choices"][0]["message"]["content"] == "Héllo"
+    stats = reply["colibri"]
+    assert stats["repin"] == [{"layer": 1, "expert": 2, "old_tier": 0, "gpu": 0}]
+    assert stats["entropy"] == [1.5, 2.5]
+    assert stats["gpus"] == [{"used_gb": 1.5, "total_gb": 24.0, "experts": 7}]
+    assert stats["perf"]["forwards"] == 3 and stats["stats"]["completion_tokens"] == 2
+
+
+def test_queue_timeout_cancel_while_queued_and_shutdown(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    live = launch(ServerConfig(model_id=M, kv_slots=1, max_queue=4, queue_timeout=0.3,
+                               max_tokens=64), env={"FAKE_GATE": str(gate)})
+    stopped = False
+    try:
+        def post(content: str) -> dict[str, Any]:
+            return exchange(live.url, "POST", "/v1/chat/completions", {
+                "model": M, "messages": [{"role": "user", "content": content}]})
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            holder = pool.submit(post, "@@gate:1@@")
+            wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
+            late = post("x")
+            assert late["status"] == 429 and late["headers"]["retry-after"] == "1"
+            assert late["body"]["error"]["code"] == "queue_timeout"
+            # A queued client that hangs up is cancelled without being admitted.
+            body = json.dumps({"model": M, "messages": [{"role": "user", "content": "y"}]})
+            sock = socket.create_connection(("127.0.0.1", live.server.port))
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                         + body.encode())
+            wait_for(lambda: health(live)["scheduler"]["queued"] == 1, "queued")
+            sock.close()
+            wait_for(lambda: health(live)["scheduler"]["cancelled"] == 1, "queued cancel")
+            snap = health(live)["scheduler"]
+            assert snap["timed_out"] == 1 and snap["admitted"] == 1 and snap["queued"] == 0
+            Path(f"{gate}.1").touch()
+            assert holder.result(30)["status"] == 200
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            holder = pool.submit(post, "@@gate:2@@")
+            wait_for(lambda: health(live)["scheduler"]["active"] == 1, "holder admitted")
+            live.state.scheduler.queue_timeout = 60.0
+            waiter = pool.submit(post, "z")
+            wait_for(lambda: health(live)["scheduler"]["queued"] == 1, "waiter queued")
+            live.state.scheduler.close()
+            closed = waiter.result(30)
+            assert closed["status"] == 503
+            assert closed["body"]["error"]["code"] == "scheduler_closed"
+            Path(f"{gate}.2").touch()
+            holder.result(30)
+            live.stop()
+            stopped = True
+    finally:
+        if not stopped:
+            live.stop()
+
+
+def test_prompts_never_reach_logs(server: LiveServer, caplog: pytest.LogCaptureFixture,
+                                  capfd: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    secret = "SECRET-PROMPT-7f3a"
+    with caplog.at_level(logging.DEBUG):
+        for path, body in (("/v1/chat/completions", {"model": M, "messages": [
+                {"role": "user", "content": secret + " @@fault@@"}]}),
+                ("/v1/completions", {"model": M, "prompt": secret, "max_tokens": 2}),
+                ("/v1/messages", {"model": M, "max_tokens": 2, "messages": [
+                    {"role": "user", "content": secret}]})):
+            exchange(server.url, "POST", path, body, headers={"x-api-key": "k"})
+    captured = capfd.readouterr()
+    assert secret not in caplog.text
+    assert secret not in captured.err and secret not in captured.out
+    metrics = exchange(server.url, "GET", "/metrics", headers={"x-api-key": "k"})["text"]
+    assert secret not in metrics

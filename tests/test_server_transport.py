@@ -123,6 +123,10 @@ def test_serve_command_runs_an_engine_and_shuts_down() -> None:
         reply = exchange(url, "POST", "/v1/chat/completions", {
             "model": M, "messages": [{"role": "user", "content": "hi"}]})
         assert reply["body"]["choices"][0]["message"]["content"] == "Héllo"
+        chat = subprocess.run([sys.executable, "-m", "colibri", "chat", "--attach", url],
+                              input="hi\n\n", capture_output=True, text=True, timeout=60,
+                              cwd=ROOT, env=env)
+        assert chat.returncode == 0 and chat.stdout == "Héllo\n"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
     finally:

@@ -311,3 +311,59 @@ def test_config_refusals() -> None:
                 ServerConfig(queue_timeout=0), ServerConfig(max_tokens=0)):
         with pytest.raises(ConfigError):
             validate(bad, 8000)
+
+
+# ---- admission invariants under random interleavings ---------------------------------
+
+OPS = st.lists(st.tuples(st.sampled_from(["acquire", "release", "cancel"]),
+                         st.one_of(st.none(), st.integers(0, 2)),
+                         st.sampled_from(["completed", "failed"])), max_size=30)
+
+
+@given(OPS, st.integers(0, 3))
+def test_scheduler_invariants(ops: list[tuple[str, int | None, str]], max_queue: int) -> None:
+    async def scenario() -> None:
+        sched = Scheduler(3, max_queue, 60.0, GenerationMetrics())
+        held: list[Any] = []
+        pending: list[tuple[asyncio.Future[Any], list[bool]]] = []
+        for op, slot, outcome in ops:
+            if op == "acquire":
+                flag = [False]
+                fut = asyncio.ensure_future(sched.acquire(slot, lambda f=flag: f[0]))
+                pending.append((fut, flag))
+            elif op == "release" and held:
+                sched.release(held.pop(0), outcome)
+            elif op == "cancel" and pending:
+                pending[0][1][0] = True
+            for _ in range(3):
+                await asyncio.sleep(0)
+            for fut, flag in list(pending):
+                if fut.done():
+                    pending.remove((fut, flag))
+                    if fut.exception() is None:
+                        held.append(fut.result())
+            slots = [a.slot for a in held]
+            assert len(slots) == len(set(slots)), "a slot was handed out twice"
+            snap = sched.snapshot()
+            assert snap["active"] == len(held)
+            assert snap["queued"] <= max_queue
+            assert snap["admitted"] == (snap["completed"] + snap["failed"] + snap["active"])
+        sched.close()
+        for fut, _ in pending:
+            with pytest.raises((APIError, ClientCancelled)):
+                await fut
+
+    asyncio.run(scenario())
+
+
+def test_engine_commands() -> None:
+    from colibri.server.runner import EngineSpec, engine_argv, engine_env
+
+    plain = engine_argv(EngineSpec("/m"), 2)
+    assert plain[1:] == ["-m", "colibri", "engine", "--model", "/m", "--kv-slots", "2"]
+    assert engine_argv(EngineSpec("/m", accelerated=True), 1)[-1] == "--accelerated"
+    assert engine_argv(EngineSpec("/m", engine_cmd="./glm 0 'a b'"), 1) == ["./glm", "0",
+                                                                            "a b"]
+    env = engine_env(EngineSpec("/m"), ServerConfig(kv_slots=3, max_tokens=9))
+    assert (env["SNAP"], env["SERVE"], env["SERVE_BATCH"], env["KV_SLOTS"], env["NGEN"]) == (
+        "/m", "1", "1", "3", "9")

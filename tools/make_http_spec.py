@@ -485,9 +485,14 @@ def openapi_document() -> Schema:
 
 
 def rendered() -> dict[Path, str]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import http_error_catalogue
+
     files = {SCHEMA_DIR / f"{name}.json": json.dumps(doc, indent=2) + "\n"
              for name, doc in schema_documents().items()}
     files[ROOT / "spec" / "openapi.yaml"] = json.dumps(openapi_document(), indent=1) + "\n"
+    http_md = ROOT / "spec" / "http.md"
+    files[http_md] = http_error_catalogue.render(http_md.read_text(), ROOT / "server")
     return files
 
 

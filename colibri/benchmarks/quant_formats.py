@@ -10,8 +10,9 @@ in a fresh process. Reported per format, side by side with f32:
 * bytes per token: container bytes one decode step reads (every non-expert weight, one
   embedding row, and the on-disk bytes of each routed expert chosen in that step), the expert
   share of it, and the ratio to f32 -- what a streaming engine has to move per token;
-* greedy agreement with f32 (tokens equal to the f32 run, position by position) and the
-  container size.
+* accuracy against f32: the prefill's last logits (max-abs and relative L2 difference) and
+  greedy agreement (tokens equal to the f32 run, position by position; on the random-weight
+  bench model near-ties make greedy paths part quickly), and the container size.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
@@ -84,7 +87,7 @@ def _bytes_per_step(model_dir: Path, steps: list[list[list[Any]]]) -> tuple[list
     return totals, experts
 
 
-def _worker(model_dir: Path, tokens: int, warmup: int) -> dict[str, Any]:
+def _worker(model_dir: Path, tokens: int, warmup: int, logits_path: Path) -> dict[str, Any]:
     import numpy as np
 
     from colibri.reference import load_model
@@ -96,6 +99,7 @@ def _worker(model_dir: Path, tokens: int, warmup: int) -> dict[str, Any]:
     model.route_observer = lambda layer, ids: routes.append((layer, ids))
     state = model.new_state()
     logits = model.prefill(state, PROMPT)[-1]
+    np.save(logits_path, logits)
     ids: list[int] = []
     steps: list[list[list[Any]]] = []
     times: list[float] = []
@@ -122,10 +126,10 @@ def _worker(model_dir: Path, tokens: int, warmup: int) -> dict[str, Any]:
     }
 
 
-def _measure(model_dir: Path, options: BenchOptions) -> dict[str, Any]:
+def _measure(model_dir: Path, options: BenchOptions, logits_path: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "colibri.benchmarks.quant_formats", "--worker",
            "--model", str(model_dir), "--tokens", str(options.tokens),
-           "--warmup", str(options.warmup)]
+           "--warmup", str(options.warmup), "--logits", str(logits_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=os.environ.copy())
     if proc.returncode != 0:
         return {"error": f"worker failed (exit {proc.returncode})",
@@ -147,7 +151,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
         except ValueError as exc:  # e.g. e8 on widths that are not multiples of 256
             formats[scheme] = {"error": f"conversion refused: {exc}"}
             continue
-        raw = _measure(model_dir, options)
+        logits_path = options.cache_dir / f"{base.name}-{scheme}.prefill_logits.npy"
+        raw = _measure(model_dir, options, logits_path)
         if "error" in raw:
             formats[scheme] = raw
             continue
@@ -167,9 +172,16 @@ def run(options: BenchOptions) -> dict[str, Any]:
             "ids": raw["ids"],
         }
     reference = formats.get("f32", {})
-    for row in formats.values():
+    f32_logits = options.cache_dir / f"{base.name}-f32.prefill_logits.npy"
+    for scheme, row in formats.items():
         if "error" in row or "error" in reference or not reference:
             continue
+        ours = np.load(options.cache_dir / f"{base.name}-{scheme}.prefill_logits.npy")
+        theirs = np.load(f32_logits)
+        row["prefill_logits_max_abs_diff_vs_f32"] = float(np.max(np.abs(ours - theirs)))
+        row["prefill_logits_rel_l2_vs_f32"] = float(
+            np.linalg.norm(ours - theirs) / max(float(np.linalg.norm(theirs)), 1e-30)
+        )
         row["tok_s_vs_f32"] = row["tok_s"] / reference["tok_s"]
         row["bytes_per_token_vs_f32"] = row["bytes_per_token"] / reference["bytes_per_token"]
         same = sum(a == b for a, b in zip(row["ids"], reference["ids"], strict=True))
@@ -198,8 +210,9 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--tokens", type=int, required=True)
     parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--logits", type=Path, required=True)
     args = parser.parse_args(argv)
-    print(json.dumps(_worker(args.model, args.tokens, args.warmup)))
+    print(json.dumps(_worker(args.model, args.tokens, args.warmup, args.logits)))
     return 0
 
 

@@ -58,6 +58,7 @@ def cors_origins(values: list[str]) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
 
     from colibri import resources
     from colibri.server.context import ServerConfig
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"colibri serve: {exc}", file=sys.stderr)
         return 1
+    # Tornado's access log: method, path, status and duration only; never a body.
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     model_dir = args.model or str(resources.default_model_dir())
     spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd)
     try:

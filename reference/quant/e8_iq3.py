@@ -75,6 +75,18 @@ def split_blocks(payload: U8) -> tuple[U8, npt.NDArray[np.uint32], npt.NDArray[n
     return indices, words, halves
 
 
+@lru_cache(maxsize=1)
+def _sign_table() -> F32:
+    """``[128, 8]`` of +-1: the seven stored sign bits of a group and the implied eighth."""
+    seven = np.arange(128, dtype=np.uint32)
+    bits = (seven[:, None] >> np.arange(7, dtype=np.uint32)) & 1
+    parity = np.bitwise_xor.reduce(bits, axis=1)[:, None]
+    negative = np.concatenate([bits, parity], axis=1).astype(bool)
+    table = np.where(negative, np.float32(-1.0), np.float32(1.0)).astype(np.float32)
+    table.setflags(write=False)
+    return table
+
+
 def decode_blocks(payload: U8) -> F32:
     """Dequantize super-blocks to ``[n, 256]`` weights in the rotated (stored) domain."""
     indices, words, halves = split_blocks(payload)
@@ -84,11 +96,9 @@ def decode_blocks(payload: U8) -> F32:
     db = (d[:, None] * (np.float32(0.5) + code)) * np.float32(0.5)  # [n, 8]
     magnitude = grid_weights()[indices].reshape(n, SUB_BLOCKS, 4, 8)  # [n, ib, l, j]
     seven = (words[:, :, None] >> (np.arange(4, dtype=np.uint32) * 7)) & 0x7F  # [n, ib, l]
-    sign_bits = (seven[..., None] >> np.arange(7, dtype=np.uint32)) & 1  # [n, ib, l, 7]
-    parity = np.bitwise_xor.reduce(sign_bits, axis=-1)[..., None]
-    negative = np.concatenate([sign_bits, parity], axis=-1).astype(bool)
-    values = magnitude * db[:, :, None, None]
-    return np.where(negative, -values, values).astype(np.float32).reshape(n, E8_BLOCK)
+    # Negating a product is exact, so multiplying by -1 gives colibri's -(mag * db) bits.
+    values: F32 = (magnitude * db[:, :, None, None]) * _sign_table()[seven]
+    return values.reshape(n, E8_BLOCK)
 
 
 def _parity_fixed_signs(magnitude: F32, negative: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
