@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shlex
 import socket
 import subprocess
@@ -119,8 +120,12 @@ class ManagedServer:
             argv += ["--host", "127.0.0.1", "--port", str(self.port)]
         argv += extra
         self._log: IO[bytes] = tempfile.TemporaryFile()
+        # A private state directory: the engine behind a colibri server persists KV and usage
+        # there, and must neither read nor leave behind the user's (or another run's) state.
+        self._state = tempfile.TemporaryDirectory(prefix="colibri-conformance-http-")
+        env = dict(os.environ, COLI_STATE_DIR=self._state.name)
         try:
-            self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         except OSError as exc:
             raise HttpTargetError(f"cannot start {shlex.join(argv)}: {exc}") from exc
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -161,6 +166,7 @@ class ManagedServer:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        self._state.cleanup()
 
 
 def _free_port() -> int:

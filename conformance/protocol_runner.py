@@ -183,14 +183,18 @@ class ProtocolRunner:
         op = step["op"]
         engine = session.engine
         if op == "submit":
-            self._submit(session, step)
+            engine.send(self._submit(session, step))
+        elif op == "burst":
+            # One write: the engine reads one command per loop iteration, so every command of
+            # a burst is seen while the requests before it are still active, however fast.
+            engine.send(b"".join(self._command(session, sub) for sub in step["steps"]))
         elif op == "send":
             data = (
                 bytes.fromhex(step["hex"]) if "hex" in step else self._expand(step.get("text", ""))
             )
             engine.send(data)
         elif op in ("stop", "cancel"):
-            engine.send(f"{op.upper()} {step['id']}\n".encode())
+            engine.send(self._command(session, step))
         elif op == "await":
             self._await(session, step)
         elif op == "close_stdin":
@@ -233,12 +237,19 @@ class ProtocolRunner:
         else:  # pragma: no cover - the schema rejects unknown ops
             raise NotApplicable(f"unknown step {op!r}")
 
-    def _submit(self, session: LiveSession, step: dict[str, Any]) -> None:
+    def _command(self, session: LiveSession, step: dict[str, Any]) -> bytes:
+        if step["op"] == "submit":
+            return self._submit(session, step)
+        if step["op"] in ("stop", "cancel"):
+            return f"{step['op'].upper()} {step['id']}\n".encode()
+        return self._expand(step.get("text", ""))
+
+    def _submit(self, session: LiveSession, step: dict[str, Any]) -> bytes:
         payload = self.codec.encode(step["prompt"])
         ext: dict[str, int] = dict(step.get("ext", {}))
         if payload.ids:
             ext.setdefault("ids", 1)
-        grammar = step.get("grammar", "").encode("utf-8")
+        grammar: bytes = str(step.get("grammar", "")).encode("utf-8")
         header = (
             f"SUBMIT {step['id']} {step.get('slot', 0)} {len(payload.data)} "
             f"{step.get('max_tokens', 8)} {_num(step.get('temperature', 0))} "
@@ -249,7 +260,7 @@ class ProtocolRunner:
             header += f" {len(grammar)}" + "".join(f" {k}={v}" for k, v in ext.items())
         session.submitted[int(step["id"])] = payload
         session.open_ids.add(int(step["id"]))
-        session.engine.send(header.encode() + b"\n" + payload.data + grammar + b"\n")
+        return header.encode() + b"\n" + payload.data + grammar + b"\n"
 
     def _await(self, session: LiveSession, step: dict[str, Any]) -> None:
         engine = session.engine

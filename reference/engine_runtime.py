@@ -25,6 +25,7 @@ from colibri.reference.engine_settings import DEFAULT_CTX, EngineSettings
 from colibri.reference.expert_tiers import Repin, ResidentExperts, TierReport
 from colibri.reference.expert_usage import ExpertUsage
 from colibri.reference.kv_persist import KvFile, KvLayout, slot_file
+from colibri.reference.route_attribution import RouteAttribution
 from colibri.reference.wire_output import f2, f3
 
 
@@ -70,6 +71,7 @@ class EngineRuntime:
         self.rows = usage_rows(self.shape)
         self.n_experts = self.shape.n_routed_experts
         self.usage = ExpertUsage(self.shape.num_hidden_layers, self.n_experts, self.rows)
+        self.routes = RouteAttribution(self.rows, self.n_experts)
         resident = ResidentExperts()
         self.resident = resident if tiers is None else None
         self.tiers: TierReport = tiers if tiers is not None else resident
@@ -120,6 +122,7 @@ class EngineRuntime:
 
     def _observe(self, layer: int, experts: tuple[int, ...]) -> None:
         self.usage.observe(layer, experts)
+        self.routes.observe(layer, experts)
         if self.resident is not None:
             self.resident.note_lookups(len(experts))
 
@@ -217,5 +220,6 @@ class EngineRuntime:
     def hits_line(self) -> str:
         return f"HITS {len(self.rows)} {self.n_experts} {self.usage.take_hits_hex()}"
 
-    def entropy_line(self) -> str:
-        return "ENTROPY" + "".join(f" {f3(h)}" for h in self.usage.take_entropy())
+    def entropy_line(self, owner: int) -> str:
+        """The turn's routing entropy per EMAP row (this request's own selections)."""
+        return "ENTROPY" + "".join(f" {f3(h)}" for h in self.routes.take_entropy(owner))

@@ -2,13 +2,12 @@
 
 Every routed expert kept for a token bumps ``counts[layer][expert]`` (u32, saturating), the
 history persisted in ``.coli_usage``. EMAP's heat is the bit length of that count; HITS is
-the set of experts routed since the previous HITS; ENTROPY is the entropy of the selections
-since the previous ENTROPY line (spec/protocol.md 2.6).
+the set of experts routed since the previous HITS (spec/protocol.md 2.6). Per-turn routing
+entropy is route_attribution.py's.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,7 +35,6 @@ class ExpertUsage:
         self._row_of = {layer: i for i, layer in enumerate(self.rows)}
         self.counts: npt.NDArray[np.uint64] = np.zeros((n_layers + 1, n_experts), np.uint64)
         self._hits = np.zeros((len(self.rows), n_experts), np.bool_)
-        self._window = np.zeros((len(self.rows), n_experts), np.int64)
         self.selections = 0
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
@@ -45,7 +43,6 @@ class ExpertUsage:
             return
         ids = np.asarray(experts, dtype=np.intp)
         np.add.at(self.counts[layer], ids, 1)
-        np.add.at(self._window[row], ids, 1)
         self._hits[row, ids] = True
         self.selections += len(ids)
 
@@ -76,18 +73,3 @@ class ExpertUsage:
             out[int(index) >> 3] |= 1 << (int(index) & 7)
         self._hits[:] = False
         return out.hex()
-
-    def take_entropy(self) -> list[float]:
-        """Per row: entropy in bits of the selections since the previous call, then reset."""
-        values = []
-        for row in self._window:
-            total = int(row.sum())
-            h = 0.0
-            if total:
-                for count in row:
-                    if count:
-                        p = int(count) / total
-                        h -= p * math.log2(p)
-            values.append(abs(h))
-        self._window[:] = 0
-        return values

@@ -208,6 +208,7 @@ class MuxEngine:
             self.finish(request, length_limited=False)
         else:
             del self.active[request.slot]
+            self.rt.routes.forget(request.rid)
             self.rt.persist_slot(self.slots[request.slot])
             self.error(request.rid, "CANCELLED")
 
@@ -372,7 +373,9 @@ class MuxEngine:
         states = [self.slots[i].state for i, _ in ready]
         tokens = [r.pending for _, r in ready]
         started = time.perf_counter()
+        self.rt.routes.begin([r.rid for _, r in ready])
         logits = self.rt.model.decode_batch(states, [t for t in tokens if t is not None])
+        self.rt.routes.end()
         elapsed = time.perf_counter() - started
         elapsed_ms = elapsed * 1000.0
         self.step_log.append((len(ready), elapsed))
@@ -410,6 +413,7 @@ class MuxEngine:
         pending = request.pending
         draft = greedy(drafter.mtp_draft(slot.state, pending))
         started = time.perf_counter()
+        self.rt.routes.begin([request.rid, request.rid])
         rows = self.rt.model.prefill(slot.state, [pending, draft])
         elapsed = time.perf_counter() - started
         request.forward_ms.append(elapsed * 1000.0)
@@ -421,6 +425,13 @@ class MuxEngine:
         self.rows += 2
         self.drafted += 1
         accepted = greedy(rows[0]) == draft
+        # The draft's row counts for the turn only where plain decoding forwards it too.
+        continues = (
+            accepted
+            and draft not in self.rt.mux_stops
+            and request.emitted + 1 < request.maximum
+        )
+        self.rt.routes.end(keep=[True, continues])
         self.mtp_recent.append(accepted)
         if (
             len(self.mtp_recent) == MTP_GUARD_WINDOW
@@ -477,7 +488,7 @@ class MuxEngine:
         self.out.line(rt.emap_line())
         self.out.line(rt.hits_line())
         self.steps_since_hits = 0
-        self.out.line(rt.entropy_line())
+        self.out.line(rt.entropy_line(request.rid))
         self.out.line(
             f"PERF {request.rid} {f6(decode_s)} {f6(disk_s)} {f6(0.0)} {f6(0.0)} {f6(0.0)} "
             f"{f6(request.kv_seconds)} {f6(0.0)}"

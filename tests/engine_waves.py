@@ -71,6 +71,7 @@ class MuxCheck:
     alone: dict[int, list[str]]  # request id -> its frames when served alone
     stopped: int
     cancelled: int | None
+    alone_run: EngineRun
 
 
 def serve_mux_check(run: Runner, slots: int, vocab: int) -> MuxCheck:
@@ -119,4 +120,4 @@ def serve_mux_check(run: Runner, slots: int, vocab: int) -> MuxCheck:
         b"".join(r.frame() for r in wave1),
         b"".join(r.frame() for r in wave2) + control,
     ]
-    return MuxCheck(run(waves, slots), alone, stopped, cancelled)
+    return MuxCheck(run(waves, slots), alone, stopped, cancelled, alone_run)

@@ -272,3 +272,14 @@ def test_metrics_check_catches_inconsistent_histograms() -> None:
         _metrics({"required": ["other"]}, _metrics_response(good))
     with pytest.raises(CheckFailure, match="sample"):
         _metrics({}, _metrics_response("not a metric line at all\n"))
+
+
+def test_every_error_code_and_line_kind_is_asserted_by_a_case() -> None:
+    protocol = json.loads(spec_path("protocol.json").read_text(encoding="utf-8"))
+    text = json.dumps([c.raw for c in load_cases("protocol")])
+    missing_codes = [e["code"] for e in protocol["errors"] if e["code"] not in text]
+    assert missing_codes == []
+    core = {"READY", "STAT", "ACCEPT", "DATA", "ECHO", "TOPK", "DONE", "ERROR", "PROF", "END"}
+    kinds = {line["kind"] for line in protocol["lines"] if line["direction"] == "engine"}
+    assert core <= kinds
+    assert [k for k in sorted(core) if k not in text and k != "END"] == []

@@ -39,3 +39,27 @@ def assert_mux_check(check: MuxCheck) -> None:
             assert got == alone, rid
     assert batched.engine.rows > batched.engine.steps
     assert "decode steps" in batched.stderr
+
+
+def _entropy_before_done(run: EngineRun) -> dict[int, str]:
+    out: dict[int, str] = {}
+    last = ""
+    for frame in run.frames:
+        if frame.kind == "ENTROPY":
+            last = frame.line.decode()
+        elif frame.kind == "DONE" and frame.parsed is not None:
+            out[frame.parsed.get_int("id")] = last
+    return out
+
+
+def test_turn_entropy_is_the_same_batched_or_alone() -> None:
+    """ENTROPY credits only the rows that forward a turn's generated tokens, so it does not
+    depend on the other slots nor on how much of the prompt was cached."""
+    check = serve_mux_check(_runner, 4, 64)
+    batched = _entropy_before_done(check.batched)
+    alone = _entropy_before_done(check.alone_run)
+    compared = [rid for rid in alone if rid not in (check.stopped, check.cancelled)]
+    assert len(compared) >= 6
+    for rid in compared:
+        assert batched[rid] == alone[rid], rid
+    assert any(line != "ENTROPY 0.000 0.000" for line in batched.values())

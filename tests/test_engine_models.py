@@ -65,6 +65,8 @@ def test_mtp_drafting_is_byte_identical_and_reports_acceptance() -> None:
     drafted = run_engine(script, model_dir=MTP)
     plain = run_engine(script, model_dir=MTP, env={"DRAFT": "0"})
     assert comparable(drafted.for_id(1)) == comparable(plain.for_id(1))
+    entropy = [[f.line for f in r.frames if f.kind == "ENTROPY"] for r in (drafted, plain)]
+    assert entropy[0] == entropy[1]
     assert b"mtp=1" in drafted.stdout and b"mtp=0" in plain.stdout
     assert "drafts accepted" in drafted.stderr
     assert drafted.engine.drafted > 0
@@ -95,6 +97,8 @@ def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
     drafted = run_engine(script, model_dir=TINY, configure=drafting)
     plain = run_engine(script, model_dir=TINY)
     assert comparable(drafted.for_id(1)) == comparable(plain.for_id(1))
+    entropy = [[f.line for f in r.frames if f.kind == "ENTROPY"] for r in (drafted, plain)]
+    assert entropy[0] == entropy[1]
     assert drafted.engine.drafted > 0
     if right:
         assert drafted.engine.accepted == drafted.engine.drafted

@@ -204,3 +204,17 @@ def test_ambiguous_shapes_get_a_stamp(tmp_path: Path) -> None:
     assert expert(0, "gate_proj") in report.stamped and expert(0, "down_proj") not in report.stamped
     container = QuantContainer.open(out)
     assert container.tensor_format(expert(0, "gate_proj"), (1, 100)).fmt == Fmt.FP8_E4M3_B128
+
+
+def test_large_models_are_split_into_shards(tmp_path: Path) -> None:
+    src, tensors = unfused(tmp_path)
+    out = tmp_path / "out"
+    report = convert(src, out, "int4g64", shard_bytes=100_000, progress=io.StringIO())
+    assert len(report.shards) > 1
+    assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(report.shards)
+    container = QuantContainer.open(out)
+    name = expert(1, "up_proj")
+    payload, scales = quantize(Fmt.INT4_GROUPED, tensors[name], group_size=64)
+    np.testing.assert_array_equal(
+        container.weight(name, (M, D)), dequantize(4, payload, scales, (M, D))
+    )

@@ -121,3 +121,43 @@ def test_fp8_and_int8_collision_follows_colibri() -> None:
 
 def test_e8_is_recognised_by_its_tag_size() -> None:
     assert resolve_format("t", 8, 512, 8 * 2 * 98, 4).fmt == Fmt.E8_IQ3
+
+
+@given(
+    rows=st.integers(1, 600),
+    cols=st.integers(1, 1200),
+    nb=st.integers(0, 800_000),
+    ns=st.integers(0, 20_000),
+    stamp=st.sampled_from([None, *FORMAT_NAMES.values(), "bogus"]),
+)
+def test_resolution_of_arbitrary_sizes_is_exact_or_refused(
+    rows: int, cols: int, nb: int, ns: int, stamp: str | None
+) -> None:
+    from colibri.reference.quant import QuantFormatError
+    from colibri.reference.quant.formats import FORMATS_BY_NAME
+
+    try:
+        resolved = resolve_format("t", rows, cols, nb, ns, stamp=stamp)
+    except QuantFormatError as exc:
+        assert str(exc).startswith("t: ")
+        return
+    # whatever was accepted fits both byte counts exactly
+    assert payload_nbytes(resolved.fmt, rows, cols) == nb
+    assert 4 * scale_count(resolved.fmt, rows, cols, resolved.group_size) == ns
+    if stamp is not None:
+        assert resolved.fmt == FORMATS_BY_NAME[stamp]
+
+
+def test_codec_refuses_mismatched_sizes_naming_the_tensor() -> None:
+    from colibri.reference.quant import QuantFormatError
+
+    w = np.ones((4, 128), dtype=np.float32)
+    payload, scales = quantize(Fmt.INT4_GROUPED, w)
+    with pytest.raises(QuantFormatError, match="^w: int4-grouped scale count 7 matches no group"):
+        dequantize(4, payload, scales[:7], w.shape, name="w")
+    with pytest.raises(QuantFormatError, match="^w: int4-grouped payload of \\[4, 128\\] must be"):
+        dequantize(4, payload[:-1], scales, w.shape, name="w")
+    with pytest.raises(QuantFormatError, match="^w: int8-row needs a .qs scale sidecar"):
+        dequantize(1, np.zeros(512, np.uint8), None, w.shape, name="w")
+    with pytest.raises(ValueError, match="unknown quantized format ordinal 7"):
+        dequantize(7, payload, scales, w.shape)

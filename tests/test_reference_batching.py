@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_support import model, oracle
 
-NAMES = ("glm5-tiny", "glm5-tiny-dsa")
+NAMES = ("glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny")
 
 compositions = st.lists(
     st.tuples(
@@ -28,7 +28,7 @@ def _state_after(m: Model, ids: list[int]) -> KVState:
     return state
 
 
-@settings(max_examples=15)
+@settings(max_examples=25)
 @given(name=st.sampled_from(NAMES), batch=compositions)
 def test_decode_batch_rows_are_bit_identical_to_decoding_alone(
     name: str, batch: list[tuple[list[int], int]]

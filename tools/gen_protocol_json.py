@@ -287,8 +287,8 @@ def engine_lines() -> list[Json]:
             "engine",
             mux,
             [repeat("layers", None, [f("bits", "fixed3")])],
-            "Routing entropy (bits) of the expert selections since the previous ENTROPY line, "
-            "one value per EMAP row.",
+            "Routing entropy (bits) of this turn's expert selections over the rows that "
+            "forwarded its generated tokens, one value per EMAP row.",
             "seed",
             category="telemetry",
         ),

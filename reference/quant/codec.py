@@ -113,13 +113,14 @@ def dequantize_stored(
     if fmt == Fmt.F32:
         return data.view(np.float32).reshape(rows, cols).copy()
     if fmt == Fmt.INT4_GROUPED:
-        raw = np.asarray(scales, dtype=np.float32).reshape(-1) if scales is not None else None
-        gs = group_size or (group_size_from_scales(rows, cols, raw.size) if raw is not None else 0)
+        # The group size is not stored: the scale count gives it (finest match first).
+        count = 0 if scales is None else int(np.size(scales))
+        gs = group_size or group_size_from_scales(rows, cols, count)
         if gs <= 0:
             raise QuantFormatError(
                 name,
-                f"int4-grouped scale count {None if raw is None else raw.size} matches no group "
-                f"size in {list(GROUP_SIZES)} for [{rows}, {cols}]",
+                f"int4-grouped scale count {count} matches no group size in "
+                f"{list(GROUP_SIZES)} for [{rows}, {cols}]",
             )
         s = _scales(scales, scale_count(fmt, rows, cols, gs), fmt, name)
         return int_grouped.dequantize_int4_grouped(data, s, rows, cols, gs)
