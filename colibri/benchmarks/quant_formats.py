@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,8 +29,14 @@ import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
+from colibri.benchmarks.decode_steps import (
+    PROMPT,
+    Route,
+    run_worker,
+    step_bytes,
+    timed_greedy_decode,
+)
 
-PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 #: Expert formats in report order (``colibri convert --experts`` names); "f32" is the original.
 SCHEMES = ("f32", "int8", "int4", "int4g64", "int4g128", "int3", "int2", "e8", "fp8")
 
@@ -63,28 +68,9 @@ def _bytes_per_step(model_dir: Path, steps: list[list[list[Any]]]) -> tuple[list
 
     files = SafetensorsDir(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
-    n_layers = config["num_hidden_layers"]
-    fixed = embed_row = 0
-    expert: dict[tuple[int, int], int] = {}
-    for name, entry in files.tensors.items():
-        parts = name.split(".")
-        if name == "model.embed_tokens.weight":
-            embed_row = entry.nbytes // entry.shape[0]
-            continue
-        if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= n_layers:
-            continue  # the MTP head does not run in plain decode
-        if ".mlp.experts." in name:
-            key = (int(parts[2]), int(parts[5]))
-            expert[key] = expert.get(key, 0) + entry.nbytes  # payload + .qs sidecar
-            continue
-        fixed += entry.nbytes
-    totals, experts = [], []
-    for routes in steps:
-        chosen = {(int(layer), int(e)) for layer, ids in routes for e in ids}
-        moved = sum(expert[k] for k in chosen)
-        experts.append(moved)
-        totals.append(fixed + embed_row + moved)
-    return totals, experts
+    # An expert's bytes are its payload plus its .qs sidecar (both named under the expert).
+    tensors = ((name, entry.nbytes, entry.shape[0]) for name, entry in files.tensors.items())
+    return step_bytes(tensors, config["num_hidden_layers"], steps)
 
 
 def _worker(model_dir: Path, tokens: int, warmup: int, logits_path: Path) -> dict[str, Any]:
@@ -95,22 +81,13 @@ def _worker(model_dir: Path, tokens: int, warmup: int, logits_path: Path) -> dic
     t0 = time.perf_counter()
     model = load_model(model_dir)
     load_s = time.perf_counter() - t0
-    routes: list[tuple[int, tuple[int, ...]]] = []
+    routes: list[Route] = []
     model.route_observer = lambda layer, ids: routes.append((layer, ids))
     state = model.new_state()
     logits = model.prefill(state, PROMPT)[-1]
     np.save(logits_path, logits)
-    ids: list[int] = []
-    steps: list[list[list[Any]]] = []
-    times: list[float] = []
-    for _ in range(warmup + tokens):
-        token = int(np.argmax(logits))
-        ids.append(token)
-        routes.clear()
-        t = time.perf_counter()
-        logits = model.decode(state, token)
-        times.append(time.perf_counter() - t)
-        steps.append([[layer, list(e)] for layer, e in routes])
+    ids, times, chosen = timed_greedy_decode(model, state, logits, routes, warmup + tokens)
+    steps = [[[layer, list(e)] for layer, e in step] for step in chosen]
     stats = getattr(model.experts, "stats", None)
     return {
         "load_s": load_s,
@@ -130,12 +107,7 @@ def _measure(model_dir: Path, options: BenchOptions, logits_path: Path) -> dict[
     cmd = [sys.executable, "-m", "colibri.benchmarks.quant_formats", "--worker",
            "--model", str(model_dir), "--tokens", str(options.tokens),
            "--warmup", str(options.warmup), "--logits", str(logits_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=os.environ.copy())
-    if proc.returncode != 0:
-        return {"error": f"worker failed (exit {proc.returncode})",
-                "stderr_tail": proc.stderr.strip().splitlines()[-5:]}
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_worker(cmd, "worker")
 
 
 def run(options: BenchOptions) -> dict[str, Any]:

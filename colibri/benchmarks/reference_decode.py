@@ -30,53 +30,28 @@ from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
-
-PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+from colibri.benchmarks.decode_steps import (
+    PROMPT,
+    Route,
+    run_worker,
+    step_bytes,
+    timed_greedy_decode,
+)
+from colibri.benchmarks.hf_worker import rss_bytes
 
 
 def checkpoint_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
 
 
-def touched_bytes(model_dir: Path, steps: list[list[tuple[int, tuple[int, ...]]]]) -> list[int]:
+def touched_bytes(model_dir: Path, steps: list[list[Route]]) -> list[int]:
     """Weight bytes each decode step reads: non-expert tensors + embedding rows + its experts."""
     from colibri.reference.safetensors import Checkpoint
 
     ckpt = Checkpoint(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
-    n_layers = config["num_hidden_layers"]
-    fixed = 0
-    expert: dict[tuple[int, int], int] = {}
-    embed_row = 0
-    for name, info in ckpt.tensors.items():
-        size = info.end - info.begin
-        parts = name.split(".")
-        if name == "model.embed_tokens.weight":
-            embed_row = size // info.shape[0]
-            continue
-        if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= n_layers:
-            continue  # the MTP head does not run in plain decode
-        if ".mlp.experts." in name:
-            key = (int(parts[2]), int(parts[5]))
-            expert[key] = expert.get(key, 0) + size
-            continue
-        fixed += size
-    out = []
-    for routes in steps:
-        chosen = {(layer, e) for layer, ids in routes for e in ids}
-        out.append(fixed + embed_row + sum(expert[k] for k in chosen))
-    return out
+    tensors = ((name, info.end - info.begin, info.shape[0]) for name, info in ckpt.tensors.items())
+    return step_bytes(tensors, config["num_hidden_layers"], steps)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,21 +68,11 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> 
     model = load_model(model_dir)
     load_s = time.perf_counter() - t0
     rss_after = rss_bytes()
-    routes: list[tuple[int, tuple[int, ...]]] = []
+    routes: list[Route] = []
     model.route_observer = lambda layer, ids: routes.append((layer, ids))
     state = model.new_state()
     logits = model.prefill(state, PROMPT)[-1]
-    ids: list[int] = []
-    steps: list[list[tuple[int, tuple[int, ...]]]] = []
-    times: list[float] = []
-    for _ in range(warmup + tokens):
-        token = int(np.argmax(logits))
-        ids.append(token)
-        routes.clear()
-        t = time.perf_counter()
-        logits = model.decode(state, token)
-        times.append(time.perf_counter() - t)
-        steps.append(list(routes))
+    ids, times, steps = timed_greedy_decode(model, state, logits, routes, warmup + tokens)
     # The first steps page in experts never used before; report them apart from steady state.
     warm_times, times = times[:warmup], times[warmup:]
     steps = steps[warmup:]
@@ -118,7 +83,7 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> 
         s = model.new_state()
         batch_tokens.append(int(np.argmax(model.prefill(s, PROMPT + [b + 2])[-1])))
         states.append(s)
-    batch_steps: list[list[tuple[int, tuple[int, ...]]]] = []
+    batch_steps: list[list[Route]] = []
     batch_times: list[float] = []
     for step in range(warmup + max(1, tokens // 2)):
         routes.clear()
@@ -143,15 +108,6 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> 
         "batch_routes": [[[layer, list(e)] for layer, e in s] for s in batch_steps],
         "threads": os.cpu_count(),
     }
-
-
-def _spawn(cmd: list[str], engine: str) -> dict[str, Any]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-5:]
-        return {"error": f"{engine} worker failed (exit {proc.returncode})", "stderr_tail": tail}
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
 
 
 def peer_python(options: BenchOptions) -> str:
@@ -194,14 +150,15 @@ def run(options: BenchOptions) -> dict[str, Any]:
     size = checkpoint_bytes(model_dir)
     result: dict[str, Any] = {"model": str(model_dir), "checkpoint_bytes": size,
                               "prompt_tokens": len(PROMPT)}
-    ref = _spawn([sys.executable, "-m", "colibri.benchmarks.reference_decode",
-                  "--model", str(model_dir), "--tokens", str(options.tokens),
-                  "--batch", str(options.batch), "--warmup", str(options.warmup)], "reference")
+    ref = run_worker([sys.executable, "-m", "colibri.benchmarks.reference_decode",
+                      "--model", str(model_dir), "--tokens", str(options.tokens),
+                      "--batch", str(options.batch), "--warmup", str(options.warmup)],
+                     "reference worker")
     if "error" in ref:
         result["reference"] = ref
         return result
 
-    def routes_of(raw: list[list[list[Any]]]) -> list[list[tuple[int, tuple[int, ...]]]]:
+    def routes_of(raw: list[list[list[Any]]]) -> list[list[Route]]:
         return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
 
     touched = touched_bytes(model_dir, routes_of(ref["routes"]))
@@ -221,10 +178,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
     }
     python = peer_python(options)
     if options.peers and _torch_available(python):
-        hf = _spawn([python, str(Path(__file__).with_name("hf_worker.py")), "--model",
-                     str(model_dir), "--tokens", str(options.tokens),
-                     "--warmup", str(options.warmup),
-                     "--prompt", " ".join(map(str, PROMPT))], "hf")
+        hf = run_worker([python, str(Path(__file__).with_name("hf_worker.py")), "--model",
+                         str(model_dir), "--tokens", str(options.tokens),
+                         "--warmup", str(options.warmup),
+                         "--prompt", " ".join(map(str, PROMPT))], "hf worker")
         if "error" in hf:
             result["hf_transformers_eager"] = hf
         else:

@@ -1,0 +1,86 @@
+"""What the reference-decode sections share: the prompt, the timed greedy loop, the per-step
+weight bytes and the worker-process call.
+
+The workers run the loop in a fresh interpreter; the parent turns the routes each step chose
+into the bytes of weights that step had to read.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from colibri.reference import KVState, Model
+
+PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
+
+#: One sparse layer's choice in one decode step: (layer, expert ids).
+Route = tuple[int, tuple[int, ...]]
+
+
+def timed_greedy_decode(
+    model: Model, state: KVState, logits: Any, routes: list[Route], steps: int
+) -> tuple[list[int], list[float], list[list[Route]]]:
+    """``steps`` greedy decode steps from ``logits``: the tokens, each step's seconds and the
+    routes each step chose (``routes`` is the list ``model.route_observer`` appends to)."""
+    import numpy as np
+
+    ids: list[int] = []
+    times: list[float] = []
+    chosen: list[list[Route]] = []
+    for _ in range(steps):
+        token = int(np.argmax(logits))
+        ids.append(token)
+        routes.clear()
+        t = time.perf_counter()
+        logits = model.decode(state, token)
+        times.append(time.perf_counter() - t)
+        chosen.append(list(routes))
+    return ids, times, chosen
+
+
+def step_bytes(
+    tensors: Iterable[tuple[str, int, int]], n_layers: int, steps: Iterable[Iterable[Any]]
+) -> tuple[list[int], list[int]]:
+    """Weight bytes each decode step reads, and the routed experts' share of them.
+
+    ``tensors`` gives each stored tensor as (name, bytes, rows); ``steps`` each step's routes as
+    (layer, expert ids) pairs. A step reads every non-expert tensor, one embedding row and each
+    routed expert it chose (counted once per step); the MTP layers do not run in plain decode.
+    """
+    fixed = embed_row = 0
+    expert: dict[tuple[int, int], int] = {}
+    for name, nbytes, rows in tensors:
+        parts = name.split(".")
+        if name == "model.embed_tokens.weight":
+            embed_row = nbytes // rows
+            continue
+        if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= n_layers:
+            continue  # the MTP head does not run in plain decode
+        if ".mlp.experts." in name:
+            key = (int(parts[2]), int(parts[5]))
+            expert[key] = expert.get(key, 0) + nbytes
+            continue
+        fixed += nbytes
+    totals, experts = [], []
+    for routes in steps:
+        chosen = {(int(layer), int(e)) for layer, ids in routes for e in ids}
+        moved = sum(expert[k] for k in chosen)
+        experts.append(moved)
+        totals.append(fixed + embed_row + moved)
+    return totals, experts
+
+
+def run_worker(cmd: list[str], what: str) -> dict[str, Any]:
+    """Run a worker command; its last stdout line is its JSON result. A failed worker gives
+    ``{"error": "<what> failed (exit N)", "stderr_tail": [...]}`` instead."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        return {"error": f"{what} failed (exit {proc.returncode})", "stderr_tail": tail}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
