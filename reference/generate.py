@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 from colibri.reference.model import Model
 from colibri.reference.rng import Rng
 from colibri.reference.sampling import sample
 
 
-def greedy_tokens(
-    model: Model, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int] = ()
+def _tokens(
+    model: Model,
+    prompt: Sequence[int],
+    max_tokens: int,
+    stop_ids: Sequence[int],
+    choose: Callable[[npt.NDArray[np.float32]], int],
 ) -> Iterator[int]:
-    """Up to ``max_tokens`` greedy tokens after ``prompt``; a stop id is yielded, then it ends."""
+    """Up to ``max_tokens`` tokens after ``prompt``, each ``choose``-n from the last logits; a
+    stop id is yielded, then it ends (no decode is run for the last token)."""
     if not prompt:
         raise ValueError("the prompt needs at least one token")
     if max_tokens <= 0:
@@ -21,11 +27,19 @@ def greedy_tokens(
     state = model.new_state()
     logits = model.prefill(state, prompt)[-1]
     for produced in range(max_tokens):
-        token = int(np.argmax(logits))  # numpy's argmax returns the first maximum
+        token = choose(logits)
         yield token
         if token in stop_ids or produced + 1 == max_tokens:
             return
         logits = model.decode(state, token)
+
+
+def greedy_tokens(
+    model: Model, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int] = ()
+) -> Iterator[int]:
+    """Up to ``max_tokens`` greedy tokens after ``prompt``; a stop id is yielded, then it ends."""
+    # numpy's argmax returns the first maximum
+    return _tokens(model, prompt, max_tokens, stop_ids, lambda logits: int(np.argmax(logits)))
 
 
 def sampled_tokens(
@@ -43,15 +57,6 @@ def sampled_tokens(
     ``temperature <= 0`` is greedy (the first maximum, NaN skipped) and draws nothing from
     ``rng``; otherwise each token costs exactly one uniform from ``rng``.
     """
-    if not prompt:
-        raise ValueError("the prompt needs at least one token")
-    if max_tokens <= 0:
-        return
-    state = model.new_state()
-    logits = model.prefill(state, prompt)[-1]
-    for produced in range(max_tokens):
-        token = sample(logits, temperature, top_p, rng)
-        yield token
-        if token in stop_ids or produced + 1 == max_tokens:
-            return
-        logits = model.decode(state, token)
+    return _tokens(
+        model, prompt, max_tokens, stop_ids, lambda logits: sample(logits, temperature, top_p, rng)
+    )
