@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
@@ -11,8 +10,8 @@ from colibri.server import validation as v
 from colibri.server.context import JSON, Exchange, ServerState, conversation_slot, dumps
 from colibri.server.context import wait_header as queue_wait_header
 from colibri.server.errors import APIError, bad
-from colibri.server.generation import run_engine
 from colibri.server.openai_api import check_prompt, submit_request
+from colibri.server.piped_turn import run_piped
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
@@ -274,19 +273,12 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
                     "type": "content_block_start", "index": 0,
                     "content_block": {"type": "text", "text": ""}})
 
-        async def on_text(text: str) -> None:
-            await emit([p for p in pipe.feed(text) if p[1]])
+        async def ping() -> None:
+            await send("ping", {"type": "ping"})
 
-        async def on_idle() -> None:
-            if stream and exchange.streaming and (
-                    time.monotonic() - exchange.last_write >= config.keepalive_s):
-                await send("ping", {"type": "ping"})
-
-        result = await run_engine(state.supervisor, request, state.metrics,
-                                  on_accept=on_accept, on_text=on_text, on_idle=on_idle,
-                                  stopped=lambda: pipe.stopped,
-                                  cancelled=lambda: exchange.gone)
-        await emit(pipe.finish())
+        result = await run_piped(state, request, exchange, pipe, stream=stream,
+                                 on_accept=on_accept, emit=emit, keepalive=ping,
+                                 drop_empty_pieces=True)
         calls: list[ToolCall] = []
         text: str = pipe.answer
         if tools_spec is not None:

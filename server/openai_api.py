@@ -21,7 +21,8 @@ from colibri.server.context import (
 )
 from colibri.server.engine_client import SubmitRequest
 from colibri.server.errors import APIError, bad
-from colibri.server.generation import EngineResult, run_engine
+from colibri.server.generation import EngineResult
+from colibri.server.piped_turn import run_piped
 from colibri.server.pipeline import OutputPipeline, Piece, stop_filter
 from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
@@ -185,19 +186,11 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
                 for kind, text in pieces:
                     await sse.chunk([_delta(kind, text)])
 
-        async def on_text(text: str) -> None:
-            await emit(pipe.feed(text))
+        async def keepalive() -> None:
+            await sse.chunk([_delta("reasoning", state.config.keepalive_text)])
 
-        async def on_idle() -> None:
-            if plan.stream and exchange.streaming and (
-                    time.monotonic() - exchange.last_write >= state.config.keepalive_s):
-                await sse.chunk([_delta("reasoning", state.config.keepalive_text)])
-
-        result = await run_engine(state.supervisor, request, state.metrics,
-                                  on_accept=on_accept, on_text=on_text, on_idle=on_idle,
-                                  stopped=lambda: pipe.stopped,
-                                  cancelled=lambda: exchange.gone)
-        await emit(pipe.finish())
+        result = await run_piped(state, request, exchange, pipe, stream=plan.stream,
+                                 on_accept=on_accept, emit=emit, keepalive=keepalive)
         calls: list[ToolCall] = []
         content: str | None = pipe.answer
         if tools is not None:
@@ -275,19 +268,12 @@ async def completion(state: ServerState, body: JSON, exchange: Exchange) -> None
                 for _, text in pieces:
                     await sse.chunk([choice(text, None)])
 
-        async def on_text(text: str) -> None:
-            await emit(pipe.feed(text))
+        async def keepalive() -> None:
+            await sse.chunk([choice(config.keepalive_text, None)])
 
-        async def on_idle() -> None:
-            if stream and exchange.streaming and (
-                    time.monotonic() - exchange.last_write >= config.keepalive_s):
-                await sse.chunk([choice(config.keepalive_text, None)])
-
-        result = await run_engine(state.supervisor, request, state.metrics,
-                                  on_accept=on_accept, on_text=on_text, on_idle=on_idle,
-                                  stopped=lambda: pipe.stopped,
-                                  cancelled=lambda: exchange.gone, context_param="prompt")
-        await emit(pipe.finish())
+        result = await run_piped(state, request, exchange, pipe, stream=stream,
+                                 on_accept=on_accept, emit=emit, keepalive=keepalive,
+                                 context_param="prompt")
         finish = "length" if result.stats.length_limited else "stop"
         if stream:
             await sse.chunk([choice("", finish)])
