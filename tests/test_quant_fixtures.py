@@ -6,7 +6,6 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -17,6 +16,7 @@ from colibri.reference.quant.container import QuantContainer
 from colibri.reference.quant.convert import convert
 from colibri.reference.quant.expert_store import QuantizedExpertStore
 from colibri.reference.quant.safetensors_file import SafetensorsDir, write_safetensors
+from reference_support import greedy, oracle
 
 from colibri.resources import fixture_model_dir
 
@@ -31,11 +31,6 @@ FIXTURES = {
 LOGIT_TOLERANCE = 1e-4
 
 
-def oracle(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((fixture_model_dir(name) / "oracle.json").read_text())
-    return data
-
-
 def expert_shapes(path: Path) -> dict[str, tuple[int, int]]:
     config = json.loads((path / "config.json").read_text())
     d, m = config["hidden_size"], config["moe_intermediate_size"]
@@ -44,17 +39,6 @@ def expert_shapes(path: Path) -> dict[str, tuple[int, int]]:
         if ".mlp.experts." in name and not name.endswith(".qs"):
             shapes[name] = (d, m) if ".down_proj." in name else (m, d)
     return dict(sorted(shapes.items()))
-
-
-def greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
-    state = model.new_state()
-    logits = model.prefill(state, prompt)[-1]
-    ids = list(prompt)
-    for _ in range(steps):
-        token = int(np.argmax(logits))
-        ids.append(token)
-        logits = model.decode(state, token)
-    return ids
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
