@@ -392,6 +392,18 @@ def openapi_document() -> Schema:
     queue_header = {"x-colibri-queue-wait-ms": {
         "description": "Milliseconds the request waited for a KV slot.",
         "schema": {"type": "integer"}}}
+
+    def generation(summary: str, operation: str, request: str, description: str, body: str,
+                   chunk: str, stream_text: str, errors: dict[str, Any]) -> Schema:
+        """A generation endpoint: POST ``request``, 200 with ``body`` JSON or ``chunk`` SSE."""
+        return {"post": {
+            "summary": summary, "operationId": operation,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {"200": {
+                "description": description,
+                "headers": queue_header,
+                "content": {**_json(body), **_sse(chunk, stream_text)}},
+                **errors}}}
     paths: Schema = {
         "/v1/models": {"get": {
             "summary": "List the served model", "operationId": "listModels",
@@ -403,33 +415,21 @@ def openapi_document() -> Schema:
                             "schema": STR}],
             "responses": {"200": {"description": "The model", "content": _json("model")},
                           **_errors("error", 401, 403, 404)}}},
-        "/v1/chat/completions": {"post": {
-            "summary": "OpenAI chat completion", "operationId": "createChatCompletion",
-            "requestBody": {"required": True, "content": _json("chat_request")},
-            "responses": {"200": {
-                "description": "JSON, or SSE `data:` chunks ending with `data: [DONE]`",
-                "headers": queue_header,
-                "content": {**_json("chat_completion"), **_sse(
-                    "chat_completion_chunk", "`data: <chunk>` events, then `data: [DONE]`")}},
-                **_errors("error", *gen_errors, 502)}}},
-        "/v1/completions": {"post": {
-            "summary": "Legacy text completion", "operationId": "createCompletion",
-            "requestBody": {"required": True, "content": _json("completion_request")},
-            "responses": {"200": {
-                "description": "JSON, or SSE `data:` chunks ending with `data: [DONE]`",
-                "headers": queue_header,
-                "content": {**_json("completion"), **_sse(
-                    "completion_chunk", "`data: <chunk>` events, then `data: [DONE]`")}},
-                **_errors("error", *gen_errors)}}},
-        "/v1/messages": {"post": {
-            "summary": "Anthropic Messages", "operationId": "createMessage",
-            "requestBody": {"required": True, "content": _json("messages_request")},
-            "responses": {"200": {
-                "description": "JSON, or named SSE events (no [DONE])",
-                "headers": queue_header,
-                "content": {**_json("message"), **_sse(
-                    "message_stream_event", "`event: <type>` + `data: <event>` pairs")}},
-                **_errors("anthropic_error", *gen_errors)}}},
+        "/v1/chat/completions": generation(
+            "OpenAI chat completion", "createChatCompletion", "chat_request",
+            "JSON, or SSE `data:` chunks ending with `data: [DONE]`", "chat_completion",
+            "chat_completion_chunk", "`data: <chunk>` events, then `data: [DONE]`",
+            _errors("error", *gen_errors, 502)),
+        "/v1/completions": generation(
+            "Legacy text completion", "createCompletion", "completion_request",
+            "JSON, or SSE `data:` chunks ending with `data: [DONE]`", "completion",
+            "completion_chunk", "`data: <chunk>` events, then `data: [DONE]`",
+            _errors("error", *gen_errors)),
+        "/v1/messages": generation(
+            "Anthropic Messages", "createMessage", "messages_request",
+            "JSON, or named SSE events (no [DONE])", "message",
+            "message_stream_event", "`event: <type>` + `data: <event>` pairs",
+            _errors("anthropic_error", *gen_errors)),
         "/health": {"get": {
             "summary": "Liveness; full snapshot only when authenticated",
             "operationId": "health",
