@@ -146,8 +146,12 @@ class EngineRuntime:
 
     def save_usage(self) -> None:
         path = self.usage_path
-        if path is None:
+        if path is None or not self.settings.usage_save:
             return
+        decay = self.settings.usage_decay
+        if decay < 1.0:
+            # colibri: every count is multiplied by the decay, rounding half up, before a save.
+            self.usage.counts[:] = np.floor(self.usage.counts * decay + 0.5).astype(np.uint64)
         try:
             usage_file.save(path, self.usage.counts)
         except OSError as exc:

@@ -46,6 +46,8 @@ class EngineSettings:
     chat_template: bool
     legacy_temperature: float  # COLI_TEMP (or a numeric TEMP); colibri's legacy default 0.7
     legacy_top_p: float  # NUCLEUS, default 0.9
+    usage_save: bool  # USAGE_SAVE=0: read the usage history, never write it
+    usage_decay: float  # COLI_USAGE_DECAY in (0, 1]: counts scaled (rounded) before each save
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -134,7 +136,16 @@ def from_environment(
         chat_template=env.get("CHAT_TEMPLATE", "1") != "0",
         legacy_temperature=_legacy_temperature(env),
         legacy_top_p=_float(env, "NUCLEUS", 0.9, 0.0, 1.0),
+        usage_save=_flag(env, "USAGE_SAVE", True),
+        usage_decay=_decay(env),
     )
+
+
+def _decay(env: Mapping[str, str]) -> float:
+    value = _float(env, "COLI_USAGE_DECAY", 1.0, 0.0, 1.0)
+    if value <= 0.0:
+        raise SettingsError("COLI_USAGE_DECAY must be in (0, 1]")
+    return value
 
 
 def _float(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:

@@ -260,3 +260,20 @@ def test_foreign_usage_files_are_ignored(tmp_path: Path, text: str, reason: str)
     run = run_engine([], model=_model(), state_dir=tmp_path)
     assert f"[USAGE] ignoring {tmp_path / '.coli_usage'}" in run.stderr
     assert reason in run.stderr
+
+
+def test_usage_decay_and_read_only_history(tmp_path: Path) -> None:
+    script = [submit(1, 0, ids(3, 4, 5), 3, ext="ids=1")]
+    run_engine(script, model=_model(), state_dir=tmp_path)
+    path = tmp_path / ".coli_usage"
+    first = path.read_bytes()
+
+    def total() -> int:
+        return sum(int(line.split()[2]) for line in path.read_text().splitlines()[2:])
+
+    counts = [int(line.split()[2]) for line in path.read_text().splitlines()[2:]]
+    assert total() == sum(counts)
+    run_engine(script, model=_model(), state_dir=tmp_path, env={"USAGE_SAVE": "0"})
+    assert path.read_bytes() == first  # read, never written
+    run_engine([], model=_model(), state_dir=tmp_path, env={"COLI_USAGE_DECAY": "0.5"})
+    assert total() == sum((c + 1) // 2 for c in counts)  # each count halved, half up

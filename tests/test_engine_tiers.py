@@ -60,3 +60,22 @@ def test_pin_auto_and_live_repin(tmp_path: Path) -> None:
     for _, layer, eid, old_tier, gpu in repins:
         assert int(layer) in (3, 4) and 0 <= int(eid) < 8 and old_tier in ("0", "1")
         assert gpu == "-1"
+
+
+def test_quantized_container_behind_the_tiers_gives_the_reference_tokens() -> None:
+    import numpy as np
+    from colibri.reference import load_model
+
+    model_dir = resources.fixture_model_dir("glm5-tiny-int4g64")
+    run = run_engine([submit(1, 0, ids(*PROMPT), 6, ext="ids=1")], model_dir=model_dir)
+    engine_ids = [int(f.payload or b"") for f in run.for_id(1) if f.kind == "DATA"]
+    model = load_model(model_dir)  # the quant helper's own dequantizing store
+    state = model.new_state()
+    logits = model.prefill(state, PROMPT)[-1]
+    expected = []
+    for _ in range(6):
+        token = int(np.argmax(logits))
+        expected.append(token)
+        logits = model.decode(state, token)
+    assert engine_ids == expected
+    assert int(_lines(run, "TIERS")[-1][2]) > 0  # dequantized experts sit in the RAM tier
