@@ -250,6 +250,11 @@ class HttpRunner:
         events = [e for e in sse_events(response.body) if set(e) != {"comment"}]
         if not events:
             raise CheckFailure("no events")
+        # Exact framing: LF only, "field: value" with one space, one blank line per event.
+        event_re = _OPENAI_EVENT if exp.get("api", "openai") == "openai" else _ANTHROPIC_EVENT
+        framing = re.fullmatch(rb"(?:" + event_re + rb"|:[^\n]*\n\n)+", response.body)
+        if framing is None:
+            raise CheckFailure(f"SSE framing is not exact: {response.body[:160]!r}")
         if exp.get("api", "openai") == "openai":
             if any(set(e) - {"data", "comment"} for e in events):
                 raise CheckFailure("OpenAI streams carry data-only events")
@@ -280,6 +285,10 @@ class HttpRunner:
             )
             if not re.fullmatch(pattern, order):
                 raise CheckFailure(f"Anthropic event order: {order}")
+
+
+_OPENAI_EVENT = rb"data: [^\n]+\n\n"
+_ANTHROPIC_EVENT = rb"event: [a-z_]+\ndata: [^\n]+\n\n"
 
 
 def _metrics(exp: dict[str, Any], response: Response) -> None:
