@@ -9,14 +9,14 @@ decodes, so a request's frames do not depend on what the other slots are doing.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 from colibri.reference.engine_runtime import EngineRuntime, Slot
 from colibri.reference.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.reference.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
 from colibri.reference.request_sampling import (
     NO_PREDICTOR_TAIL,
     greedy,
@@ -25,7 +25,6 @@ from colibri.reference.request_sampling import (
     request_rng,
     top_candidates,
 )
-from colibri.reference.rng import Rng
 from colibri.reference.submit_parse import (
     MAX_HEADER,
     Control,
@@ -35,6 +34,7 @@ from colibri.reference.submit_parse import (
     parse_id_payload,
     validate_submit,
 )
+from colibri.reference.turn_report import Request, perf_line, prof_line, turn_numbers
 from colibri.reference.wire_input import ByteSource
 from colibri.reference.wire_output import (
     READY,
@@ -43,39 +43,11 @@ from colibri.reference.wire_output import (
     done_line,
     echo_header,
     f2,
-    f3,
     f6,
 )
 
 HITS_EVERY = 6
 TOPK_COUNT = 5
-#: colibri's MTP guard: over the last 24 proposals, under 70% accepted pauses drafting for
-#: 256 tokens (COLI_MTP_GUARD_WINDOW / COLI_MTP_GUARD_PCT in colibri).
-MTP_GUARD_WINDOW = 24
-MTP_GUARD_PCT = 70
-MTP_GUARD_PAUSE = 256
-
-
-@dataclass
-class Request:
-    rid: int
-    slot: int
-    temperature: float
-    top_p: float
-    logprobs: int
-    rng: Rng
-    prompt_tokens: int
-    maximum: int
-    submitted_at: float
-    emitted: int = 0
-    pending: int | None = None  # sampled and emitted, not yet forwarded
-    decode_started: float = 0.0
-    first_token_at: float | None = None
-    forwards: int = 0
-    forward_ms: list[float] = field(default_factory=list)
-    store_at_start: tuple[int, int, float] = (0, 0, 0.0)
-    physical_at_start: int | None = None
-    kv_seconds: float = 0.0
 
 
 @dataclass
@@ -106,10 +78,7 @@ class MuxEngine:
         self.rows = 0
         self.steps_since_hits = 0
         self.steps_since_repin = 0
-        self.drafted = 0
-        self.accepted = 0
-        self.mtp_recent: deque[bool] = deque(maxlen=MTP_GUARD_WINDOW)
-        self.mtp_paused = 0  # decode steps left without drafting
+        self.mtp = MtpGuard()
         #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
         self.step_log: list[tuple[int, float]] = []
 
@@ -166,12 +135,8 @@ class MuxEngine:
         self.rt.save_usage()
         self.rt.close()
         print(f"[API] {self.steps} decode steps, {self.rows} rows", file=self.log)
-        if self.drafted:
-            print(
-                f"[MTP] {self.accepted}/{self.drafted} drafts accepted "
-                f"({100.0 * self.accepted / self.drafted:.1f}%)",
-                file=self.log,
-            )
+        if self.mtp.drafted:
+            print(self.mtp.summary(), file=self.log)
         return 0
 
     def error(self, rid: int, code: str) -> None:
@@ -364,9 +329,7 @@ class MuxEngine:
             return
         if len(ready) == 1 and len(self.active) == 1 and self.rt.drafter is not None:
             slot_index, request = ready[0]
-            if self.mtp_paused > 0:
-                self.mtp_paused -= 1
-            elif request.temperature <= 0.0:
+            if request.temperature <= 0.0 and self.mtp.allows():
                 self.speculative_step(self.slots[slot_index], request)
                 self.after_step()
                 return
@@ -423,32 +386,22 @@ class MuxEngine:
         request.pending = None
         self.steps += 1
         self.rows += 2
-        self.drafted += 1
         accepted = greedy(rows[0]) == draft
         # The draft's row counts for the turn only where plain decoding forwards it too.
         continues = (
-            accepted
-            and draft not in self.rt.mux_stops
-            and request.emitted + 1 < request.maximum
+            accepted and draft not in self.rt.mux_stops and request.emitted + 1 < request.maximum
         )
         self.rt.routes.end(keep=[True, continues])
-        self.mtp_recent.append(accepted)
-        if (
-            len(self.mtp_recent) == MTP_GUARD_WINDOW
-            and 100 * sum(self.mtp_recent) < MTP_GUARD_PCT * MTP_GUARD_WINDOW
-        ):
-            self.mtp_paused = MTP_GUARD_PAUSE
-            self.mtp_recent.clear()
+        if self.mtp.record(accepted):
             print(
-                f"[MTP] acceptance under {MTP_GUARD_PCT}% over {MTP_GUARD_WINDOW} drafts: "
-                f"drafting paused for {MTP_GUARD_PAUSE} tokens",
+                f"[MTP] acceptance under {MIN_ACCEPT_PCT}% over {WINDOW} drafts: "
+                f"drafting paused for {PAUSE_TOKENS} tokens",
                 file=self.log,
             )
         if not accepted:
             self.rt.truncate_slot(slot, slot.state.length - 1)
             self.advance(request, rows[0])
             return
-        self.accepted += 1
         # The draft is the token greedy decoding picks: emit it as advance() would, then
         # the token after it comes from the draft's own row.
         if draft in self.rt.mux_stops:
@@ -469,15 +422,7 @@ class MuxEngine:
         rt = self.rt
         slot = self.slots[request.slot]
         del self.active[request.slot]
-        now = time.perf_counter()
-        decode_s = max(now - request.decode_started, 0.0)
-        tok_s = request.emitted / decode_s if request.emitted and decode_s > 0 else 0.0
-        counters = rt.tiers.counters()
-        lookups0, hits0, disk0 = request.store_at_start
-        lookups = counters.lookups - lookups0
-        hit_pct = 100.0 * (counters.hits - hits0) / lookups if lookups else 0.0
-        disk_s = counters.disk_seconds - disk0
-
+        numbers = turn_numbers(request, rt.tiers.counters())
         self.out.line(hwinfo_line())
         self.out.line("GPUS 0")
         kv_started = time.perf_counter()
@@ -489,42 +434,18 @@ class MuxEngine:
         self.out.line(rt.hits_line())
         self.steps_since_hits = 0
         self.out.line(rt.entropy_line(request.rid))
-        self.out.line(
-            f"PERF {request.rid} {f6(decode_s)} {f6(disk_s)} {f6(0.0)} {f6(0.0)} {f6(0.0)} "
-            f"{f6(request.kv_seconds)} {f6(0.0)}"
-        )
-        self.out.line(self.prof_line(request, decode_s, disk_s))
+        self.out.line(perf_line(request, numbers))
+        self.out.line(prof_line(request, numbers))
         self.out.line(
             done_line(
                 request.rid,
                 request.emitted,
-                tok_s,
-                hit_pct,
+                numbers.tok_s,
+                numbers.hit_pct,
                 peak_rss_gb(),
                 request.prompt_tokens,
                 length_limited,
             )
-        )
-
-    def prof_line(self, request: Request, decode_s: float, disk_s: float) -> str:
-        samples = sorted(request.forward_ms)
-        if samples:
-            p50 = samples[(len(samples) - 1) // 2]
-            p99 = samples[min(len(samples) - 1, int(0.99 * (len(samples) - 1) + 0.5))]
-        else:
-            p50 = p99 = -1.0
-        physical_now = physical_read_bytes()
-        valid = physical_now is not None and request.physical_at_start is not None
-        physical = (physical_now or 0) - (request.physical_at_start or 0) if valid else 0
-        ttft = (
-            (request.first_token_at - request.submitted_at) * 1000.0
-            if request.first_token_at is not None
-            else 0.0
-        )
-        return (
-            f"PROF {f3(decode_s)} {request.prompt_tokens} {request.emitted} {f3(disk_s)} "
-            f"{f3(0.0)} {f3(0.0)} {f3(0.0)} {f3(0.0)} {request.forwards} {f3(p50)} {f3(p99)} "
-            f"{max(physical, 0)} 0 0 {f3(ttft)} {f3(0.0)} {int(valid)}"
         )
 
 

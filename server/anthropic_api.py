@@ -10,7 +10,7 @@ from typing import Any
 from colibri.server import validation as v
 from colibri.server.context import JSON, Exchange, ServerState, conversation_slot, dumps
 from colibri.server.context import wait_header as queue_wait_header
-from colibri.server.errors import bad
+from colibri.server.errors import APIError, bad
 from colibri.server.generation import run_engine
 from colibri.server.openai_api import check_prompt, submit_request
 from colibri.server.pipeline import OutputPipeline, stop_filter
@@ -198,8 +198,8 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
     continued = check_continuation(translated, openai_body)
     try:
         spec = v.resolve_tool_choice(openai_body, v.validate_tools(openai_body))
-    except Exception:  # noqa: BLE001 - reported in its place by shaping()
-        spec = None
+    except APIError:
+        spec = None  # reported in its place by shaping()
     rendered = render_chat(translated, thinking=thinking, effort="high" if thinking else None,
                            tools=spec, continued=continued)
     shaping = v.shaping(openai_body, config.max_tokens)

@@ -24,6 +24,7 @@ import tornado.web
 from colibri.server import anthropic_api, metrics, openai_api
 from colibri.server.context import JSON, ServerState, dumps
 from colibri.server.errors import APIError, ClientCancelled, EngineFailure, bad, engine_error
+from colibri.server.template import continue_assistant_enabled
 
 from colibri import resources
 
@@ -283,8 +284,6 @@ class Handler(tornado.web.RequestHandler):
         if not self.authenticated():
             await self.send_json(code, {"status": status})
             return
-        from colibri.server.template import continue_assistant_enabled
-
         body: JSON = {"status": status, "arch": "glm",
                       "scheduler": self.state.scheduler.snapshot(),
                       "kv_slots": self.state.config.kv_slots, "input_modalities": ["text"],
@@ -356,6 +355,7 @@ class Handler(tornado.web.RequestHandler):
         if stream is not None:
             stream.close()
         self.gone = True
+        # Nothing more may be written: keep Tornado from finishing the response itself.
         self._finished = True
 
     def _body(self) -> JSON:

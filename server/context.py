@@ -36,6 +36,8 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()
     bind_host: str = "127.0.0.1"
     keepalive_s: float = 10.0
+    #: What a keepalive chunk carries: "" (invisible), or "." with COLI_VISIBLE_KEEPALIVE=1.
+    keepalive_text: str = ""
     think_default: bool = False
     web_dist: str | None = None
     max_connections: int = 64

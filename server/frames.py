@@ -34,8 +34,14 @@ HANDSHAKE: tuple[str, ...] = _handshake()
 #: Line kinds followed by ``<n>`` raw payload bytes and one ``\n``; the size is field 2.
 PAYLOAD_KINDS: frozenset[str] = _payload_kinds()
 
-#: Largest payload the client accepts (one decoded token is at most a few hundred bytes).
-MAX_PAYLOAD = 65536
+def _max_payload() -> int:
+    from colibri.protocol import load_spec
+
+    return int(load_spec().limits["max_frame_payload_bytes"])
+
+
+#: Largest DATA/ECHO payload (spec/protocol.json ``limits.max_frame_payload_bytes``).
+MAX_PAYLOAD = _max_payload()
 
 
 class FrameError(ValueError):

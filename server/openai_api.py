@@ -191,7 +191,7 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
         async def on_idle() -> None:
             if plan.stream and exchange.streaming and (
                     time.monotonic() - exchange.last_write >= state.config.keepalive_s):
-                await sse.chunk([_delta("reasoning", "")])
+                await sse.chunk([_delta("reasoning", state.config.keepalive_text)])
 
         result = await run_engine(state.supervisor, request, state.metrics,
                                   on_accept=on_accept, on_text=on_text, on_idle=on_idle,
@@ -281,7 +281,7 @@ async def completion(state: ServerState, body: JSON, exchange: Exchange) -> None
         async def on_idle() -> None:
             if stream and exchange.streaming and (
                     time.monotonic() - exchange.last_write >= config.keepalive_s):
-                await sse.chunk([choice("", None)])
+                await sse.chunk([choice(config.keepalive_text, None)])
 
         result = await run_engine(state.supervisor, request, state.metrics,
                                   on_accept=on_accept, on_text=on_text, on_idle=on_idle,

@@ -7,6 +7,7 @@ Default mode recovers an unclosed last call; strict mode refuses anything irregu
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -67,6 +68,35 @@ def typed_value(kind: str | None, raw: str) -> Any:
     return value
 
 
+def salvage_enabled() -> bool:
+    return os.environ.get("COLI_TOOL_SALVAGE") == "1"
+
+
+def _salvage(name: str, rest: str, tools: ToolSpec) -> dict[str, Any]:
+    """COLI_TOOL_SALVAGE=1: a call without argument tags gets its remaining text as the
+    first required (else first declared) parameter, JSON-parsed when it parses."""
+    payload = re.sub(r"<[^>]*>", "", rest).strip()
+    if payload.startswith("(") and payload.endswith(")"):
+        payload = payload[1:-1].strip()
+    if not payload:
+        return {}
+    key = "input"
+    for fn in tools.functions:
+        if fn.get("name") == name and isinstance(fn.get("parameters"), dict):
+            params = fn["parameters"]
+            required = params.get("required") or []
+            props = params.get("properties") or {}
+            if required:
+                key = str(required[0])
+            elif props:
+                key = str(next(iter(props)))
+    try:
+        value: Any = json.loads(payload)
+    except ValueError:
+        value = payload
+    return {key: value}
+
+
 def _call_from_body(body: str, tools: ToolSpec) -> ToolCall | None:
     match = NAME.match(body)
     name = match.group(1) if match else body.strip()
@@ -74,6 +104,8 @@ def _call_from_body(body: str, tools: ToolSpec) -> ToolCall | None:
         return None
     args = {k: typed_value(_schema_type(tools, name, k), v)
             for k, v in ARG_PAIR.findall(body)}
+    if not args and salvage_enabled() and match is not None:
+        args = _salvage(name, body[match.end():], tools)
     return ToolCall(new_call_id(), name, args)
 
 

@@ -69,7 +69,7 @@ def test_mtp_drafting_is_byte_identical_and_reports_acceptance() -> None:
     assert entropy[0] == entropy[1]
     assert b"mtp=1" in drafted.stdout and b"mtp=0" in plain.stdout
     assert "drafts accepted" in drafted.stderr
-    assert drafted.engine.drafted > 0
+    assert drafted.engine.mtp.drafted > 0
     assert re.search(r"\[MTP\] \d+/\d+ drafts accepted \(\d+\.\d%\)", drafted.stderr)
 
 
@@ -99,12 +99,12 @@ def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
     assert comparable(drafted.for_id(1)) == comparable(plain.for_id(1))
     entropy = [[f.line for f in r.frames if f.kind == "ENTROPY"] for r in (drafted, plain)]
     assert entropy[0] == entropy[1]
-    assert drafted.engine.drafted > 0
+    assert drafted.engine.mtp.drafted > 0
     if right:
-        assert drafted.engine.accepted == drafted.engine.drafted
+        assert drafted.engine.mtp.accepted == drafted.engine.mtp.drafted
         assert drafted.engine.steps < plain.engine.steps
     else:
-        assert drafted.engine.accepted == 0
+        assert drafted.engine.mtp.accepted == 0
 
 
 def test_mtp_guard_pauses_drafting_when_acceptance_is_low() -> None:
@@ -114,7 +114,7 @@ def test_mtp_guard_pauses_drafting_when_acceptance_is_low() -> None:
         runtime.drafter = _OracleDrafter(runtime.model, right=False)
 
     run = run_engine(script, model_dir=TINY, configure=wrong)
-    assert run.engine.drafted == 24  # one full window, then paused for the rest
+    assert run.engine.mtp.drafted == 24  # one full window, then paused for the rest
     assert "drafting paused for 256 tokens" in run.stderr
     plain = run_engine(script, model_dir=TINY)
     assert comparable(run.for_id(1)) == comparable(plain.for_id(1))

@@ -89,7 +89,12 @@ def test_legacy_protocol_selected_by_serve_alone() -> None:
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [({"KV_SLOTS": "17"}, "KV_SLOTS must be between 1 and 16"), ({"CTX": "4"}, "CTX must")],
+    [
+        ({"KV_SLOTS": "17"}, "KV_SLOTS must be between 1 and 16"),
+        ({"CTX": "4"}, "CTX must"),
+        ({"COLI_STATE_DIR": "/proc/colibri-cannot-exist"}, "state directory"),
+        ({"SNAP": "/nonexistent/model"}, "cannot start"),
+    ],
 )
 def test_bad_configuration_exits_2(extra: dict[str, str], message: str) -> None:
     proc = subprocess.run(

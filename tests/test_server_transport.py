@@ -143,3 +143,33 @@ def test_serve_refuses_public_bind_without_key() -> None:
                           timeout=60)
     assert done.returncode == 1
     assert "refusing to bind 0.0.0.0 without COLI_API_KEY" in done.stderr
+
+
+def test_wildcard_cors_and_exact_origins() -> None:
+    live = launch(ServerConfig(model_id=M, cors_origins=("*",)))
+    try:
+        reply = exchange(live.url, "GET", "/v1/models", headers={"Origin": "http://x.example"})
+        assert reply["headers"]["access-control-allow-origin"] == "*"
+        assert "vary" not in reply["headers"]
+    finally:
+        live.stop()
+    exact = launch(ServerConfig(model_id=M, cors_origins=("https://ui.example",)))
+    try:
+        ok = exchange(exact.url, "OPTIONS", "/v1/chat/completions",
+                      headers={"Origin": "https://ui.example"})
+        assert ok["status"] == 204
+        assert ok["headers"]["access-control-allow-origin"] == "https://ui.example"
+        assert ok["headers"]["vary"] == "Origin"
+        other = exchange(exact.url, "OPTIONS", "/v1/chat/completions",
+                         headers={"Origin": "http://localhost:5173"})
+        assert "access-control-allow-origin" not in other["headers"]
+    finally:
+        exact.stop()
+
+
+def test_serve_reports_an_engine_that_never_gets_ready() -> None:
+    done = subprocess.run([sys.executable, "-m", "colibri", "serve", "--port", "0",
+                           "--engine-cmd", f"{sys.executable} -c 'print(1)'"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "did not become READY" in done.stderr

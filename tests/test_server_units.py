@@ -397,3 +397,13 @@ def test_fake_engine_speaks_the_protocol_grammar() -> None:
             i += 1  # the payload line
     assert kinds.count("DONE") == 3 and "FUTURE_KIND" in kinds and "ECHO" in kinds
     assert "ERROR" in kinds and "TOPK" in kinds and "PROF" in kinds
+
+
+def test_tool_salvage_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "<tool_call>get_weather(\"Rome\")</tool_call>"
+    assert parse_tool_calls(text, WEATHER)[1][0].arguments == {}
+    monkeypatch.setenv("COLI_TOOL_SALVAGE", "1")
+    assert parse_tool_calls(text, WEATHER)[1][0].arguments == {"city": "Rome"}
+    bare = ToolSpec(({"name": "ping"},), "auto", None)
+    assert parse_tool_calls("<tool_call>ping {\"a\": 1}</tool_call>", bare)[1][0].arguments == {
+        "input": {"a": 1}}

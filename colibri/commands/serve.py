@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         cors_origins=cors_origins(args.cors_origin), allowed_hosts=tuple(allowed),
         bind_host=args.host, keepalive_s=float(os.environ.get("COLI_KEEPALIVE_S", "10")),
         think_default=os.environ.get("COLI_THINK") == "1",
+        keepalive_text="." if os.environ.get("COLI_VISIBLE_KEEPALIVE") == "1" else "",
         web_dist=os.environ.get("COLI_WEB_DIST"),
         max_connections=int(os.environ.get("COLI_MAX_CONNECTIONS", "64")),
         max_connections_per_ip=int(os.environ.get("COLI_MAX_CONNECTIONS_PER_IP", "8")),

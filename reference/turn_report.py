@@ -1,0 +1,84 @@
+"""One request in flight (what it asked, how far it got) and the measurements its turn-end
+block reports: PERF, PROF and DONE's numbers (spec/protocol.md 2.5 and 2.6)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from colibri.reference.expert_tiers import StoreCounters
+from colibri.reference.host_info import physical_read_bytes
+from colibri.reference.rng import Rng
+from colibri.reference.wire_output import f3, f6
+
+
+@dataclass
+class Request:
+    rid: int
+    slot: int
+    temperature: float
+    top_p: float
+    logprobs: int
+    rng: Rng
+    prompt_tokens: int
+    maximum: int
+    submitted_at: float
+    emitted: int = 0
+    pending: int | None = None  # sampled and emitted, not yet forwarded
+    decode_started: float = 0.0
+    first_token_at: float | None = None
+    forwards: int = 0
+    forward_ms: list[float] = field(default_factory=list)
+    store_at_start: tuple[int, int, float] = (0, 0, 0.0)
+    physical_at_start: int | None = None
+    kv_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class TurnNumbers:
+    decode_s: float
+    tok_s: float
+    hit_pct: float
+    disk_s: float
+
+
+def turn_numbers(request: Request, counters: StoreCounters) -> TurnNumbers:
+    """Decode time since the end of prefill, tok/s over it, and the expert store's hit % and
+    disk time over the request's window (engine-wide counters)."""
+    decode_s = max(time.perf_counter() - request.decode_started, 0.0)
+    tok_s = request.emitted / decode_s if request.emitted and decode_s > 0 else 0.0
+    lookups0, hits0, disk0 = request.store_at_start
+    lookups = counters.lookups - lookups0
+    hit_pct = 100.0 * (counters.hits - hits0) / lookups if lookups else 0.0
+    return TurnNumbers(decode_s, tok_s, hit_pct, counters.disk_seconds - disk0)
+
+
+def perf_line(request: Request, numbers: TurnNumbers) -> str:
+    """PERF: what the reference measures (decode, disk, KV bookkeeping); 0 for the rest."""
+    return (
+        f"PERF {request.rid} {f6(numbers.decode_s)} {f6(numbers.disk_s)} {f6(0.0)} {f6(0.0)} "
+        f"{f6(0.0)} {f6(request.kv_seconds)} {f6(0.0)}"
+    )
+
+
+def prof_line(request: Request, numbers: TurnNumbers) -> str:
+    """PROF in colibri's newest 18-field form."""
+    samples = sorted(request.forward_ms)
+    if samples:
+        p50 = samples[(len(samples) - 1) // 2]
+        p99 = samples[min(len(samples) - 1, int(0.99 * (len(samples) - 1) + 0.5))]
+    else:
+        p50 = p99 = -1.0
+    physical_now = physical_read_bytes()
+    valid = physical_now is not None and request.physical_at_start is not None
+    physical = (physical_now or 0) - (request.physical_at_start or 0) if valid else 0
+    ttft = (
+        (request.first_token_at - request.submitted_at) * 1000.0
+        if request.first_token_at is not None
+        else 0.0
+    )
+    return (
+        f"PROF {f3(numbers.decode_s)} {request.prompt_tokens} {request.emitted} "
+        f"{f3(numbers.disk_s)} {f3(0.0)} {f3(0.0)} {f3(0.0)} {f3(0.0)} {request.forwards} "
+        f"{f3(p50)} {f3(p99)} {max(physical, 0)} 0 0 {f3(ttft)} {f3(0.0)} {int(valid)}"
+    )
