@@ -284,6 +284,11 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
                 raise CheckFailure(f"DATA without a logprob tail: {frame.describe()!r}")
             got.append(int(fields[5]))  # k=1 table: its single entry is the greedy token
     expected = expected[: int(exp.get("limit", len(expected)))]
+    # The oracle decodes a fixed number of steps; an engine stops at end-of-sequence, which
+    # it does not send as DATA.
+    stops_at = next((i for i, token in enumerate(expected) if token in codec.eos_ids), None)
+    if stops_at is not None:
+        expected = expected[:stops_at]
     if "echo" in exp:
         _golden_echo(view, int(exp["id"]), codec.oracle_ids(str(exp["echo"])), len(prompt))
         return
@@ -291,6 +296,11 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
         raise CheckFailure(f"greedy tokens {got[: len(expected)]} != oracle {expected}")
     if len(got) < len(expected):
         raise CheckFailure(f"only {len(got)} tokens, the oracle has {len(expected)}")
+    if stops_at is not None and len(got) != len(expected):
+        raise CheckFailure(
+            f"the oracle reaches end-of-sequence after {len(expected)} tokens, "
+            f"the engine sent {len(got)}"
+        )
 
 
 def _golden_echo(view: SessionView, rid: int, predictions: list[int], prompt_len: int) -> None:
