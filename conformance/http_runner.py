@@ -36,6 +36,7 @@ class HttpState:
         default_factory=dict
     )
     last: str = ""
+    routes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _substitute(value: Any, model: str) -> Any:
@@ -113,6 +114,7 @@ class HttpRunner:
             )
             name = step.get("name", f"r{number}")
             state.responses[name] = response
+            state.routes[name] = (step["method"], path.split("?")[0])
             state.last = name
         elif step["op"] == "hold":
             conn = state.endpoint.connect()
@@ -136,6 +138,15 @@ class HttpRunner:
     # -- expectations -------------------------------------------------------------------
     def _check(self, case: Case, state: HttpState) -> list[str]:
         warnings = []
+        if "colibri_ext" in self.capabilities:
+            # Every JSON body and event a colibri server sends has a schema in spec/schemas.
+            for name, answer in state.responses.items():
+                schema = body_schema(*state.routes[name], answer)
+                if schema is not None:
+                    try:
+                        self._schema({"schema": schema}, answer)
+                    except CheckFailure as exc:
+                        raise CheckFailure(f"response {name} (auto): {exc}") from None
         for number, exp in enumerate(case.expect):
             try:
                 response = state.responses.get(exp.get("response", state.last))
@@ -324,6 +335,34 @@ def _metrics(exp: dict[str, Any], response: Response) -> None:
             inf = values.get(metric + '_bucket{le="+Inf"}')
             if inf is None or inf != values.get(metric + "_count"):
                 raise CheckFailure(f"{metric}: +Inf bucket differs from _count")
+
+
+def body_schema(method: str, path: str, response: Response) -> str | None:
+    """The spec/schemas file that describes a colibri server's answer to method + path."""
+    if response.status >= 400:
+        if response.json() is None:
+            return None
+        return "anthropic_error.json" if path.startswith("/v1/messages") else "error.json"
+    if response.status != 200:
+        return None
+    posts = {
+        "/v1/chat/completions": ("chat_completion.json", "chat_completion_chunk.json"),
+        "/v1/completions": ("completion.json", "completion_chunk.json"),
+        "/v1/messages": ("message.json", "message_stream_event.json"),
+    }
+    if method == "POST" and path in posts:
+        return posts[path][1 if response.is_sse else 0]
+    gets = {
+        "/v1/models": "model_list.json",
+        "/health": "health.json",
+        "/experts": "experts.json",
+        "/profile": "profile.json",
+    }
+    if method == "GET" and path in gets:
+        return gets[path]
+    if method == "GET" and path.startswith("/v1/models/"):
+        return "model.json"
+    return None
 
 
 def _schema_registry() -> referencing.Registry[Any]:
