@@ -294,7 +294,8 @@ def test_bodies_are_matched_to_their_schemas() -> None:
     assert body_schema("POST", "/v1/chat/completions", bad) == "chat_completion.json"
     with pytest.raises(CheckFailure, match="required"):
         runner._schema({"schema": "chat_completion.json"}, bad)
-    error = Response(401, {}, [], b'{"type":"error","error":{"type":"x","message":"y"}}')
+    body = b'{"type":"error","error":{"type":"authentication_error","message":"y"}}'
+    error = Response(401, {}, [], body)
     assert body_schema("POST", "/v1/messages", error) == "anthropic_error.json"
     runner._schema({"schema": "anthropic_error.json"}, error)
     assert body_schema("GET", "/v1/models/some-id", _metrics_response("{}")) == "model.json"
