@@ -33,6 +33,7 @@ class PromptCodec:
     oracle: dict[str, Any]
     #: End-of-sequence ids (config.json / generation_config.json): an engine stops there.
     eos_ids: frozenset[int] = frozenset()
+    model_dir: Path | None = None
 
     @classmethod
     def for_model(cls, model_dir: Path | None, mode: str = "auto") -> PromptCodec:
@@ -58,7 +59,7 @@ class PromptCodec:
         ids_mode = {"ids": True, "text": False}.get(mode, not has_tokenizer)
         if vocab < 4:
             raise PromptError(f"vocabulary of {vocab} tokens is too small to build prompts")
-        return cls(ids_mode, vocab, oracle, frozenset(int(v) for v in eos))
+        return cls(ids_mode, vocab, oracle, frozenset(int(v) for v in eos), model_dir)
 
     def text_ids(self, text: str) -> list[int]:
         # Stay clear of id 0 and the top of the vocabulary, where special tokens usually sit.
