@@ -238,7 +238,9 @@ class EngineSession:
             except TimeoutError as exc:
                 raise EngineError(f"timed out after {timeout:.0f}s waiting for {what}") from exc
             if item is None:
-                raise EngineError(f"engine output ended while waiting for {what}")
+                tail = self.stderr_tail(300).strip()
+                hint = f" (stderr: {tail})" if tail else ""
+                raise EngineError(f"engine output ended while waiting for {what}{hint}")
             self.frames.append(item)
             if predicate(item):
                 return item

@@ -36,6 +36,7 @@ class HttpState:
         default_factory=dict
     )
     last: str = ""
+    routes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _substitute(value: Any, model: str) -> Any:
@@ -113,6 +114,7 @@ class HttpRunner:
             )
             name = step.get("name", f"r{number}")
             state.responses[name] = response
+            state.routes[name] = (step["method"], path.split("?")[0])
             state.last = name
         elif step["op"] == "hold":
             conn = state.endpoint.connect()
@@ -136,6 +138,15 @@ class HttpRunner:
     # -- expectations -------------------------------------------------------------------
     def _check(self, case: Case, state: HttpState) -> list[str]:
         warnings = []
+        if "colibri_ext" in self.capabilities:
+            # Every JSON body and event a colibri server sends has a schema in spec/schemas.
+            for name, answer in state.responses.items():
+                schema = body_schema(*state.routes[name], answer)
+                if schema is not None:
+                    try:
+                        self._schema({"schema": schema}, answer)
+                    except CheckFailure as exc:
+                        raise CheckFailure(f"response {name} (auto): {exc}") from None
         for number, exp in enumerate(case.expect):
             try:
                 response = state.responses.get(exp.get("response", state.last))
@@ -250,6 +261,11 @@ class HttpRunner:
         events = [e for e in sse_events(response.body) if set(e) != {"comment"}]
         if not events:
             raise CheckFailure("no events")
+        # Exact framing: LF only, "field: value" with one space, one blank line per event.
+        event_re = _OPENAI_EVENT if exp.get("api", "openai") == "openai" else _ANTHROPIC_EVENT
+        framing = re.fullmatch(rb"(?:" + event_re + rb"|:[^\n]*\n\n)+", response.body)
+        if framing is None:
+            raise CheckFailure(f"SSE framing is not exact: {response.body[:160]!r}")
         if exp.get("api", "openai") == "openai":
             if any(set(e) - {"data", "comment"} for e in events):
                 raise CheckFailure("OpenAI streams carry data-only events")
@@ -280,6 +296,10 @@ class HttpRunner:
             )
             if not re.fullmatch(pattern, order):
                 raise CheckFailure(f"Anthropic event order: {order}")
+
+
+_OPENAI_EVENT = rb"data: [^\n]+\n\n"
+_ANTHROPIC_EVENT = rb"event: [a-z_]+\ndata: [^\n]+\n\n"
 
 
 def _metrics(exp: dict[str, Any], response: Response) -> None:
@@ -315,6 +335,34 @@ def _metrics(exp: dict[str, Any], response: Response) -> None:
             inf = values.get(metric + '_bucket{le="+Inf"}')
             if inf is None or inf != values.get(metric + "_count"):
                 raise CheckFailure(f"{metric}: +Inf bucket differs from _count")
+
+
+def body_schema(method: str, path: str, response: Response) -> str | None:
+    """The spec/schemas file that describes a colibri server's answer to method + path."""
+    if response.status >= 400:
+        if response.json() is None:
+            return None
+        return "anthropic_error.json" if path.startswith("/v1/messages") else "error.json"
+    if response.status != 200:
+        return None
+    posts = {
+        "/v1/chat/completions": ("chat_completion.json", "chat_completion_chunk.json"),
+        "/v1/completions": ("completion.json", "completion_chunk.json"),
+        "/v1/messages": ("message.json", "message_stream_event.json"),
+    }
+    if method == "POST" and path in posts:
+        return posts[path][1 if response.is_sse else 0]
+    gets = {
+        "/v1/models": "model_list.json",
+        "/health": "health.json",
+        "/experts": "experts.json",
+        "/profile": "profile.json",
+    }
+    if method == "GET" and path in gets:
+        return gets[path]
+    if method == "GET" and path.startswith("/v1/models/"):
+        return "model.json"
+    return None
 
 
 def _schema_registry() -> referencing.Registry[Any]:

@@ -31,16 +31,26 @@ class PromptCodec:
     ids_mode: bool
     vocab: int
     oracle: dict[str, Any]
+    #: End-of-sequence ids (config.json / generation_config.json): an engine stops there.
+    eos_ids: frozenset[int] = frozenset()
+    model_dir: Path | None = None
 
     @classmethod
     def for_model(cls, model_dir: Path | None, mode: str = "auto") -> PromptCodec:
         vocab = 256
         oracle: dict[str, Any] = {}
         has_tokenizer = False
+        eos: set[int] = set()
         if model_dir is not None:
-            config = model_dir / "config.json"
-            if config.is_file():
-                vocab = int(json.loads(config.read_text()).get("vocab_size", vocab))
+            for name in ("config.json", "generation_config.json"):
+                path = model_dir / name
+                if not path.is_file():
+                    continue
+                document = json.loads(path.read_text())
+                if name == "config.json":
+                    vocab = int(document.get("vocab_size", vocab))
+                value = document.get("eos_token_id")
+                eos.update([value] if isinstance(value, int) else value or [])
             oracle_file = model_dir / "oracle.json"
             if oracle_file.is_file():
                 loaded = json.loads(oracle_file.read_text())
@@ -49,7 +59,7 @@ class PromptCodec:
         ids_mode = {"ids": True, "text": False}.get(mode, not has_tokenizer)
         if vocab < 4:
             raise PromptError(f"vocabulary of {vocab} tokens is too small to build prompts")
-        return cls(ids_mode, vocab, oracle)
+        return cls(ids_mode, vocab, oracle, frozenset(int(v) for v in eos), model_dir)
 
     def text_ids(self, text: str) -> list[int]:
         # Stay clear of id 0 and the top of the vocabulary, where special tokens usually sit.

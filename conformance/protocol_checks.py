@@ -284,6 +284,22 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
                 raise CheckFailure(f"DATA without a logprob tail: {frame.describe()!r}")
             got.append(int(fields[5]))  # k=1 table: its single entry is the greedy token
     expected = expected[: int(exp.get("limit", len(expected)))]
+    # The oracle decodes a fixed number of steps; an engine stops at end-of-sequence, which
+    # it does not send as DATA.
+    stops_at = next((i for i, token in enumerate(expected) if token in codec.eos_ids), None)
+    if stops_at is not None:
+        expected = expected[:stops_at]
+    if "logits" in exp:
+        _golden_logprobs(
+            view,
+            int(exp["id"]),
+            codec,
+            str(exp["logits"]),
+            len(prompt),
+            expected,
+            float(exp.get("tolerance", 2e-3)),
+        )
+        return
     if "echo" in exp:
         _golden_echo(view, int(exp["id"]), codec.oracle_ids(str(exp["echo"])), len(prompt))
         return
@@ -291,6 +307,11 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
         raise CheckFailure(f"greedy tokens {got[: len(expected)]} != oracle {expected}")
     if len(got) < len(expected):
         raise CheckFailure(f"only {len(got)} tokens, the oracle has {len(expected)}")
+    if stops_at is not None and len(got) != len(expected):
+        raise CheckFailure(
+            f"the oracle reaches end-of-sequence after {len(expected)} tokens, "
+            f"the engine sent {len(got)}"
+        )
 
 
 def _golden_echo(view: SessionView, rid: int, predictions: list[int], prompt_len: int) -> None:
@@ -486,3 +507,56 @@ def _state_files(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
     bad = [line for line in lines if not _USAGE_LINE.fullmatch(line)]
     if bad:
         raise CheckFailure(f".coli_usage line {bad[0]!r} is not '<layer> <expert> <count>'")
+
+
+def _golden_logprobs(
+    view: SessionView,
+    rid: int,
+    codec: PromptCodec,
+    logits_file: str,
+    prompt_len: int,
+    continuation: list[int],
+    tolerance: float,
+) -> None:
+    """Every ECHO and DATA logprob equals log_softmax of the oracle's teacher-forced logits.
+
+    Row t of the oracle predicts full_ids[t + 1]; ECHO position p carries the logprob of
+    prompt token p (row p - 1), the i-th DATA that of continuation token i (row P - 1 + i).
+    """
+    import numpy as np
+
+    if codec.model_dir is None or not (codec.model_dir / logits_file).is_file():
+        raise NotApplicable(f"the model has no {logits_file}")
+    logits = np.load(codec.model_dir / logits_file).astype(np.float64)
+    top = logits.max(axis=1, keepdims=True)
+    log_softmax = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+    full = codec.oracle_ids("full_ids")
+    worst = 0.0
+    checked = 0
+    data_index = 0
+    for frame in view.frames:
+        if frame.request_id != rid or frame.kind not in ("ECHO", "DATA"):
+            continue
+        fields = frame.fields
+        if frame.kind == "ECHO":
+            position = int(fields[3])
+            if position == 0:
+                continue
+            value, row, token = fields[4], position - 1, full[position]
+        else:
+            if data_index >= len(continuation):
+                break
+            value, row = fields[3], prompt_len - 1 + data_index
+            token = full[prompt_len + data_index]
+            data_index += 1
+        want = float(log_softmax[row, token])
+        got = _float(value)
+        worst = max(worst, abs(got - want))
+        checked += 1
+        if abs(got - want) > tolerance:
+            raise CheckFailure(
+                f"{frame.kind} logprob {got} at row {row} differs from the oracle's "
+                f"{want:.6f} by more than {tolerance}"
+            )
+    if checked < prompt_len - 1:
+        raise CheckFailure(f"only {checked} logprobs to compare")

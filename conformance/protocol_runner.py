@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,9 +314,3 @@ def _num(value: float) -> str:
 def _stderr_hint(engine: EngineSession) -> str:
     tail = engine.stderr_tail(400).strip()
     return f"\n  engine stderr: ...{tail}" if tail else ""
-
-
-def run_with_deadline(fn: Callable[[], list[str]]) -> tuple[list[str], float]:
-    start = time.monotonic()
-    result = fn()
-    return result, time.monotonic() - start

@@ -283,3 +283,20 @@ def test_every_error_code_and_line_kind_is_asserted_by_a_case() -> None:
     kinds = {line["kind"] for line in protocol["lines"] if line["direction"] == "engine"}
     assert core <= kinds
     assert [k for k in sorted(core) if k not in text and k != "END"] == []
+
+
+def test_bodies_are_matched_to_their_schemas() -> None:
+    from colibri.conformance.http_runner import HttpRunner, _schema_registry, body_schema
+
+    runner = HttpRunner.__new__(HttpRunner)
+    runner._schemas = _schema_registry()
+    bad = Response(200, {"content-type": "application/json"}, [], b'{"object": "chat.completion"}')
+    assert body_schema("POST", "/v1/chat/completions", bad) == "chat_completion.json"
+    with pytest.raises(CheckFailure, match="required"):
+        runner._schema({"schema": "chat_completion.json"}, bad)
+    body = b'{"type":"error","error":{"type":"authentication_error","message":"y"}}'
+    error = Response(401, {}, [], body)
+    assert body_schema("POST", "/v1/messages", error) == "anthropic_error.json"
+    runner._schema({"schema": "anthropic_error.json"}, error)
+    assert body_schema("GET", "/v1/models/some-id", _metrics_response("{}")) == "model.json"
+    assert body_schema("GET", "/static.js", _metrics_response("x")) is None

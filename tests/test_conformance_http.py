@@ -19,12 +19,13 @@ from colibri.conformance.expectations import Expectations
 from colibri.conformance.http_runner import HttpRunner, http_runner
 from colibri.conformance.http_target import HttpTargetError
 from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL
-from colibri.conformance.runner import run_case
+from colibri.conformance.runner import run_case, run_suite
 
 SERVE = f"{shlex.quote(sys.executable)} -m colibri serve"
 FAKE_ENGINE = (
     f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).parent / 'fake_engine.py'))}"
 )
+GENERIC = Path(__file__).parent / "conformance_support" / "generic_openai_server.py"
 CASES = load_cases("http")
 
 
@@ -50,3 +51,25 @@ def test_http_case(runner: HttpRunner, case: Case) -> None:
             pytest.skip(f"should-level case failed: {result.message}")
         pytest.fail(result.message, pytrace=False)
     assert result.status == PASS
+
+
+def test_generic_openai_server_runs_the_portable_subset() -> None:
+    """Capability probing: a server without colibri's extensions passes what applies to it
+    and skips (never fails) the rest."""
+    server = f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERIC))} {{port}}"
+    executor = http_runner(None, server, None, None, timeout=10.0)
+    assert "colibri_ext" not in executor.capabilities
+    assert "anthropic" not in executor.capabilities
+    results = run_suite(executor, CASES, Expectations(), reruns=0)
+    by_status: dict[str, list[str]] = {}
+    for result in results:
+        by_status.setdefault(result.status, []).append(result.case_id)
+    assert by_status.get(FAIL, []) == [] and by_status.get(ERROR, []) == []
+    assert {
+        "http.models.list",
+        "http.chat.basic",
+        "http.chat.stream",
+        "http.chat.validation.wrong-model",
+        "http.chat.stop-sequence-cut",
+    } <= set(by_status[PASS])
+    assert "http.ops.metrics-format" in by_status[SKIP]

@@ -71,3 +71,27 @@ def test_protocol_case(model: str, case: Case) -> None:
             pytest.skip(f"should-level case failed: {result.message}")
         pytest.fail(result.message, pytrace=False)
     assert result.status == PASS
+
+
+def _fixture_models() -> list[str]:
+    root = fixture_model_dir("glm5-tiny").parent
+    return sorted(p.name for p in root.iterdir() if (p / "oracle.json").is_file())
+
+
+GOLDEN = [c for c in CASES if c.area == "golden"]
+
+
+@pytest.mark.parametrize("model", _fixture_models())
+def test_golden_cases_on_every_fixture_model(model: str) -> None:
+    """Greedy tokens and teacher-forced argmaxes match each fixture's oracle.json (quantized
+    containers included); the capabilities are known, so no handshake probe is needed."""
+    runner = protocol_runner(
+        ENGINE,
+        fixture_model_dir(model),
+        timeout=30.0,
+        capabilities={"mux", "oracle", "logprobs", "ids"},
+    )
+    results = run_parallel(runner, GOLDEN, Expectations(), reruns=0, jobs=1)
+    assert {r.case_id: r.status for r in results} == dict.fromkeys((c.id for c in GOLDEN), PASS), [
+        r.message for r in results if r.status != PASS
+    ]

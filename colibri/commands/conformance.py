@@ -7,6 +7,9 @@ import shlex
 import sys
 from pathlib import Path
 
+#: The reference engine, run by this very interpreter.
+DEFAULT_ENGINE = f"{shlex.quote(sys.executable)} -m colibri engine"
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -74,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     protocol = suites.add_parser("protocol", help="engine wire protocol (stdin/stdout)")
     protocol.add_argument(
         "--engine-cmd",
-        default=f"{shlex.quote(sys.executable)} -m colibri engine",
+        default=DEFAULT_ENGINE,
         help="engine command line; it gets SNAP, SERVE=1, SERVE_BATCH=1, KV_SLOTS, CTX, ... "
         "(default: the reference engine)",
     )
@@ -140,6 +143,11 @@ def run_protocol(args: argparse.Namespace) -> int:
     options = _options(args)
     assert isinstance(options, RunOptions)
     model = args.model.resolve() if args.model else None
+    if model is None and args.engine_cmd == DEFAULT_ENGINE:
+        # The reference engine serves the embedded default model; test exactly that one.
+        from colibri.resources import default_model_dir
+
+        model = default_model_dir()
     if model is not None and not model.is_dir():
         print(f"colibri conformance: --model {args.model} is not a directory", file=sys.stderr)
         return 2
