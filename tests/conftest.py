@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -21,6 +22,16 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Engines persist KV slots and expert usage under $XDG_STATE_HOME by default. A test run
+    # must neither read a developer's state (a resumed conversation changes telemetry) nor
+    # leave its own behind, so every engine started by the suite, in-process or as a
+    # subprocess, gets a fresh state root for this session.
+    state_root = tempfile.mkdtemp(prefix="colibri-test-state-")
+    os.environ["XDG_STATE_HOME"] = state_root
+    config.add_cleanup(lambda: shutil.rmtree(state_root, ignore_errors=True))
 
 
 def _have_oracle() -> bool:
