@@ -113,15 +113,15 @@ class KvFile:
                 f"[KV] ignoring {name}: {nrec} tokens do not fit the context, starting over",
                 file=log,
             )
-            self.truncate(0)
+            self._start_over(nrec)
             return None
         complete = (len(data) - HEADER_SIZE) // lay.record_size
         if complete < nrec:
             print(f"[KV] {name}: only {complete} of {nrec} records are complete", file=log)
-            nrec = complete
-            if nrec == 0:
-                self.truncate(0)
+            if complete == 0:
+                self._start_over(nrec)
                 return None
+            nrec = complete
         body = np.frombuffer(data, np.uint8, nrec * lay.record_size, HEADER_SIZE)
         records = body.reshape(nrec, lay.record_size)
         tokens = records[:, :4].copy().view("<i4").reshape(nrec)
@@ -135,6 +135,14 @@ class KvFile:
             return None
         self.nrec = nrec
         return Loaded([int(t) for t in tokens], rows.astype(np.float32))
+
+    def _start_over(self, on_disk: int) -> None:
+        # truncate() only rewrites the count when it shrinks what we know is committed; a
+        # rejected file is still at nrec == 0 in memory, so tell it what the disk says first.
+        # Leaving the old count would let a kill between the next record write and count
+        # write resurrect the old tail behind the new head.
+        self.nrec = on_disk
+        self.truncate(0)
 
     def _write_count(self, handle: object, nrec: int) -> None:
         assert hasattr(handle, "seek") and hasattr(handle, "write")

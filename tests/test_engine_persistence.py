@@ -120,6 +120,50 @@ def test_too_long_for_the_context_starts_over(tmp_path: Path) -> None:
     assert "starting over" in log.getvalue()
 
 
+def _count_on_disk(path: Path) -> int:
+    return int(struct.unpack_from("<i", path.read_bytes(), kv_persist.NREC_OFFSET)[0])
+
+
+def test_a_rejected_file_has_its_count_reset_on_disk(tmp_path: Path) -> None:
+    too_long = tmp_path / ".coli_kv"
+    _write(too_long, LAYOUT, list(range(2, 12)), _rows(10))
+    assert KvFile(too_long, LAYOUT).load(8, io.StringIO()) is None
+    assert _count_on_disk(too_long) == 0
+    no_complete_record = tmp_path / ".coli_kv.1"
+    _write(no_complete_record, LAYOUT, [3, 4, 5], _rows(3))
+    no_complete_record.write_bytes(no_complete_record.read_bytes()[: HEADER_SIZE + 5])
+    log = io.StringIO()
+    assert KvFile(no_complete_record, LAYOUT).load(100, log) is None
+    assert "only 0 of 3 records" in log.getvalue()
+    assert _count_on_disk(no_complete_record) == 0
+
+
+def test_a_kill_after_a_rejected_load_never_mixes_conversations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / ".coli_kv"
+    _write(path, LAYOUT, list(range(2, 12)), _rows(10))
+    kv = KvFile(path, LAYOUT)
+    assert kv.load(8, io.StringIO()) is None
+
+    class Killed(Exception):
+        pass
+
+    real_write_count = KvFile._write_count
+
+    def kill_before_the_new_count(self: KvFile, handle: object, nrec: int) -> None:
+        if nrec != 0:
+            raise Killed  # the new records are on disk, their count is not
+        real_write_count(self, handle, nrec)
+
+    monkeypatch.setattr(KvFile, "_write_count", kill_before_the_new_count)
+    with pytest.raises(Killed):
+        kv.append([40, 41], _rows(2) + 100)
+    monkeypatch.undo()
+    # a restart with a larger context must not see new head + old tail
+    assert KvFile(path, LAYOUT).load(100, io.StringIO()) is None
+
+
 class _Recorder:
     """A file object that logs every write at its offset (to replay a kill at any point)."""
 
