@@ -246,7 +246,6 @@ class MuxEngine:
                 f"[API] KV slot {slot.index} prefix {keep}/{nt} token, prefill {nt - keep}",
                 file=self.log,
             )
-        counters = rt.tiers.counters()
         request = Request(
             rid=sub.rid,
             slot=sub.slot,
@@ -257,8 +256,6 @@ class MuxEngine:
             prompt_tokens=nt,
             maximum=min(sub.max_tokens, rt.ctx - nt - 1),
             submitted_at=submitted_at,
-            store_at_start=(counters.lookups, counters.hits, counters.disk_seconds),
-            physical_at_start=physical_read_bytes(),
             kv_seconds=kv_seconds,
         )
         logits = rt.model.prefill(slot.state, tokens[keep:])
@@ -267,6 +264,11 @@ class MuxEngine:
         self.active[slot.index] = request
         if sub.logprobs > 0:
             self.echo(request, tokens, logits)
+        # DONE's hit % and PERF/PROF's disk numbers cover the decode window (spec 2.5), so
+        # the store and I/O baselines are taken here, after the prefill, like the clock.
+        counters = rt.tiers.counters()
+        request.store_at_start = (counters.lookups, counters.hits, counters.disk_seconds)
+        request.physical_at_start = physical_read_bytes()
         request.decode_started = time.perf_counter()
         if request.maximum <= 0:
             self.finish(request, length_limited=True)

@@ -79,3 +79,15 @@ def test_quantized_container_behind_the_tiers_gives_the_reference_tokens() -> No
         logits = model.decode(state, token)
     assert engine_ids == expected
     assert int(_lines(run, "TIERS")[-1][2]) > 0  # dequantized experts sit in the RAM tier
+
+
+def test_hit_rate_and_disk_time_cover_the_decode_window_only() -> None:
+    # One token is sampled from the prefill's row and the turn ends: there is no decode
+    # forward, so no expert lookup and no disk read fall in the window DONE and PERF cover,
+    # although the prefill itself missed and read experts from disk.
+    run = run_engine([submit(1, 0, ids(*PROMPT), 1, ext="ids=1")], model_dir=TINY)
+    assert _lines(run, "TIERS")[-1][2] != "0"  # the prefill did bring experts into RAM
+    done = _lines(run, "DONE")[0]
+    assert done[3] == "1" and done[5] == "0.0"
+    perf = _lines(run, "PERF")[0]
+    assert perf[3] == "0.000000"  # t_edisk
