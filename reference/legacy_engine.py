@@ -100,12 +100,20 @@ class LegacyEngine:
             self.stat(0, 0.0, 0.0)
             return
         pending = self.pending[0]
+        # The length once the token to re-forward is off the cache (see below).
+        start = slot.state.length - (1 if pending is None else 0)
+        budget = min(self.rt.settings.ngen, self.rt.ctx - start - 2)
+        if budget <= 0:
+            # A full context: nothing can be forwarded. Reply before touching the pending
+            # token, which the user has already seen and a later turn must still forward.
+            self.out.raw(END)
+            self.stat(0, 0.0, 0.0)
+            return
         if pending is None:
             # The last answer ended on a stop token (not kept): re-forward the last position.
             last = slot.history[-1]
-            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.rt.truncate_slot(slot, start)
             pending = last
-        budget = min(self.rt.settings.ngen, self.rt.ctx - slot.state.length - 2)
         produced, tok_s, hit, _ = self.generate(slot, 0, pending, None, budget)
         self.out.raw(b"\n" + END)
         self.stat(produced, tok_s, hit)

@@ -95,3 +95,15 @@ def test_fuzzed_legacy_input_never_crashes(parts: list[bytes]) -> None:
     for match in re.finditer(re.escape(END) + rb"(STAT [^\n]*)\n", body):
         assert parse_line(match.group(1)) is not None
     assert body.count(END) == len(re.findall(re.escape(END) + rb"STAT ", body))
+
+
+def test_more_at_a_full_context_keeps_the_answer_it_cannot_extend() -> None:
+    # NGEN exceeds the context: the turn fills it, leaving its last token (already shown to
+    # the user) unforwarded. MORE cannot forward it; it must say so without dropping it, so
+    # a second MORE is just as empty instead of re-sampling an earlier position.
+    model = FakeModel(FakeConfig(eos_token_ids=()))
+    out, _ = run_legacy(b"3 4 5\n\x02MORE\n\x02MORE\n", model=model, env={"NGEN": "500"})
+    turn, first_more, second_more = replies(out)
+    assert turn.endswith(b" 3 1\n")  # length-limited by the context
+    assert second_more.startswith(END + b"STAT 0 0.00 0.0 ")  # nothing re-sampled
+    assert first_more.startswith(END + b"STAT 0 0.00 0.0 ")
