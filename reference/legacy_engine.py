@@ -7,25 +7,29 @@ and the ``\\x02PROMPT`` API frame are the control lines.
 
 from __future__ import annotations
 
-import math
 import re
 import time
-from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 from colibri.reference.engine_runtime import EngineRuntime, Slot
 from colibri.reference.host_info import peak_rss_gb
+from colibri.reference.mux_engine import common_prefix
 from colibri.reference.request_sampling import pick, request_rng
 from colibri.reference.rng import Rng
-from colibri.reference.submit_parse import MAX_PAYLOAD, parse_id_payload
+from colibri.reference.submit_parse import (
+    FLOAT,
+    MAX_PAYLOAD,
+    parse_id_payload,
+    sampling_in_range,
+)
+from colibri.reference.turn_report import hit_percent
 from colibri.reference.wire_input import ByteSource
-from colibri.reference.wire_output import END, READY, FrameWriter, f1, f2
+from colibri.reference.wire_output import END, READY, FrameWriter, f2, stat_line
 
 _PROMPT = re.compile(
-    rb"\x02PROMPT ([0-9]{1,20}) ([0-9]{1,20}) "
-    rb"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?) "
-    rb"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)(?: ([0-9]{1,20}))?"
+    rb"\x02PROMPT ([0-9]{1,20}) ([0-9]{1,20}) (" + FLOAT + rb") (" + FLOAT + rb")"
+    rb"(?: ([0-9]{1,20}))?"
 )
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_NUCLEUS = 0.9
@@ -78,7 +82,7 @@ class LegacyEngine:
     # --- replies -------------------------------------------------------------------------
 
     def stat(self, produced: int, tok_s: float, hit_pct: float, extra: str = "") -> None:
-        self.out.line(f"STAT {produced} {f2(tok_s)} {f1(hit_pct)} {f2(peak_rss_gb())}{extra}")
+        self.out.line(stat_line(produced, tok_s, hit_pct, peak_rss_gb()) + extra)
 
     def fail(self, *, six: bool) -> None:
         self.out.raw(END)
@@ -129,8 +133,7 @@ class LegacyEngine:
         if (
             nbytes > MAX_PAYLOAD
             or max_tokens < 1
-            or not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0)
-            or not (math.isfinite(top_p) and 0.0 < top_p <= 1.0)
+            or not sampling_in_range(temperature, top_p)
             or slot_index >= len(self.slots)
         ):
             self.fail(six=True)  # the payload is not consumed (colibri)
@@ -150,7 +153,7 @@ class LegacyEngine:
             return
         tokens = tokens[: self.rt.ctx - 8]
         slot = self.slots[slot_index]
-        keep = min(_common_prefix(slot.history, tokens), len(tokens) - 1)
+        keep = min(common_prefix(slot.history, tokens), len(tokens) - 1)
         self.rt.truncate_slot(slot, keep)
         logits = self.rt.model.prefill(slot.state, tokens[keep:])
         slot.history.extend(tokens[keep:])
@@ -198,7 +201,7 @@ class LegacyEngine:
             self.pending[0] = None
             turn = (self.template(line, first=True) or [])[: self.rt.ctx - 8]
             prompt = turn
-        keep = min(_common_prefix(slot.history, prompt), len(prompt) - 1)
+        keep = min(common_prefix(slot.history, prompt), len(prompt) - 1)
         self.rt.truncate_slot(slot, keep)
         logits = self.rt.model.prefill(slot.state, prompt[keep:])
         slot.history.extend(prompt[keep:])
@@ -245,16 +248,8 @@ class LegacyEngine:
             limited = budget >= 0 and produced >= budget
         elapsed = time.perf_counter() - started
         after = self.rt.tiers.counters()
-        lookups = after.lookups - counters.lookups
-        hit = 100.0 * (after.hits - counters.hits) / lookups if lookups else 0.0
+        hit = hit_percent(after.lookups - counters.lookups, after.hits - counters.hits)
         self.rt.save_usage()
         self.rt.persist_slot(slot)
         return produced, (produced / elapsed if produced and elapsed > 0 else 0.0), hit, limited
 
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -22,12 +22,12 @@ U64_MAX = (1 << 64) - 1
 I32_MAX = (1 << 31) - 1
 
 _UINT = rb"[0-9]{1,20}"
-_FLOAT = rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+FLOAT = rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _EXT = rb"[a-z_]{1,15}=[0-9]{1,20}"
 _SUBMIT = re.compile(
     rb"SUBMIT (?P<id>" + _UINT + rb") (?P<slot>" + _UINT + rb") (?P<bytes>" + _UINT + rb") "
-    rb"(?P<max_tokens>" + _UINT + rb") (?P<temperature>" + _FLOAT + rb") "
-    rb"(?P<top_p>" + _FLOAT + rb")(?: (?P<gbytes>" + _UINT + rb"))?"
+    rb"(?P<max_tokens>" + _UINT + rb") (?P<temperature>" + FLOAT + rb") "
+    rb"(?P<top_p>" + FLOAT + rb")(?: (?P<gbytes>" + _UINT + rb"))?"
     rb"(?P<extensions>(?: " + _EXT + rb")*)"
 )
 _CONTROL = re.compile(rb"(STOP|CANCEL) ([0-9]{1,20})")
@@ -114,6 +114,16 @@ def _extensions(raw: bytes) -> dict[str, int] | None:
     return found
 
 
+def sampling_in_range(temperature: float, top_p: float) -> bool:
+    """temperature in [0, 2] and top_p in (0, 1], both finite (SUBMIT and legacy PROMPT)."""
+    return (
+        math.isfinite(temperature)
+        and 0.0 <= temperature <= 2.0
+        and math.isfinite(top_p)
+        and 0.0 < top_p <= 1.0
+    )
+
+
 def validate_submit(
     frame: SubmitFrame, payload: bytes, grammar: bytes, kv_slots: int
 ) -> SubmitRequest | None:
@@ -127,9 +137,7 @@ def validate_submit(
     top_p = float(fields["top_p"])
     if slot >= kv_slots or max_tokens > I32_MAX:
         return None
-    if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
-        return None
-    if not (math.isfinite(top_p) and 0.0 < top_p <= 1.0):
+    if not sampling_in_range(temperature, top_p):
         return None
     extensions = _extensions(fields.get("extensions", b""))
     if extensions is None:

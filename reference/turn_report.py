@@ -49,8 +49,14 @@ def turn_numbers(request: Request, counters: StoreCounters) -> TurnNumbers:
     tok_s = request.emitted / decode_s if request.emitted and decode_s > 0 else 0.0
     lookups0, hits0, disk0 = request.store_at_start
     lookups = counters.lookups - lookups0
-    hit_pct = 100.0 * (counters.hits - hits0) / lookups if lookups else 0.0
-    return TurnNumbers(decode_s, tok_s, hit_pct, counters.disk_seconds - disk0)
+    return TurnNumbers(
+        decode_s, tok_s, hit_percent(lookups, counters.hits - hits0), counters.disk_seconds - disk0
+    )
+
+
+def hit_percent(lookups: int, hits: int) -> float:
+    """Expert RAM-cache hits / lookups x 100 over a window; 0.0 without lookups."""
+    return 100.0 * hits / lookups if lookups else 0.0
 
 
 def perf_line(request: Request, numbers: TurnNumbers) -> str:
