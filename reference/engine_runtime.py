@@ -71,7 +71,7 @@ class EngineRuntime:
         self.rows = usage_rows(self.shape)
         self.n_experts = self.shape.n_routed_experts
         self.usage = ExpertUsage(self.shape.num_hidden_layers, self.n_experts, self.rows)
-        self.routes = RouteAttribution(self.rows, self.n_experts)
+        self.routes = RouteAttribution(self.rows, self.n_experts, log)
         resident = ResidentExperts()
         self.resident = resident if tiers is None else None
         self.tiers: TierReport = tiers if tiers is not None else resident

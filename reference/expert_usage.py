@@ -35,7 +35,6 @@ class ExpertUsage:
         self._row_of = {layer: i for i, layer in enumerate(self.rows)}
         self.counts: npt.NDArray[np.uint64] = np.zeros((n_layers + 1, n_experts), np.uint64)
         self._hits = np.zeros((len(self.rows), n_experts), np.bool_)
-        self.selections = 0
 
     def observe(self, layer: int, experts: Sequence[int]) -> None:
         row = self._row_of.get(layer)
@@ -44,7 +43,6 @@ class ExpertUsage:
         ids = np.asarray(experts, dtype=np.intp)
         np.add.at(self.counts[layer], ids, 1)
         self._hits[row, ids] = True
-        self.selections += len(ids)
 
     def add_history(self, history: npt.NDArray[np.uint64]) -> None:
         """Add loaded counts (history accumulates across runs)."""

@@ -4,7 +4,8 @@ The model reports selections as ``route_observer(layer, expert_ids)``, once per 
 routed layer, rows in order (colibri.reference's MoE loops rows in order). Around a decode
 forward the engine names the request of every row; a selection is credited to the row's
 request by counting the calls per layer. A forward whose call counts do not match its rows
-(a model that reports in another order) credits nothing rather than guess.
+(a model that reports in another order) credits nothing rather than guess; the first such
+forward is reported on the log, since ENTROPY then reads 0 without any other sign.
 
 Only rows that forward a generated token are credited (prefill rows depend on how much of
 the prompt was cached; draft rows on whether MTP drafting ran), so a turn's entropy is the
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TextIO
 
 import numpy as np
 import numpy.typing as npt
 
 
 class RouteAttribution:
-    def __init__(self, rows: Sequence[int], n_experts: int) -> None:
+    def __init__(self, rows: Sequence[int], n_experts: int, log: TextIO | None = None) -> None:
         self._row_of = {layer: i for i, layer in enumerate(rows)}
         self.n_rows = len(rows)
         self.n_experts = n_experts
@@ -30,6 +32,7 @@ class RouteAttribution:
         self._calls: dict[int, int] = {}
         self._turns: dict[int, npt.NDArray[np.int64]] = {}
         self.mismatches = 0
+        self._log = log
 
     def begin(self, owners: Sequence[int]) -> None:
         """A forward is about to run; row i belongs to request owners[i]."""
@@ -52,6 +55,12 @@ class RouteAttribution:
             return
         if any(n != len(owners) for n in self._calls.values()):
             self.mismatches += 1
+            if self.mismatches == 1 and self._log is not None:
+                print(
+                    "[API] routing reports do not match the forward's rows; "
+                    "ENTROPY is not attributed (reads 0) for such forwards",
+                    file=self._log,
+                )
             return
         for layer, row, experts in self._pending:
             if keep is not None and not keep[row]:

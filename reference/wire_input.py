@@ -46,10 +46,6 @@ class ByteSource:
             return True
         return self._poll(timeout)
 
-    @property
-    def at_eof(self) -> bool:
-        return self._eof and not self._buf
-
     def _more(self) -> bool:
         if self._eof:
             return False
