@@ -68,7 +68,7 @@ def perf_line(request: Request, numbers: TurnNumbers) -> str:
 
 
 def prof_line(request: Request, numbers: TurnNumbers) -> str:
-    """PROF in colibri's newest 18-field form."""
+    """PROF in colibri's newest 17-field form."""
     samples = sorted(request.forward_ms)
     if samples:
         p50 = samples[(len(samples) - 1) // 2]
