@@ -23,6 +23,7 @@ from colibri.reference.request_sampling import (
     logprob_tail,
     pick,
     request_rng,
+    row_log_normalizer,
     top_candidates,
 )
 from colibri.reference.submit_parse import (
@@ -304,17 +305,20 @@ class MuxEngine:
     def emit(self, request: Request, token: int, row: npt.NDArray[np.float32]) -> None:
         payload = self.rt.token_payload(token)
         tail = ""
+        topk = self.rt.settings.serve_topk
+        # The full-vocabulary logZ is the costly part of both tables: sum it once per row.
+        log_z = row_log_normalizer(row) if request.logprobs > 0 and topk else None
         if request.logprobs > 0:
-            tail = logprob_tail(row, token, min(request.logprobs, self.rt.vocab))
+            tail = logprob_tail(row, token, min(request.logprobs, self.rt.vocab), log_z)
         self.out.payload(data_header(request.rid, payload, tail), payload)
         request.emitted += 1
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
-        if self.rt.settings.serve_topk:
-            self.out.line(self.topk_line(request.rid, row))
+        if topk:
+            self.out.line(self.topk_line(request.rid, row, log_z))
 
-    def topk_line(self, rid: int, row: npt.NDArray[np.float32]) -> str:
-        top = top_candidates(row, TOPK_COUNT)
+    def topk_line(self, rid: int, row: npt.NDArray[np.float32], log_z: float | None = None) -> str:
+        top = top_candidates(row, TOPK_COUNT, log_z)
         parts = [f"TOPK {rid} {len(top)}"]
         for token, logprob in top:
             text = self.rt.token_payload(token).hex() or "-"

@@ -28,16 +28,25 @@ def pick(row: npt.NDArray[np.float32], temperature: float, top_p: float, rng: Rn
     return sampling.sample(row, temperature, top_p, rng)
 
 
-def logprob_tail(row: npt.NDArray[np.float32], token: int, k: int) -> str:
+def row_log_normalizer(row: npt.NDArray[np.float32]) -> float:
+    """The row's logZ, to share between its DATA tail and its TOPK line."""
+    return sampling.log_normalizer(row)
+
+
+def logprob_tail(
+    row: npt.NDArray[np.float32], token: int, k: int, log_z: float | None = None
+) -> str:
     """The DATA/ECHO tail for `token` chosen from `row`, with the top-k table."""
-    return sampling.logprob_entry(row, token, k).tail()
+    return sampling.logprob_entry(row, token, k, log_z).tail()
 
 
 #: ECHO position 0 has no predictor.
 NO_PREDICTOR_TAIL = sampling.NO_PREDICTOR_TAIL
 
 
-def top_candidates(row: npt.NDArray[np.float32], count: int) -> list[tuple[int, float]]:
+def top_candidates(
+    row: npt.NDArray[np.float32], count: int, log_z: float | None = None
+) -> list[tuple[int, float]]:
     """TOPK: the `count` largest logits as (id, logprob), descending, ties by ascending id."""
-    entry = sampling.logprob_entry(row, 0, count)
+    entry = sampling.logprob_entry(row, 0, count, log_z)
     return sampling.sorted_by_logprob(entry.top)

@@ -264,12 +264,19 @@ def top_k_table(logits: npt.ArrayLike, k: int) -> list[int]:
     return ids
 
 
-def logprob_entry(logits: npt.ArrayLike, token: int, k: int) -> LogprobEntry:
-    """Log-probability of ``token`` and the top-``k`` table for one logit row."""
+def logprob_entry(
+    logits: npt.ArrayLike, token: int, k: int, log_z: float | None = None
+) -> LogprobEntry:
+    """Log-probability of ``token`` and the top-``k`` table for one logit row.
+
+    ``log_z``, when given, must be ``log_normalizer(logits)``: a caller that needs several
+    tables of one row (DATA's tail and TOPK) sums the full vocabulary only once.
+    """
     row = _as_row(logits)
     if not 0 <= token < row.size:
         raise ValueError(f"token {token} is outside the vocabulary (size {row.size})")
-    log_z = log_normalizer(row)
+    if log_z is None:
+        log_z = log_normalizer(row)
     top = tuple((i, float(row[i]) - log_z) for i in top_k_table(row, k))
     return LogprobEntry(float(row[token]) - log_z, top)
 

@@ -214,3 +214,27 @@ def test_golden_transcript(snapshot_json: SnapshotAssertion) -> None:
     )
     run = run_engine(script, kv_slots=2, model=model, env={"SERVE_TOPK": "1"})
     assert transcript(run) == snapshot_json
+
+
+def test_data_tail_and_topk_share_one_normaliser_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    from colibri.reference import sampling
+
+    calls = []
+    real = sampling.log_normalizer
+
+    def counting(logits: object) -> float:
+        calls.append(1)
+        return real(logits)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampling, "log_normalizer", counting)
+    prompt = (3, 4, 5)
+    run = run_engine(
+        submit(1, 0, ids(*prompt), 4, ext="ids=1 logprobs=2"),
+        model=FakeModel(FakeConfig(eos_token_ids=())),
+        env={"SERVE_TOPK": "1"},
+    )
+    data = [f for f in run.for_id(1) if f.kind == "DATA"]
+    assert len(data) == 4
+    assert len([f for f in run.frames if f.kind == "TOPK"]) == 4
+    # one per ECHO position with a predictor, one per DATA row (its tail and TOPK together)
+    assert len(calls) == (len(prompt) - 1) + len(data)
