@@ -26,6 +26,30 @@ LATENT_NORM_EPS = 1e-6
 #: The DSA indexer's key LayerNorm eps is fixed in HF and colibri alike.
 INDEXER_NORM_EPS = 1e-6
 
+#: Defaults for keys a config.json may omit, per model family, copied from HF's config classes
+#: (GlmMoeDsaConfig / DeepseekV3Config in transformers 5.24.0): the oracle is HF, so a config
+#: that omits one of these keys must mean what it means to HF. Architecture sizes (vocab,
+#: hidden, heads, ranks, head dims, expert counts) have no default here: HF's defaults are the
+#: full-size model's, and silently assuming them for another checkpoint would be a guess.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "glm_moe_dsa": {
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "q_lora_rank": 2048,
+        "rms_norm_eps": 1e-5,
+    },
+    "deepseek_v3": {
+        "n_group": 8,
+        "topk_group": 4,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "q_lora_rank": 1536,
+        "rms_norm_eps": 1e-6,
+    },
+}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -109,6 +133,7 @@ class ModelConfig:
                 f"config.json: model_type {model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
+        defaults = FAMILY_DEFAULTS[model_type]
         layers = r.positive("num_hidden_layers")
         dense = r.get("first_k_dense_replace", int, 3)
         if not 0 <= dense <= layers:
@@ -125,8 +150,8 @@ class ModelConfig:
 
         experts = r.positive("n_routed_experts")
         top_k = r.positive("num_experts_per_tok")
-        n_group = r.get("n_group", int, 1) or 1
-        topk_group = r.get("topk_group", int, 1) or 1
+        n_group = r.get("n_group", int, defaults["n_group"]) or 1
+        topk_group = r.get("topk_group", int, defaults["topk_group"]) or 1
         if top_k > experts:
             raise CheckpointError(
                 f"config.json: num_experts_per_tok={top_k} exceeds n_routed_experts={experts}"
@@ -165,9 +190,24 @@ class ModelConfig:
         if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
             raise CheckpointError("config.json: rope_theta must be a positive number")
         interleave = bool(raw.get("rope_interleave", True))
+        if model_type == "glm_moe_dsa" and not interleave:
+            # HF's GLM attention and indexer always use the interleaved layout and never read
+            # this key; honouring false would diverge from the oracle, ignoring it would hide
+            # a contradictory config.
+            raise CheckpointError(
+                "config.json: rope_interleave=false is not supported for glm_moe_dsa "
+                "(GLM-5 always uses the interleaved RoPE layout)"
+            )
 
-        q_lora = raw.get("q_lora_rank")
-        if q_lora is not None and (not isinstance(q_lora, int) or q_lora <= 0):
+        q_lora = raw.get("q_lora_rank", defaults["q_lora_rank"])
+        if q_lora is None and model_type == "glm_moe_dsa":
+            raise CheckpointError(
+                "config.json: q_lora_rank=null is not supported for glm_moe_dsa "
+                "(GLM-5 attention always has a low-rank query projection)"
+            )
+        if q_lora is not None and (
+            isinstance(q_lora, bool) or not isinstance(q_lora, int) or q_lora <= 0
+        ):
             raise CheckpointError("config.json: q_lora_rank must be a positive integer or null")
 
         indexer_types: tuple[str, ...] | None = None
@@ -216,16 +256,16 @@ class ModelConfig:
             n_shared_experts=r.get("n_shared_experts", int, 1) or 0,
             n_group=n_group,
             topk_group=topk_group,
-            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-            routed_scaling_factor=float(r.number("routed_scaling_factor", 1.0)),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", defaults["norm_topk_prob"])),
+            routed_scaling_factor=float(
+                r.number("routed_scaling_factor", defaults["routed_scaling_factor"])
+            ),
             q_lora_rank=q_lora,
             kv_lora_rank=r.positive("kv_lora_rank"),
             qk_nope_head_dim=r.positive("qk_nope_head_dim"),
             qk_rope_head_dim=rope_dim,
             v_head_dim=r.positive("v_head_dim"),
-            rms_norm_eps=float(r.number(
-                "rms_norm_eps", 1e-5 if model_type == "glm_moe_dsa" else 1e-6
-            )),
+            rms_norm_eps=float(r.number("rms_norm_eps", defaults["rms_norm_eps"])),
             rope_theta=float(theta),
             rope_interleave=interleave,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
