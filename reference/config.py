@@ -214,6 +214,8 @@ class ModelConfig:
         if model_type == "glm_moe_dsa":
             listed = r.optional_list("indexer_types")
             if listed is None:
+                listed = _indexer_types_from_pattern(raw.get("index_topk_pattern"))
+            if listed is None:
                 freq = max(r.get("index_topk_freq", int, 1), 1)
                 offset = r.get("index_skip_topk_offset", int, 2)
                 listed = [
@@ -222,7 +224,8 @@ class ModelConfig:
                 ]
             if len(listed) != layers or any(t not in ("full", "shared") for t in listed):
                 raise CheckpointError(
-                    "config.json: indexer_types must list 'full'/'shared' once per layer"
+                    "config.json: indexer_types (or index_topk_pattern) must list 'full'/'shared' "
+                    "once per layer"
                 )
             if listed[0] != "full":
                 raise CheckpointError(
@@ -279,6 +282,26 @@ class ModelConfig:
                 raw.get("eos_token_id"), (generation or {}).get("eos_token_id")
             ),
         )
+
+
+def _indexer_types_from_pattern(pattern: Any) -> list[str] | None:
+    """HF's ``index_topk_pattern`` rule: a string maps ``F`` -> full and ``S`` -> shared per
+    layer; a list is taken as it is. None when the key is absent (the freq/offset rule applies)."""
+    if pattern is None:
+        return None
+    if isinstance(pattern, str):
+        letters = {"F": "full", "S": "shared"}
+        bad = sorted({c for c in pattern if c not in letters})
+        if bad:
+            raise CheckpointError(
+                f"config.json: index_topk_pattern may hold only 'F' and 'S', got {bad}"
+            )
+        return [letters[c] for c in pattern]
+    if isinstance(pattern, list) and all(isinstance(v, str) for v in pattern):
+        return list(pattern)
+    raise CheckpointError(
+        "config.json: index_topk_pattern must be a string of 'F'/'S' or a list of strings"
+    )
 
 
 def _eos_union(*values: Any) -> tuple[int, ...]:

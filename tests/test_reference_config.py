@@ -60,3 +60,33 @@ def test_glm_null_q_lora_rank_is_refused_but_deepseek_allows_it() -> None:
     assert ModelConfig.from_dict(
         _raw("deepseek3-tiny", n_group=4, topk_group=2, q_lora_rank=None)
     ).q_lora_rank is None
+
+
+def test_index_topk_pattern_string_builds_indexer_types() -> None:
+    raw = _raw("glm5-tiny", index_topk_pattern="FSSFS", index_topk_freq=1)
+    assert raw["num_hidden_layers"] == 5
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.indexer_types == ("full", "shared", "shared", "full", "shared")
+
+
+def test_index_topk_pattern_list_is_taken_as_is() -> None:
+    pattern = ["full", "full", "shared", "full", "shared"]
+    cfg = ModelConfig.from_dict(_raw("glm5-tiny", index_topk_pattern=pattern))
+    assert cfg.indexer_types == tuple(pattern)
+
+
+def test_indexer_types_wins_over_pattern() -> None:
+    listed = ["full"] * 5
+    cfg = ModelConfig.from_dict(_raw("glm5-tiny", indexer_types=listed, index_topk_pattern="FSSSS"))
+    assert cfg.indexer_types == tuple(listed)
+
+
+@pytest.mark.parametrize(("pattern", "match"), [
+    ("FSX", "index_topk_pattern may hold only"),
+    ("FSS", "once per layer"),
+    ("SFFFF", r"indexer_types\[0\] must be 'full'"),
+    (7, "index_topk_pattern must be"),
+])
+def test_bad_index_topk_pattern_is_refused(pattern: Any, match: str) -> None:
+    with pytest.raises(CheckpointError, match=match):
+        ModelConfig.from_dict(_raw("glm5-tiny", index_topk_pattern=pattern))
