@@ -237,7 +237,7 @@ class ModelConfig:
         rope_dim = r.positive("qk_rope_head_dim")
         if rope_dim % 2:
             raise CheckpointError(f"config.json: qk_rope_head_dim={rope_dim} must be even")
-        index_head_dim = r.get("index_head_dim", int, 128) if indexer_types else 0
+        index_head_dim = r.positive_or("index_head_dim", 128) if indexer_types else 0
         if indexer_types and index_head_dim < rope_dim:
             raise CheckpointError("config.json: index_head_dim must be >= qk_rope_head_dim")
         mtp = r.get("num_nextn_predict_layers", int, 0)
@@ -274,8 +274,8 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             mlp_layer_types=tuple(mlp_types),
             indexer_types=indexer_types,
-            index_topk=r.get("index_topk", int, 2048) if indexer_types else 0,
-            index_n_heads=r.get("index_n_heads", int, 32) if indexer_types else 0,
+            index_topk=r.positive_or("index_topk", 2048) if indexer_types else 0,
+            index_n_heads=r.positive_or("index_n_heads", 32) if indexer_types else 0,
             index_head_dim=index_head_dim,
             num_nextn_predict_layers=mtp,
             eos_token_ids=_eos_union(
@@ -335,6 +335,12 @@ class _Reader:
 
     def positive(self, key: str) -> int:
         value: int = self.get(key, int)
+        if value <= 0:
+            raise CheckpointError(f"config.json: {key} must be positive, got {value}")
+        return value
+
+    def positive_or(self, key: str, default: int) -> int:
+        value: int = self.get(key, int, default)
         if value <= 0:
             raise CheckpointError(f"config.json: {key} must be positive, got {value}")
         return value

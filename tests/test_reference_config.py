@@ -90,3 +90,10 @@ def test_indexer_types_wins_over_pattern() -> None:
 def test_bad_index_topk_pattern_is_refused(pattern: Any, match: str) -> None:
     with pytest.raises(CheckpointError, match=match):
         ModelConfig.from_dict(_raw("glm5-tiny", index_topk_pattern=pattern))
+
+
+@pytest.mark.parametrize("key", ["index_topk", "index_n_heads", "index_head_dim"])
+@pytest.mark.parametrize("value", [0, -4])
+def test_indexer_sizes_must_be_positive(key: str, value: int) -> None:
+    with pytest.raises(CheckpointError, match=f"{key} must be positive"):
+        ModelConfig.from_dict(_raw("glm5-tiny", **{key: value}))
