@@ -3,6 +3,7 @@ accepts (within its byte limits)."""
 
 from __future__ import annotations
 
+import pytest
 from colibri.reference.submit_parse import (
     MAX_GRAMMAR,
     MAX_PAYLOAD,
@@ -10,7 +11,7 @@ from colibri.reference.submit_parse import (
     frame_submit,
     parse_control,
 )
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from colibri.protocol import ProtocolViolation, load_spec, parse_line
@@ -50,23 +51,30 @@ _TOKENS = st.sampled_from(
 
 
 @given(st.lists(_TOKENS, min_size=0, max_size=10))
+@example(["0", "0", "0", "0", "0", "0"])
 def test_submit_framing_agrees_with_protocol_json(fields: list[str]) -> None:
+    # Framing depends only on the line's shape and the size limits (spec/protocol.md §2.4):
+    # a header whose values are out of range (id 0, a bad temperature) is still framed, its
+    # payload drained, and then answered with an ERROR. So the engine frames a SUBMIT exactly
+    # when protocol.json's regex matches and the payload and grammar fit their limits.
     line = "SUBMIT " + " ".join(fields)
-    try:
-        parsed = parse_line(line, direction="server")
-    except ProtocolViolation:
-        parsed = None
+    match = load_spec().request_lines["SUBMIT"].regex.match(line)
     framed = frame_submit(line.encode())
-    if parsed is None:
+    if match is None:
         assert framed is None
-    else:
-        within = (
-            parsed.get_int("bytes") <= MAX_PAYLOAD
-            and int(str(parsed.values.get("gbytes", 0))) <= MAX_GRAMMAR
-        )
-        assert (framed is not None) == within
-        if framed is not None:
-            assert framed.nbytes == parsed.get_int("bytes")
+        with pytest.raises(ProtocolViolation):
+            parse_line(line, direction="server")
+        return
+    nbytes = int(match["bytes"])
+    within = nbytes <= MAX_PAYLOAD and int(match["gbytes"] or 0) <= MAX_GRAMMAR
+    assert (framed is not None) == within
+    if framed is not None:
+        assert framed.nbytes == nbytes
+    try:
+        parse_line(line, direction="server")
+    except ProtocolViolation:
+        return
+    assert framed is not None, "a header protocol.json fully accepts must be framed"
 
 
 @given(st.sampled_from(["STOP", "CANCEL"]), st.lists(_TOKENS, max_size=3))
