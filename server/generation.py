@@ -1,10 +1,12 @@
 """One engine call: SUBMIT, then frames until DONE, with STOP, CANCEL and idle callbacks.
 
 The HTTP layers hand in callbacks: ``on_accept`` (commits a stream), ``on_text`` (each
-decoded piece, UTF-8 reassembled across frames), ``on_idle`` (every 50 ms without a frame:
-keepalives), ``stopped()`` (a stop sequence matched: send STOP once) and ``cancelled()``
-(the client left: send CANCEL once and wait for the engine's acknowledgement, so the KV
-slot is never reused while the engine still holds it).
+decoded piece, UTF-8 reassembled across frames), ``on_idle`` (before every wait for a frame,
+so at least every 50 ms: the keepalive check, which must also run while frames arrive that
+put nothing on the wire, e.g. text held by the tool-call gate), ``stopped()`` (a stop
+sequence matched: send STOP once) and ``cancelled()`` (the client left: send CANCEL once
+and wait for the engine's acknowledgement, so the KV slot is never reused while the engine
+still holds it).
 """
 
 from __future__ import annotations
@@ -99,11 +101,13 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
             if cancelled() and not cancel_sent:
                 cancel_sent = True
                 await engine.cancel(request_id)
+            if not cancel_sent:
+                # Also after frames: a fast stream whose text is all held back (tool gate,
+                # dropped empty pieces) must still get its keepalives.
+                await on_idle()
             try:
                 event = await asyncio.wait_for(queue.get(), IDLE_S)
             except TimeoutError:
-                if not cancel_sent:
-                    await on_idle()
                 continue
             if isinstance(event, Accept):
                 if accepted:
