@@ -48,14 +48,26 @@ def tool_function(tool: JSON) -> JSON:
     return function if isinstance(function, dict) else tool
 
 
+def declared_tools(body: JSON) -> object:
+    """``tools`` when present and not null (``[]`` included), else the legacy ``functions``."""
+    tools = body.get("tools")
+    return body.get("functions") if tools is None else tools
+
+
 def validate_tools(body: JSON) -> list[JSON] | None:
-    tools = body.get("tools") or body.get("functions")
-    if tools is None or tools == []:
-        if body.get("functions") == [] and body.get("tools") in (None, []):
+    if body.get("tools") is not None:
+        tools = body["tools"]
+        if not isinstance(tools, list):
+            # `{}`, false, 0 and "" are mistakes, not "no tools".
+            raise bad("`tools` must be an array.", "tools", "invalid_value")
+        if not tools:
+            return None  # `tools: []` means no tools, whatever `functions` says
+    else:
+        tools = body.get("functions")
+        if tools is None:
+            return None
+        if not isinstance(tools, list) or not tools:
             raise bad("`tools` must be a non-empty array.", "tools", "invalid_value")
-        return None
-    if not isinstance(tools, list):
-        raise bad("`tools` must be a non-empty array.", "tools", "invalid_value")
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise bad(f"Each tool must be an object, got {type(tool).__name__} at index {i}.",
