@@ -26,6 +26,8 @@ from colibri.server.engine_client import (
     Echo,
     EngineDied,
     EngineErrorFrame,
+    EngineProcess,
+    Event,
     SubmitRequest,
 )
 from colibri.server.errors import ClientCancelled, EngineFailure
@@ -96,6 +98,7 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
     accepted = False
     stop_sent = cancel_sent = False
     malformed = False
+    terminal = False  # DONE, ERROR or the engine's death: the engine is done with the slot
     try:
         while True:
             if cancelled() and not cancel_sent:
@@ -140,6 +143,7 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
                     stop_sent = True
                     await engine.stop(request_id)
             elif isinstance(event, Done):
+                terminal = True
                 if cancel_sent:
                     raise ClientCancelled()
                 if malformed:
@@ -154,16 +158,31 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
                 return EngineResult(event.stats, event.telemetry, raw, spans, echo_text,
                                     echo_spans)
             elif isinstance(event, EngineErrorFrame):
+                terminal = True
                 if event.code == "CANCELLED" or cancel_sent:
                     raise ClientCancelled()
                 if event.code == "CONTEXT_EXCEEDED":
                     raise errors.context_exceeded(event.args, context_param)
                 raise EngineFailure(f"engine error {event.code}")
             elif isinstance(event, EngineDied):
+                terminal = True
                 raise EngineFailure(event.reason)
     finally:
+        if not terminal:
+            await _settle(engine, request_id, queue, cancel_sent)
         engine.release(request_id)
         metrics.engine_call.observe(time.monotonic() - started)
+
+
+async def _settle(engine: EngineProcess, request_id: int, queue: asyncio.Queue[Event],
+                  cancel_sent: bool) -> None:
+    """The turn ended before its terminal frame (a protocol fault, or a callback raised):
+    CANCEL it and wait for the engine's answer, because the engine still runs the request
+    and its slot must not be handed to another one before it lets go (spec/http.md)."""
+    if not cancel_sent:
+        await engine.cancel(request_id)
+    while not isinstance(await queue.get(), Done | EngineErrorFrame | EngineDied):
+        pass
 
 
 def finite(value: float) -> float | None:

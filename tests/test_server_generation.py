@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from colibri.server.engine_client import (
     Accept,
     Data,
     Done,
+    EngineDied,
+    EngineErrorFrame,
     Event,
     SubmitRequest,
 )
+from colibri.server.errors import EngineFailure
 from colibri.server.frames import DoneStats, TurnTelemetry
 from colibri.server.generation import run_engine
 from colibri.server.metrics import GenerationMetrics
@@ -70,3 +74,29 @@ def test_idle_check_runs_while_frames_arrive_that_write_nothing() -> None:
 
     _run(engine, on_idle=on_idle)
     assert idles == list(range(len(frames), 0, -1))  # once before each frame
+
+
+def test_a_duplicate_accept_cancels_and_waits_for_the_engine_before_release() -> None:
+    frames: list[Event] = [Accept(3), Accept(3), Data(b"x", None), Data(b"y", None)]
+    engine = ScriptedEngine(frames, on_cancel=EngineErrorFrame("CANCELLED", ()))
+    with pytest.raises(EngineFailure, match="duplicate ACCEPT"):
+        _run(engine)
+    assert engine.log == ["cancel", "release(pending=0)"]
+
+
+def test_a_failing_callback_cancels_and_releases_after_the_engine_dies() -> None:
+    async def on_text(text: str) -> None:
+        raise RuntimeError("client write failed")
+
+    engine = ScriptedEngine([Accept(3), Data(b"x", None), Data(b"y", None)],
+                            on_cancel=EngineDied("exited"))
+    with pytest.raises(RuntimeError, match="client write failed"):
+        _run(engine, on_text=on_text)
+    assert engine.log == ["cancel", "release(pending=0)"]
+
+
+def test_a_terminal_error_releases_without_cancel() -> None:
+    engine = ScriptedEngine([Accept(3), EngineErrorFrame("FAULT", ())])
+    with pytest.raises(EngineFailure):
+        _run(engine)
+    assert engine.log == ["release(pending=0)"]
