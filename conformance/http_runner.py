@@ -249,6 +249,11 @@ class HttpRunner:
                 documents = [d for d in documents if d.get("type") == exp["event"]]
         else:
             documents = [response.json()]
+        if not documents:
+            # A stream of only [DONE], or an event filter matching nothing, proves nothing.
+            event = exp.get("event")
+            which = f" (no {event!r} event)" if event is not None else ""
+            raise CheckFailure(f"{name}: no documents to validate{which}")
         for document in documents:
             error = jsonschema.exceptions.best_match(validator.iter_errors(document))
             if error is not None:
