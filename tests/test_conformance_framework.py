@@ -315,3 +315,14 @@ def test_schema_check_fails_when_there_is_nothing_to_validate() -> None:
     with pytest.raises(CheckFailure, match="no documents to validate.*message_stop"):
         runner._schema({"schema": "message_stream_event.json", "event": "message_stop"}, ping)
 
+
+def test_logprobs_check_fails_without_data_frames() -> None:
+    from colibri.conformance.frames import Frame
+    from colibri.conformance.prompts import PromptCodec
+    from colibri.conformance.protocol_checks import SessionView, _logprobs
+
+    frames = [Frame(0, "ACCEPT", b"ACCEPT 1 0"), Frame(1, "DONE", b"DONE 1 0 0 0 0 0 0")]
+    views = {"main": SessionView("main", frames, [], True, {})}
+    codec = PromptCodec(ids_mode=True, vocab=256, oracle={})
+    with pytest.raises(CheckFailure, match="no DATA frames for request 1"):
+        _logprobs(views, {"id": 1, "k": 2}, codec)
