@@ -13,12 +13,14 @@ import jsonschema
 import referencing
 from colibri.conformance.cases import Case
 from colibri.conformance.http_target import (
+    COLIBRI_SERVER_CAPABILITIES,
     Endpoint,
     HttpTarget,
     HttpTargetError,
     ManagedServer,
     Response,
     discover_model,
+    identifies_as_colibri,
     probe,
 )
 from colibri.conformance.outcome import CheckFailure
@@ -405,6 +407,8 @@ def http_runner(
         except OSError as exc:
             raise HttpTargetError(f"cannot reach {endpoint.base_url}: {exc}") from exc
         capabilities = probe(endpoint, model)
+        if server_cmd is not None and identifies_as_colibri(endpoint):
+            capabilities |= COLIBRI_SERVER_CAPABILITIES
     except HttpTargetError:
         for server in servers.values():
             server.close()
