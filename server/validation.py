@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from colibri.server.errors import bad
+from colibri.server.errors import APIError, bad
 
 JSON = dict[str, Any]
 
@@ -97,6 +97,15 @@ def validate_tools(body: JSON) -> list[JSON] | None:
             raise bad(f"Tool `parameters.required` must be an array at index {i}.",
                       f"{prefix}.parameters.required", "invalid_value")
     return tools
+
+
+def lenient_tool_spec(body: JSON) -> ToolSpec | None:
+    """The tools to render into the prompt, or None when ``tools``/``tool_choice`` is invalid:
+    that error is reported in its place (the check order is the contract) by shaping()."""
+    try:
+        return resolve_tool_choice(body, validate_tools(body))
+    except APIError:
+        return None
 
 
 def resolve_tool_choice(body: JSON, tools: list[JSON] | None) -> ToolSpec | None:

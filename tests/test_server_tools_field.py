@@ -39,3 +39,14 @@ def test_continuation_sees_the_same_tools() -> None:
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     body = {"tools": [], "functions": WEATHER, "messages": messages}
     check_continuation(messages, body)  # no tools are active: nothing to refuse
+
+
+def test_lenient_tool_spec_is_shared_and_never_raises() -> None:
+    from colibri.server.validation import lenient_tool_spec
+
+    spec = lenient_tool_spec({"tools": WEATHER, "tool_choice": "required"})
+    assert spec is not None and spec.functions == (WEATHER[0]["function"],)
+    # Invalid declarations render no tools; shaping() reports the error in its place.
+    assert lenient_tool_spec({"tools": WEATHER, "tool_choice": "sometimes"}) is None
+    assert lenient_tool_spec({"tools": {}}) is None
+    assert lenient_tool_spec({}) is None
