@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -183,7 +182,3 @@ async def _settle(engine: EngineProcess, request_id: int, queue: asyncio.Queue[E
         await engine.cancel(request_id)
     while not isinstance(await queue.get(), Done | EngineErrorFrame | EngineDied):
         pass
-
-
-def finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from colibri.server.errors import APIError, bad
@@ -36,7 +36,6 @@ class Shaping:
     stop: tuple[str, ...]
     grammar: bytes
     tools: ToolSpec | None
-    extras: JSON = field(default_factory=dict)
 
 
 def _is_number(value: object) -> bool:
