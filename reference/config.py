@@ -26,6 +26,30 @@ LATENT_NORM_EPS = 1e-6
 #: The DSA indexer's key LayerNorm eps is fixed in HF and colibri alike.
 INDEXER_NORM_EPS = 1e-6
 
+#: Defaults for keys a config.json may omit, per model family, copied from HF's config classes
+#: (GlmMoeDsaConfig / DeepseekV3Config in transformers 5.24.0): the oracle is HF, so a config
+#: that omits one of these keys must mean what it means to HF. Architecture sizes (vocab,
+#: hidden, heads, ranks, head dims, expert counts) have no default here: HF's defaults are the
+#: full-size model's, and silently assuming them for another checkpoint would be a guess.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "glm_moe_dsa": {
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "q_lora_rank": 2048,
+        "rms_norm_eps": 1e-5,
+    },
+    "deepseek_v3": {
+        "n_group": 8,
+        "topk_group": 4,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "q_lora_rank": 1536,
+        "rms_norm_eps": 1e-6,
+    },
+}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -109,6 +133,7 @@ class ModelConfig:
                 f"config.json: model_type {model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
+        defaults = FAMILY_DEFAULTS[model_type]
         layers = r.positive("num_hidden_layers")
         dense = r.get("first_k_dense_replace", int, 3)
         if not 0 <= dense <= layers:
@@ -125,8 +150,8 @@ class ModelConfig:
 
         experts = r.positive("n_routed_experts")
         top_k = r.positive("num_experts_per_tok")
-        n_group = r.get("n_group", int, 1) or 1
-        topk_group = r.get("topk_group", int, 1) or 1
+        n_group = r.get("n_group", int, defaults["n_group"]) or 1
+        topk_group = r.get("topk_group", int, defaults["topk_group"]) or 1
         if top_k > experts:
             raise CheckpointError(
                 f"config.json: num_experts_per_tok={top_k} exceeds n_routed_experts={experts}"
@@ -165,14 +190,31 @@ class ModelConfig:
         if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
             raise CheckpointError("config.json: rope_theta must be a positive number")
         interleave = bool(raw.get("rope_interleave", True))
+        if model_type == "glm_moe_dsa" and not interleave:
+            # HF's GLM attention and indexer always use the interleaved layout and never read
+            # this key; honouring false would diverge from the oracle, ignoring it would hide
+            # a contradictory config.
+            raise CheckpointError(
+                "config.json: rope_interleave=false is not supported for glm_moe_dsa "
+                "(GLM-5 always uses the interleaved RoPE layout)"
+            )
 
-        q_lora = raw.get("q_lora_rank")
-        if q_lora is not None and (not isinstance(q_lora, int) or q_lora <= 0):
+        q_lora = raw.get("q_lora_rank", defaults["q_lora_rank"])
+        if q_lora is None and model_type == "glm_moe_dsa":
+            raise CheckpointError(
+                "config.json: q_lora_rank=null is not supported for glm_moe_dsa "
+                "(GLM-5 attention always has a low-rank query projection)"
+            )
+        if q_lora is not None and (
+            isinstance(q_lora, bool) or not isinstance(q_lora, int) or q_lora <= 0
+        ):
             raise CheckpointError("config.json: q_lora_rank must be a positive integer or null")
 
         indexer_types: tuple[str, ...] | None = None
         if model_type == "glm_moe_dsa":
             listed = r.optional_list("indexer_types")
+            if listed is None:
+                listed = _indexer_types_from_pattern(raw.get("index_topk_pattern"))
             if listed is None:
                 freq = max(r.get("index_topk_freq", int, 1), 1)
                 offset = r.get("index_skip_topk_offset", int, 2)
@@ -182,7 +224,8 @@ class ModelConfig:
                 ]
             if len(listed) != layers or any(t not in ("full", "shared") for t in listed):
                 raise CheckpointError(
-                    "config.json: indexer_types must list 'full'/'shared' once per layer"
+                    "config.json: indexer_types (or index_topk_pattern) must list 'full'/'shared' "
+                    "once per layer"
                 )
             if listed[0] != "full":
                 raise CheckpointError(
@@ -194,7 +237,7 @@ class ModelConfig:
         rope_dim = r.positive("qk_rope_head_dim")
         if rope_dim % 2:
             raise CheckpointError(f"config.json: qk_rope_head_dim={rope_dim} must be even")
-        index_head_dim = r.get("index_head_dim", int, 128) if indexer_types else 0
+        index_head_dim = r.positive_or("index_head_dim", 128) if indexer_types else 0
         if indexer_types and index_head_dim < rope_dim:
             raise CheckpointError("config.json: index_head_dim must be >= qk_rope_head_dim")
         mtp = r.get("num_nextn_predict_layers", int, 0)
@@ -216,29 +259,49 @@ class ModelConfig:
             n_shared_experts=r.get("n_shared_experts", int, 1) or 0,
             n_group=n_group,
             topk_group=topk_group,
-            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-            routed_scaling_factor=float(r.number("routed_scaling_factor", 1.0)),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", defaults["norm_topk_prob"])),
+            routed_scaling_factor=float(
+                r.number("routed_scaling_factor", defaults["routed_scaling_factor"])
+            ),
             q_lora_rank=q_lora,
             kv_lora_rank=r.positive("kv_lora_rank"),
             qk_nope_head_dim=r.positive("qk_nope_head_dim"),
             qk_rope_head_dim=rope_dim,
             v_head_dim=r.positive("v_head_dim"),
-            rms_norm_eps=float(r.number(
-                "rms_norm_eps", 1e-5 if model_type == "glm_moe_dsa" else 1e-6
-            )),
+            rms_norm_eps=float(r.number("rms_norm_eps", defaults["rms_norm_eps"])),
             rope_theta=float(theta),
             rope_interleave=interleave,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             mlp_layer_types=tuple(mlp_types),
             indexer_types=indexer_types,
-            index_topk=r.get("index_topk", int, 2048) if indexer_types else 0,
-            index_n_heads=r.get("index_n_heads", int, 32) if indexer_types else 0,
+            index_topk=r.positive_or("index_topk", 2048) if indexer_types else 0,
+            index_n_heads=r.positive_or("index_n_heads", 32) if indexer_types else 0,
             index_head_dim=index_head_dim,
             num_nextn_predict_layers=mtp,
             eos_token_ids=_eos_union(
                 raw.get("eos_token_id"), (generation or {}).get("eos_token_id")
             ),
         )
+
+
+def _indexer_types_from_pattern(pattern: Any) -> list[str] | None:
+    """HF's ``index_topk_pattern`` rule: a string maps ``F`` -> full and ``S`` -> shared per
+    layer; a list is taken as it is. None when the key is absent (the freq/offset rule applies)."""
+    if pattern is None:
+        return None
+    if isinstance(pattern, str):
+        letters = {"F": "full", "S": "shared"}
+        bad = sorted({c for c in pattern if c not in letters})
+        if bad:
+            raise CheckpointError(
+                f"config.json: index_topk_pattern may hold only 'F' and 'S', got {bad}"
+            )
+        return [letters[c] for c in pattern]
+    if isinstance(pattern, list) and all(isinstance(v, str) for v in pattern):
+        return list(pattern)
+    raise CheckpointError(
+        "config.json: index_topk_pattern must be a string of 'F'/'S' or a list of strings"
+    )
 
 
 def _eos_union(*values: Any) -> tuple[int, ...]:
@@ -272,6 +335,12 @@ class _Reader:
 
     def positive(self, key: str) -> int:
         value: int = self.get(key, int)
+        if value <= 0:
+            raise CheckpointError(f"config.json: {key} must be positive, got {value}")
+        return value
+
+    def positive_or(self, key: str, default: int) -> int:
+        value: int = self.get(key, int, default)
         if value <= 0:
             raise CheckpointError(f"config.json: {key} must be positive, got {value}")
         return value

@@ -1,4 +1,4 @@
-"""Greedy generation over the incremental interface (argmax takes the first maximum)."""
+"""Greedy generation over the incremental interface (first maximum, NaN skipped)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from colibri.reference.model import Model
 from colibri.reference.rng import Rng
-from colibri.reference.sampling import sample
+from colibri.reference.sampling import argmax, sample
 
 
 def _tokens(
@@ -38,8 +38,9 @@ def greedy_tokens(
     model: Model, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int] = ()
 ) -> Iterator[int]:
     """Up to ``max_tokens`` greedy tokens after ``prompt``; a stop id is yielded, then it ends."""
-    # numpy's argmax returns the first maximum
-    return _tokens(model, prompt, max_tokens, stop_ids, lambda logits: int(np.argmax(logits)))
+    # colibri's argmax (first maximum, NaN never wins), the same rule as sampling at
+    # temperature 0, so both greedy paths choose the same token on any logits.
+    return _tokens(model, prompt, max_tokens, stop_ids, argmax)
 
 
 def sampled_tokens(

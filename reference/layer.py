@@ -8,6 +8,9 @@ products. ``row_layer`` is the incremental form: M rows, each at its own positio
 cache (rows of one sequence in a prefill, or one row per sequence in a batched decode),
 absorbed MLA over the latent cache, and products that are computed row by row
 (``tensors.row_matmul``), so that a row's bytes never depend on the other rows.
+
+Both take the RoPE ``cos``/``sin`` of their rows' positions from the caller: they depend only
+on the positions, so the model computes them once per forward, not once per layer.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from colibri.reference.mla import (
 from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.moe import RouteObserver, moe
 from colibri.reference.norms import rms_norm
-from colibri.reference.rope import cos_sin
 from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
 from colibri.reference.weights import LayerWeights
 
@@ -64,13 +66,18 @@ def _feed_forward(h: F32, lw: LayerWeights, ctx: LayerContext, mm: Matmul) -> F3
 
 
 def full_sequence_layer(
-    x: F32, lw: LayerWeights, ctx: LayerContext, prev_allowed: np.ndarray | None
+    x: F32,
+    lw: LayerWeights,
+    ctx: LayerContext,
+    prev_allowed: np.ndarray | None,
+    rope: tuple[F32, F32],
 ) -> tuple[F32, np.ndarray]:
-    """x [T, D] at positions 0..T-1 -> (y [T, D], the [T, T] mask of keys each query saw)."""
+    """x [T, D] at positions 0..T-1 -> (y [T, D], the [T, T] mask of keys each query saw).
+
+    ``rope`` is ``cos_sin`` of positions 0..T-1."""
     cfg = ctx.cfg
     t = x.shape[0]
-    positions = np.arange(t)
-    cos, sin = cos_sin(positions, cfg.qk_rope_head_dim, cfg.rope_theta)
+    cos, sin = rope
     h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
     aw = lw.attention
     p = project(h, aw, cfg, cos, sin, dense_matmul)
@@ -106,23 +113,34 @@ def row_layer(
     caches: list[KVLayer],
     slots: list[int],
     prev_keep: list[I64 | None],
+    rope: tuple[F32, F32],
 ) -> tuple[F32, list[I64 | None]]:
     """M rows -> (y [M, D], the kept key slots of each row, None meaning all).
 
     Row r sits at rope position ``positions[r]``, writes its cache entries at row ``slots[r]``
     of ``caches[r]`` and attends to rows [0, slots[r]] of that cache. Every row's cache
     entries are written before any row attends, so rows of one sequence see each other.
+    ``rope`` is ``cos_sin`` of ``positions``.
     """
     cfg = ctx.cfg
     m = x.shape[0]
-    cos, sin = cos_sin(np.asarray(positions), cfg.qk_rope_head_dim, cfg.rope_theta)
+    cos, sin = rope
     h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
     aw = lw.attention
     p = project(h, aw, cfg, cos, sin, row_matmul)
     run_indexer = ctx.indexer_mode == "full" and aw.indexer is not None
+    # A row that sees at most index_topk keys keeps them all (dsa.select), so the indexer's
+    # queries, head weights and scores matter only when the indexer is on and some row sees
+    # more; the keys are always cached, for the rows that will. Each row's products are
+    # computed row by row, so skipping them changes no byte of the rows that remain.
+    select_rows = [
+        ctx.use_indexer and run_indexer and slots[r] + 1 > cfg.index_topk for r in range(m)
+    ]
     if run_indexer:
         assert aw.indexer is not None and p.q_resid is not None
         ikeys = dsa.index_keys(h, aw.indexer, cfg, cos, sin, row_matmul)
+    if any(select_rows):
+        assert aw.indexer is not None and p.q_resid is not None
         iqueries = dsa.index_queries(p.q_resid, aw.indexer, cfg, cos, sin, row_matmul)
         iweights = dsa.head_weights(h, aw.indexer, cfg, row_matmul)
     for r in range(m):
@@ -139,7 +157,7 @@ def row_layer(
         latent = caches[r]["latent"][:seen]
         rope_key = caches[r]["rope_key"][:seen]
         keep: I64 | None = None
-        if ctx.use_indexer and run_indexer:
+        if select_rows[r]:
             scores = dsa.scores_row(iqueries[r], iweights[r], caches[r]["index_key"][:seen], cfg)
             keep = dsa.select(scores, cfg.index_topk)
         elif ctx.use_indexer and ctx.indexer_mode == "shared":

@@ -20,6 +20,7 @@ from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
 from colibri.reference.layer import LayerContext, cache_widths, full_sequence_layer, row_layer
 from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
 from colibri.reference.norms import rms_norm
+from colibri.reference.rope import cos_sin
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
 from colibri.reference.weights import TensorLoader, load_layer
@@ -93,6 +94,10 @@ class Model:
         return LayerContext(self.config, self.experts, self.route_observer,
                             self.indexer_modes[layer], self.use_indexer)
 
+    def _rope(self, positions: Sequence[int]) -> tuple[F32, F32]:
+        """RoPE cos/sin of ``positions``, computed once per forward and shared by every layer."""
+        return cos_sin(np.asarray(positions), self.config.qk_rope_head_dim, self.config.rope_theta)
+
     def _embed(self, ids: Sequence[int]) -> F32:
         for t in ids:
             if not 0 <= int(t) < self.config.vocab_size:
@@ -114,9 +119,10 @@ class Model:
         if len(ids) == 0:
             raise ValueError("forward needs at least one token")
         x = self._embed(ids)
+        rope = self._rope(list(range(len(ids))))
         allowed: np.ndarray | None = None
         for i, lw in enumerate(self.layers):
-            x, allowed = full_sequence_layer(x, lw, self._context(i), allowed)
+            x, allowed = full_sequence_layer(x, lw, self._context(i), allowed, rope)
         logits = dense_matmul(rms_norm(x, self.final_norm, self.config.rms_norm_eps), self.lm_head)
         return x, logits
 
@@ -161,9 +167,11 @@ class Model:
         for s, capacity in needed.values():
             s.reserve(capacity)
         keeps: list[I64 | None] = [None] * len(states)
+        rope = self._rope(positions)
         for i, lw in enumerate(self.layers):
             caches = [s.layers[i] for s in states]
-            x, keeps = row_layer(x, lw, self._context(i), positions, caches, positions, keeps)
+            x, keeps = row_layer(x, lw, self._context(i), positions, caches, positions, keeps,
+                                 rope)
         for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
             s.hidden[pos] = hid
             if pos == len(s.tokens):
@@ -201,7 +209,7 @@ class Model:
         ctx = LayerContext(self.config, self.experts, self.route_observer,
                            self.mtp_indexer_mode, self.use_indexer)
         z, _ = row_layer(z, self.mtp.layer, ctx, positions, [cache.layer] * len(positions),
-                         slots, [None] * len(positions))
+                         slots, [None] * len(positions), self._rope(positions))
         cache.length = slots[-1] + 1
         normed = rms_norm(z[-1:], self.mtp.head_norm, self.config.rms_norm_eps)
         draft: F32 = row_matmul(normed, self.lm_head)[0]

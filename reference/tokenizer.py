@@ -85,10 +85,15 @@ def _parse_added_tokens(raw: Iterable[Any]) -> list[AddedToken]:
                 raise UnsupportedTokenizerError(
                     f"added token {entry['content']!r} with {option}=true"
                 )
+        token_id = entry.get("id")
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            raise TokenizerFileError(
+                f"added token {entry['content']!r} has no non-negative integer id: {token_id!r}"
+            )
         special = bool(entry.get("special", False))
         tokens.append(
             AddedToken(
-                id=int(entry["id"]),
+                id=token_id,
                 content=entry["content"],
                 special=special,
                 # HF's default: special tokens match the raw text, the others normalized.
@@ -130,7 +135,15 @@ class Tokenizer:
         if file.is_dir():
             file = file / "tokenizer.json"
         try:
-            data = json.loads(file.read_text(encoding="utf-8"))
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise TokenizerFileError(f"{file}: no such file") from exc
+        except OSError as exc:
+            raise TokenizerFileError(f"{file}: cannot be read: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise TokenizerFileError(f"{file}: not UTF-8 text ({exc.reason})") from exc
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TokenizerFileError(f"{file}: not JSON: {exc}") from exc
         if not isinstance(data, dict):

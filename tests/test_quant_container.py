@@ -8,9 +8,10 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from colibri.reference.experts import expert_tensor_names
 from colibri.reference.quant import Fmt, QuantFormatError, dequantize, quantize
 from colibri.reference.quant.container import QuantContainer
-from colibri.reference.quant.expert_store import QuantizedExpertStore, expert_name
+from colibri.reference.quant.expert_store import PROJECTIONS, QuantizedExpertStore
 from colibri.reference.quant.resolve import resolve_format
 from colibri.reference.quant.safetensors_file import (
     ContainerError,
@@ -20,6 +21,11 @@ from colibri.reference.quant.safetensors_file import (
 
 HIDDEN, INTER = 256, 256
 NAME = "model.layers.3.mlp.experts.0.gate_proj.weight"
+
+
+def expert_name(layer: int, expert: int, projection: str) -> str:
+    """One projection's tensor name, by the engine's own naming rule."""
+    return dict(zip(PROJECTIONS, expert_tensor_names(layer, expert), strict=True))[projection]
 
 
 def weights(shape: tuple[int, int], seed: int = 0) -> np.ndarray:

@@ -287,3 +287,29 @@ def test_other_pre_tokenizer_shapes_equal_hf(pre_tokenizer: dict[str, object]) -
     hf = tokenizers.Tokenizer.from_str(json.dumps(data))
     for text in (CORPUS_TEXT[:3000], "the tree e e  e\r\n", "<|user|>Hi there<think>", ""):
         assert ours.encode(text) == _hf_ids(hf, text)
+
+
+def test_unreadable_files_get_named_errors(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerFileError, match="no such file"):
+        Tokenizer.from_file(tmp_path / "missing.json")
+    with pytest.raises(TokenizerFileError, match="no such file"):
+        Tokenizer.from_file(tmp_path)  # a directory without tokenizer.json
+    (tmp_path / "odd" / "tokenizer.json").mkdir(parents=True)
+    with pytest.raises(TokenizerFileError, match="cannot be read"):
+        Tokenizer.from_file(tmp_path / "odd")  # its tokenizer.json is a directory
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"x": "\xe9"}')
+    with pytest.raises(TokenizerFileError, match="not UTF-8"):
+        Tokenizer.from_file(latin)
+
+
+@pytest.mark.parametrize("bad_id", [None, "7", 1.5, True, -1])
+def test_added_token_without_a_valid_id_is_a_named_error(bad_id: object) -> None:
+    data = json.loads(FIXTURE.read_text())
+    entry = data["added_tokens"][0]
+    if bad_id is None:
+        del entry["id"]
+    else:
+        entry["id"] = bad_id
+    with pytest.raises(TokenizerFileError, match=f"added token {entry['content']!r} has no"):
+        Tokenizer.from_json(data)

@@ -12,17 +12,19 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from colibri.reference.experts import ExpertWeights
+from colibri.reference.experts import ExpertWeights, expert_tensor_names
 from colibri.reference.quant.container import QuantContainer, TensorFormat
 from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import Fmt
 
+#: In the order of ``expert_tensor_names``: gate, up, down.
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 DEFAULT_BUDGET_BYTES = 256 << 20
 
 
-def expert_name(layer: int, expert: int, projection: str) -> str:
-    return f"model.layers.{layer}.mlp.experts.{expert}.{projection}.weight"
+def _tensor_names(layer: int, expert: int) -> dict[str, str]:
+    """Projection -> checkpoint tensor name, the float checkpoint's names (one naming rule)."""
+    return dict(zip(PROJECTIONS, expert_tensor_names(layer, expert), strict=True))
 
 
 @dataclass
@@ -73,14 +75,12 @@ class QuantizedExpertStore:
     def formats(self, layer: int, expert: int) -> dict[str, TensorFormat]:
         """The stored format of each projection; fmt6 must cover all three or none."""
         shapes = self.shapes()
-        out = {
-            p: self.container.tensor_format(expert_name(layer, expert, p), shapes[p])
-            for p in PROJECTIONS
-        }
+        names = _tensor_names(layer, expert)
+        out = {p: self.container.tensor_format(names[p], shapes[p]) for p in PROJECTIONS}
         e8 = [p for p, f in out.items() if f.fmt == Fmt.E8_IQ3]
         if e8 and len(e8) != len(PROJECTIONS):
             raise QuantFormatError(
-                expert_name(layer, expert, e8[0]),
+                names[e8[0]],
                 "e8-iq3-lattice must cover all three projections of an expert "
                 f"(only {', '.join(e8)} are e8)",
             )
@@ -108,9 +108,8 @@ class QuantizedExpertStore:
         self.stats.misses += 1
         self.formats(layer, expert)
         shapes = self.shapes()
-        gate, up, down = (
-            self.container.weight(expert_name(layer, expert, p), shapes[p]) for p in PROJECTIONS
-        )
+        names = _tensor_names(layer, expert)
+        gate, up, down = (self.container.weight(names[p], shapes[p]) for p in PROJECTIONS)
         weights = ExpertWeights(gate, up, down)
         self._insert(key, weights)
         return weights

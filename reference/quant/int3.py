@@ -9,7 +9,7 @@ past the end of a short last group are zero bits, as colibri's packer leaves the
 from __future__ import annotations
 
 import numpy as np
-from colibri.reference.quant.absmax import F32, MIN_SCALE, quantize_values
+from colibri.reference.quant.absmax import F32, absmax_scales, quantize_values
 from colibri.reference.quant.formats import INT3_GROUP, INT3_GROUP_BYTES, ceil_div
 from colibri.reference.quant.int_row import U8
 
@@ -22,8 +22,7 @@ def quantize_int3_g64(weights: F32) -> tuple[U8, F32]:
     padded = np.zeros((rows, groups * INT3_GROUP), dtype=np.float32)
     padded[:, :cols] = weights
     grouped = padded.reshape(rows, groups, INT3_GROUP)
-    amax = np.max(np.abs(grouped), axis=2)
-    scales = np.maximum((amax / np.float32(3)).astype(np.float32), MIN_SCALE)
+    scales = absmax_scales(grouped, 3, axis=2)
     q = quantize_values(grouped, scales[:, :, None], 3).astype(np.int16)
     u = (q + 4).astype(np.uint8)
     # Padding columns hold no element: their bits stay zero, not the code of q = 0.

@@ -7,7 +7,7 @@ size is not stored: a reader derives it from the scale count (finest candidate f
 from __future__ import annotations
 
 import numpy as np
-from colibri.reference.quant.absmax import F32, MIN_SCALE, quantize_values
+from colibri.reference.quant.absmax import F32, absmax_scales, quantize_values
 from colibri.reference.quant.formats import ceil_div
 from colibri.reference.quant.int_row import U8, pack_nibbles, unpack_nibbles
 
@@ -27,8 +27,7 @@ def quantize_int4_grouped(weights: F32, group_size: int) -> tuple[U8, F32]:
     rows, cols = weights.shape
     grouped = _grouped(weights, group_size)
     # Zero padding never raises a group's absmax, so the padded groups' scales are exact.
-    amax = np.max(np.abs(grouped), axis=2)
-    scales = np.maximum((amax / np.float32(7)).astype(np.float32), MIN_SCALE)
+    scales = absmax_scales(grouped, 7, axis=2)
     q = quantize_values(grouped, scales[:, :, None], 7).reshape(rows, -1)[:, :cols]
     return pack_nibbles((q + 8).astype(np.uint8)).reshape(-1), scales.reshape(-1)
 
