@@ -13,12 +13,14 @@ import jsonschema
 import referencing
 from colibri.conformance.cases import Case
 from colibri.conformance.http_target import (
+    COLIBRI_SERVER_CAPABILITIES,
     Endpoint,
     HttpTarget,
     HttpTargetError,
     ManagedServer,
     Response,
     discover_model,
+    identifies_as_colibri,
     probe,
 )
 from colibri.conformance.outcome import CheckFailure
@@ -249,6 +251,11 @@ class HttpRunner:
                 documents = [d for d in documents if d.get("type") == exp["event"]]
         else:
             documents = [response.json()]
+        if not documents:
+            # A stream of only [DONE], or an event filter matching nothing, proves nothing.
+            event = exp.get("event")
+            which = f" (no {event!r} event)" if event is not None else ""
+            raise CheckFailure(f"{name}: no documents to validate{which}")
         for document in documents:
             error = jsonschema.exceptions.best_match(validator.iter_errors(document))
             if error is not None:
@@ -400,6 +407,8 @@ def http_runner(
         except OSError as exc:
             raise HttpTargetError(f"cannot reach {endpoint.base_url}: {exc}") from exc
         capabilities = probe(endpoint, model)
+        if server_cmd is not None and identifies_as_colibri(endpoint):
+            capabilities |= COLIBRI_SERVER_CAPABILITIES
     except HttpTargetError:
         for server in servers.values():
             server.close()

@@ -203,6 +203,20 @@ class HttpTarget:
         self.servers.clear()
 
 
+#: What every colibri server has. A server the suite starts itself (--server-cmd) that says it
+#: is colibri (``Server: colibri``) is held to these instead of probed for them, so a
+#: regression fails the cases that need them rather than turning them into skips.
+COLIBRI_SERVER_CAPABILITIES = frozenset({"colibri_ext", "metrics", "anthropic", "completions"})
+
+
+def identifies_as_colibri(endpoint: Endpoint) -> bool:
+    try:
+        server = endpoint.request("GET", "/v1/models").header("server") or ""
+    except OSError as exc:
+        raise HttpTargetError(f"cannot reach {endpoint.base_url}: {exc}") from exc
+    return server.split("/")[0].split(" ")[0].lower() == "colibri"
+
+
 def probe(endpoint: Endpoint, model: str) -> set[str]:
     caps = {"openai_chat", "streaming", "tools"}
     try:

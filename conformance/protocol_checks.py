@@ -474,6 +474,8 @@ def _logprobs(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
                     raise CheckFailure(f"position 0 tail must be 'nan 0': {f.describe()!r}")
                 continue
             _table(f.fields, 4, k, codec.vocab, f"ECHO {f.describe()!r}")
+    if not seen_data:
+        raise CheckFailure(f"no DATA frames for request {rid}: no logprob tables to check")
 
 
 _USAGE_LINE = re.compile(r"-?[0-9]+ [0-9]+ [0-9]+")

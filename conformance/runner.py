@@ -130,19 +130,26 @@ def run_parallel(
     results: list[Result | None] = [None] * len(cases)
     lock = threading.Lock()
     position = [0]
+    deaths: dict[int, str] = {}
 
     def work(worker: Executor) -> None:
-        while True:
+        number = -1
+        try:
+            while True:
+                with lock:
+                    number = position[0]
+                    position[0] += 1
+                if number >= len(cases):
+                    return
+                result = run_case(worker, cases[number], expectations, reruns)
+                with lock:
+                    results[number] = result
+                    if progress is not None:
+                        progress(result)
+        except BaseException as exc:  # noqa: BLE001 - reported as the case's ERROR below
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             with lock:
-                number = position[0]
-                position[0] += 1
-            if number >= len(cases):
-                return
-            result = run_case(worker, cases[number], expectations, reruns)
-            with lock:
-                results[number] = result
-                if progress is not None:
-                    progress(result)
+                deaths[number] = detail
 
     threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in workers]
     try:
@@ -153,4 +160,12 @@ def run_parallel(
     finally:
         for worker in workers:
             worker.close()
-    return [r for r in results if r is not None]
+    return [r if r is not None else _lost(case, deaths.get(number))
+            for number, (r, case) in enumerate(zip(results, cases, strict=True))]
+
+
+def _lost(case: Case, death: str | None) -> Result:
+    """The verdict of a case whose worker died: an ERROR, never a silently missing case."""
+    reason = f"worker died: {death}" if death else "no worker was left to run it"
+    return Result(case.id, case.suite, case.area, case.level, case.clause, ERROR,
+                  f"harness error: {reason}")

@@ -9,7 +9,7 @@ from typing import Any
 from colibri.server import validation as v
 from colibri.server.context import JSON, Exchange, ServerState, conversation_slot, dumps
 from colibri.server.context import wait_header as queue_wait_header
-from colibri.server.errors import APIError, bad
+from colibri.server.errors import bad
 from colibri.server.openai_api import check_prompt, submit_request
 from colibri.server.piped_turn import run_piped
 from colibri.server.pipeline import OutputPipeline, stop_filter
@@ -195,12 +195,8 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
     if choice is not None:
         openai_body["tool_choice"] = choice
     continued = check_continuation(translated, openai_body)
-    try:
-        spec = v.resolve_tool_choice(openai_body, v.validate_tools(openai_body))
-    except APIError:
-        spec = None  # reported in its place by shaping()
     rendered = render_chat(translated, thinking=thinking, effort="high" if thinking else None,
-                           tools=spec, continued=continued)
+                           tools=v.lenient_tool_spec(openai_body), continued=continued)
     shaping = v.shaping(openai_body, config.max_tokens)
     slot = v.cache_slot(openai_body, config.kv_slots)
     if slot is None and config.kv_slots > 1:

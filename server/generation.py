@@ -1,17 +1,18 @@
 """One engine call: SUBMIT, then frames until DONE, with STOP, CANCEL and idle callbacks.
 
 The HTTP layers hand in callbacks: ``on_accept`` (commits a stream), ``on_text`` (each
-decoded piece, UTF-8 reassembled across frames), ``on_idle`` (every 50 ms without a frame:
-keepalives), ``stopped()`` (a stop sequence matched: send STOP once) and ``cancelled()``
-(the client left: send CANCEL once and wait for the engine's acknowledgement, so the KV
-slot is never reused while the engine still holds it).
+decoded piece, UTF-8 reassembled across frames), ``on_idle`` (before every wait for a frame,
+so at least every 50 ms: the keepalive check, which must also run while frames arrive that
+put nothing on the wire, e.g. text held by the tool-call gate), ``stopped()`` (a stop
+sequence matched: send STOP once) and ``cancelled()`` (the client left: send CANCEL once
+and wait for the engine's acknowledgement, so the KV slot is never reused while the engine
+still holds it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from colibri.server.engine_client import (
     Echo,
     EngineDied,
     EngineErrorFrame,
+    EngineProcess,
+    Event,
     SubmitRequest,
 )
 from colibri.server.errors import ClientCancelled, EngineFailure
@@ -94,16 +97,19 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
     accepted = False
     stop_sent = cancel_sent = False
     malformed = False
+    terminal = False  # DONE, ERROR or the engine's death: the engine is done with the slot
     try:
         while True:
             if cancelled() and not cancel_sent:
                 cancel_sent = True
                 await engine.cancel(request_id)
+            if not cancel_sent:
+                # Also after frames: a fast stream whose text is all held back (tool gate,
+                # dropped empty pieces) must still get its keepalives.
+                await on_idle()
             try:
                 event = await asyncio.wait_for(queue.get(), IDLE_S)
             except TimeoutError:
-                if not cancel_sent:
-                    await on_idle()
                 continue
             if isinstance(event, Accept):
                 if accepted:
@@ -136,6 +142,7 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
                     stop_sent = True
                     await engine.stop(request_id)
             elif isinstance(event, Done):
+                terminal = True
                 if cancel_sent:
                     raise ClientCancelled()
                 if malformed:
@@ -150,17 +157,28 @@ async def run_engine(supervisor: EngineSupervisor, request: SubmitRequest,
                 return EngineResult(event.stats, event.telemetry, raw, spans, echo_text,
                                     echo_spans)
             elif isinstance(event, EngineErrorFrame):
+                terminal = True
                 if event.code == "CANCELLED" or cancel_sent:
                     raise ClientCancelled()
                 if event.code == "CONTEXT_EXCEEDED":
                     raise errors.context_exceeded(event.args, context_param)
                 raise EngineFailure(f"engine error {event.code}")
             elif isinstance(event, EngineDied):
+                terminal = True
                 raise EngineFailure(event.reason)
     finally:
+        if not terminal:
+            await _settle(engine, request_id, queue, cancel_sent)
         engine.release(request_id)
         metrics.engine_call.observe(time.monotonic() - started)
 
 
-def finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
+async def _settle(engine: EngineProcess, request_id: int, queue: asyncio.Queue[Event],
+                  cancel_sent: bool) -> None:
+    """The turn ended before its terminal frame (a protocol fault, or a callback raised):
+    CANCEL it and wait for the engine's answer, because the engine still runs the request
+    and its slot must not be handed to another one before it lets go (spec/http.md)."""
+    if not cancel_sent:
+        await engine.cancel(request_id)
+    while not isinstance(await queue.get(), Done | EngineErrorFrame | EngineDied):
+        pass

@@ -20,7 +20,7 @@ from colibri.server.context import (
     wait_header,
 )
 from colibri.server.engine_client import SubmitRequest
-from colibri.server.errors import APIError, bad
+from colibri.server.errors import bad
 from colibri.server.generation import EngineResult
 from colibri.server.piped_turn import run_piped
 from colibri.server.pipeline import OutputPipeline, Piece, stop_filter
@@ -57,13 +57,6 @@ def thinking_options(body: JSON, think_default: bool) -> tuple[bool, str | None]
     return thinking, effort
 
 
-def _lenient_tools(body: JSON, tools: list[JSON] | None) -> v.ToolSpec | None:
-    try:
-        return v.resolve_tool_choice(body, tools)
-    except APIError:
-        return None  # reported in its place by shaping()
-
-
 def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
     config = state.config
     strict = body.get("strict_tool_calls", False)
@@ -92,7 +85,7 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
         raise bad("`messages` must be a non-empty array.", "messages")
     continued = check_continuation(messages, body)
     rendered = render_chat(messages, thinking=thinking, effort=effort,
-                           tools=_lenient_tools(body, tools), continued=continued)
+                           tools=v.lenient_tool_spec(body), continued=continued)
     shaping = v.shaping(body, config.max_tokens)
     logprobs = v.chat_logprobs(body)
     if logprobs is not None and shaping.tools is not None:

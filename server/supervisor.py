@@ -43,7 +43,6 @@ class EngineSupervisor:
         self.last_exit: str | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closing = False
-        self._ready = asyncio.Event()
         self.telemetry = Telemetry()
 
     @property
@@ -59,9 +58,6 @@ class EngineSupervisor:
         await self._spawn()
         self._watch = asyncio.create_task(self._watch_loop())
 
-    async def wait_ready(self) -> None:
-        await self._ready.wait()
-
     async def _spawn(self) -> None:
         engine = EngineProcess(self.argv, self.env)
         # Keep telemetry across restarts: the dashboard should not blank out.
@@ -69,7 +65,6 @@ class EngineSupervisor:
         await engine.start(self.ready_timeout)
         self.engine = engine
         self.state = "ready"
-        self._ready.set()
 
     async def _watch_loop(self) -> None:
         backoff = BACKOFF_START_S
@@ -81,7 +76,6 @@ class EngineSupervisor:
                 return
             self.last_exit = reason
             self.state = "restarting"
-            self._ready.clear()
             print(f"[colibri] engine exited: {reason}; restarting", file=sys.stderr)
             while not self.closing():
                 await asyncio.sleep(backoff)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from colibri.server.errors import bad
-from colibri.server.validation import ToolSpec
+from colibri.server.validation import ToolSpec, declared_tools
 
 JSON = dict[str, Any]
 
@@ -120,7 +120,7 @@ def check_continuation(messages: list[Any], body: JSON) -> bool:
     if not isinstance(last, dict) or last.get("role") != "assistant":
         return False
     n = len(messages) - 1
-    if body.get("tools") or body.get("functions"):
+    if declared_tools(body):
         raise bad("A continued assistant turn cannot be combined with `tools`: the tool-call "
                   "parsers read an assistant turn from its start, and a continuation can end "
                   "anywhere -- including inside a <tool_call> block.", "tools",

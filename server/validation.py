@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from colibri.server.errors import bad
+from colibri.server.errors import APIError, bad
 
 JSON = dict[str, Any]
 
@@ -36,7 +36,6 @@ class Shaping:
     stop: tuple[str, ...]
     grammar: bytes
     tools: ToolSpec | None
-    extras: JSON = field(default_factory=dict)
 
 
 def _is_number(value: object) -> bool:
@@ -48,14 +47,26 @@ def tool_function(tool: JSON) -> JSON:
     return function if isinstance(function, dict) else tool
 
 
+def declared_tools(body: JSON) -> object:
+    """``tools`` when present and not null (``[]`` included), else the legacy ``functions``."""
+    tools = body.get("tools")
+    return body.get("functions") if tools is None else tools
+
+
 def validate_tools(body: JSON) -> list[JSON] | None:
-    tools = body.get("tools") or body.get("functions")
-    if tools is None or tools == []:
-        if body.get("functions") == [] and body.get("tools") in (None, []):
+    if body.get("tools") is not None:
+        tools = body["tools"]
+        if not isinstance(tools, list):
+            # `{}`, false, 0 and "" are mistakes, not "no tools".
+            raise bad("`tools` must be an array.", "tools", "invalid_value")
+        if not tools:
+            return None  # `tools: []` means no tools, whatever `functions` says
+    else:
+        tools = body.get("functions")
+        if tools is None:
+            return None
+        if not isinstance(tools, list) or not tools:
             raise bad("`tools` must be a non-empty array.", "tools", "invalid_value")
-        return None
-    if not isinstance(tools, list):
-        raise bad("`tools` must be a non-empty array.", "tools", "invalid_value")
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise bad(f"Each tool must be an object, got {type(tool).__name__} at index {i}.",
@@ -85,6 +96,15 @@ def validate_tools(body: JSON) -> list[JSON] | None:
             raise bad(f"Tool `parameters.required` must be an array at index {i}.",
                       f"{prefix}.parameters.required", "invalid_value")
     return tools
+
+
+def lenient_tool_spec(body: JSON) -> ToolSpec | None:
+    """The tools to render into the prompt, or None when ``tools``/``tool_choice`` is invalid:
+    that error is reported in its place (the check order is the contract) by shaping()."""
+    try:
+        return resolve_tool_choice(body, validate_tools(body))
+    except APIError:
+        return None
 
 
 def resolve_tool_choice(body: JSON, tools: list[JSON] | None) -> ToolSpec | None:

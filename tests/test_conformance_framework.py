@@ -300,3 +300,29 @@ def test_bodies_are_matched_to_their_schemas() -> None:
     runner._schema({"schema": "anthropic_error.json"}, error)
     assert body_schema("GET", "/v1/models/some-id", _metrics_response("{}")) == "model.json"
     assert body_schema("GET", "/static.js", _metrics_response("x")) is None
+
+
+def test_schema_check_fails_when_there_is_nothing_to_validate() -> None:
+    from colibri.conformance.http_runner import HttpRunner, _schema_registry
+
+    runner = HttpRunner.__new__(HttpRunner)
+    runner._schemas = _schema_registry()
+    sse = {"content-type": "text/event-stream"}
+    only_done = Response(200, sse, [], b"data: [DONE]\n\n")
+    with pytest.raises(CheckFailure, match="no documents to validate"):
+        runner._schema({"schema": "chat_completion_chunk.json"}, only_done)
+    ping = Response(200, sse, [], b'event: ping\ndata: {"type": "ping"}\n\n')
+    with pytest.raises(CheckFailure, match="no documents to validate.*message_stop"):
+        runner._schema({"schema": "message_stream_event.json", "event": "message_stop"}, ping)
+
+
+def test_logprobs_check_fails_without_data_frames() -> None:
+    from colibri.conformance.frames import Frame
+    from colibri.conformance.prompts import PromptCodec
+    from colibri.conformance.protocol_checks import SessionView, _logprobs
+
+    frames = [Frame(0, "ACCEPT", b"ACCEPT 1 0"), Frame(1, "DONE", b"DONE 1 0 0 0 0 0 0")]
+    views = {"main": SessionView("main", frames, [], True, {})}
+    codec = PromptCodec(ids_mode=True, vocab=256, oracle={})
+    with pytest.raises(CheckFailure, match="no DATA frames for request 1"):
+        _logprobs(views, {"id": 1, "k": 2}, codec)

@@ -73,3 +73,17 @@ def test_generic_openai_server_runs_the_portable_subset() -> None:
         "http.chat.stop-sequence-cut",
     } <= set(by_status[PASS])
     assert "http.ops.metrics-format" in by_status[SKIP]
+
+
+def test_a_started_colibri_server_is_held_to_colibri_capabilities() -> None:
+    """A server the suite starts that says it is colibri but lost its extensions fails the
+    cases needing them instead of skipping them (and the run exits non-zero)."""
+    server = f"{shlex.quote(sys.executable)} {shlex.quote(str(GENERIC))} {{port}} --claims-colibri"
+    executor = http_runner(None, server, None, None, timeout=10.0)
+    try:
+        assert {"colibri_ext", "metrics", "anthropic", "completions"} <= executor.capabilities
+        metrics = next(c for c in CASES if c.id == "http.ops.metrics-format")
+        result = run_case(executor, metrics, Expectations(), reruns=0)
+    finally:
+        executor.close()
+    assert result.status == FAIL and result.blocking

@@ -2,7 +2,8 @@
 Anthropic or completions endpoints): the conformance suite must run its portable subset
 against it and skip the rest. Replies are a fixed word list; usage counts words.
 
-Run: ``python generic_openai_server.py PORT``.
+Run: ``python generic_openai_server.py PORT [--claims-colibri]``; with the flag it answers
+``Server: colibri`` (a colibri server that lost its extensions, for the capability tests).
 """
 
 from __future__ import annotations
@@ -117,4 +118,6 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
+    if "--claims-colibri" in sys.argv[2:]:
+        Handler.version_string = lambda self: "colibri"  # type: ignore[method-assign]
     ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
