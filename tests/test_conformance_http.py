@@ -18,8 +18,9 @@ from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.expectations import Expectations
 from colibri.conformance.http_runner import HttpRunner, http_runner
 from colibri.conformance.http_target import HttpTargetError
-from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL
+from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP
 from colibri.conformance.runner import run_case, run_suite
+from conformance_verdict import assert_conformant
 
 SERVE = f"{shlex.quote(sys.executable)} -m colibri serve"
 FAKE_ENGINE = (
@@ -44,13 +45,7 @@ def runner() -> Iterator[HttpRunner]:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_http_case(runner: HttpRunner, case: Case) -> None:
     result = run_case(runner, case, Expectations(), reruns=0)
-    if result.status in (SKIP, XFAIL):
-        pytest.skip(result.message)
-    if result.status in (FAIL, ERROR):
-        if case.level == "should":
-            pytest.skip(f"should-level case failed: {result.message}")
-        pytest.fail(result.message, pytrace=False)
-    assert result.status == PASS
+    assert_conformant(case, result)
 
 
 def test_generic_openai_server_runs_the_portable_subset() -> None:

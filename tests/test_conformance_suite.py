@@ -17,9 +17,10 @@ import pytest
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.engine import EngineError
 from colibri.conformance.expectations import Expectations
-from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL, Result
+from colibri.conformance.outcome import PASS, Result
 from colibri.conformance.protocol_target import protocol_runner
 from colibri.conformance.runner import run_parallel
+from conformance_verdict import assert_conformant
 
 from colibri.resources import DEFAULT_MODEL_NAME, fixture_model_dir
 
@@ -64,13 +65,7 @@ def test_protocol_case(model: str, case: Case) -> None:
             pytest.fail(outcome)
         pytest.skip(outcome)
     result = outcome[case.id]
-    if result.status in (SKIP, XFAIL):
-        pytest.skip(result.message)
-    if result.status in (FAIL, ERROR):
-        if case.level == "should":
-            pytest.skip(f"should-level case failed: {result.message}")
-        pytest.fail(result.message, pytrace=False)
-    assert result.status == PASS
+    assert_conformant(case, result)
 
 
 def _fixture_models() -> list[str]:

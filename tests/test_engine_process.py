@@ -109,7 +109,8 @@ def test_bad_configuration_exits_2(extra: dict[str, str], message: str) -> None:
     assert proc.stdout == b""
 
 
-def test_sigterm_finishes_active_requests() -> None:
+def _engine_streaming_a_long_request() -> tuple[subprocess.Popen[bytes], FrameReader]:
+    """An engine that has started streaming request 1 (4000 tokens: it will not finish)."""
     proc = _engine(_env(COLI_PERSIST="0"))
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(submit(1, 0, ids(*PROMPT), 4000, ext="ids=1"))
@@ -118,6 +119,11 @@ def test_sigterm_finishes_active_requests() -> None:
     reader.read_preamble()
     while (frame := reader.read_frame()) is not None and frame.kind != "DATA":
         pass
+    return proc, reader
+
+
+def test_sigterm_finishes_active_requests() -> None:
+    proc, reader = _engine_streaming_a_long_request()
     proc.send_signal(signal.SIGTERM)
     rest = []
     while (frame := reader.read_frame()) is not None:
@@ -128,18 +134,12 @@ def test_sigterm_finishes_active_requests() -> None:
 
 
 def test_sigint_finishes_active_requests_and_keeps_serving() -> None:
-    proc = _engine(_env(COLI_PERSIST="0"))
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(submit(1, 0, ids(*PROMPT), 4000, ext="ids=1"))
-    proc.stdin.flush()
-    reader = FrameReader(proc.stdout)
-    reader.read_preamble()
-    while (frame := reader.read_frame()) is not None and frame.kind != "DATA":
-        pass
+    proc, reader = _engine_streaming_a_long_request()
     proc.send_signal(signal.SIGINT)
     while (frame := reader.read_frame()) is not None and frame.kind != "DONE":
         pass
     assert frame is not None and frame.line.startswith(b"DONE 1 STAT")
+    assert proc.stdin is not None
     proc.stdin.write(submit(2, 0, ids(*PROMPT), 2, ext="ids=1"))
     proc.stdin.close()
     rest = []
