@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from colibri.reference import load_model
 from reference_support import oracle
 
 from colibri.cli import main
-from colibri.reference import load_model
 from colibri.resources import fixture_model_dir
 
 
