@@ -31,8 +31,6 @@ CASES = load_cases("protocol")
 
 def _run_target(model: str) -> dict[str, Result] | str:
     directory = fixture_model_dir(model)
-    if not (directory / "config.json").is_file():
-        return f"fixture model {model} is not in this checkout"
     try:
         runner = protocol_runner(ENGINE, directory, timeout=30.0)
     except EngineError as exc:
@@ -61,9 +59,8 @@ def _verdicts() -> dict[str, dict[str, Result] | str]:
 def test_protocol_case(model: str, case: Case) -> None:
     outcome = _verdicts()[model]
     if isinstance(outcome, str):
-        if model == "glm5-tiny":
-            pytest.fail(outcome)
-        pytest.skip(outcome)
+        # Both targets are committed fixtures on the reference engine: not starting is a failure.
+        pytest.fail(outcome, pytrace=False)
     result = outcome[case.id]
     assert_conformant(case, result)
 
