@@ -3,7 +3,7 @@ the glm5-tiny fixture (ids=1 payloads) and on the default chat model (text paylo
 
 Both targets run once, side by side (each on a few engines, `run_parallel`), the first time a
 test needs a verdict; each test then reports its case: `must` failures fail, `should`
-failures and capability skips are skips with their reason.
+failures fail too (the reference must meet them); capability skips skip with their reason.
 """
 
 from __future__ import annotations
