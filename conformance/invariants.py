@@ -413,9 +413,13 @@ def heat_monotonic(view: SessionView, codec: PromptCodec) -> None:
         for index, frame in enumerate(run):
             if frame.kind == "EMAP":
                 emap = _emap(frame)
+                if last is not None and (last.rows, last.cols) != (emap.rows, emap.cols):
+                    raise CheckFailure("EMAP dimensions change within one engine process")
                 if last is not None:
                     fallen = [
-                        i for i, (a, b) in enumerate(zip(last.heats(), emap.heats())) if b < a
+                        i
+                        for i, (a, b) in enumerate(zip(last.heats(), emap.heats(), strict=True))
+                        if b < a
                     ]
                     if fallen:
                         raise CheckFailure(
@@ -435,8 +439,9 @@ def heat_monotonic(view: SessionView, codec: PromptCodec) -> None:
                     # In the turn-end block nothing is routed between EMAP and HITS.
                     cold = sorted(i for i in bits if last.heats()[i] == 0)
                     if cold:
-                        raise CheckFailure(f"HITS routes experts {cold[:6]} the EMAP before it "
-                                           "shows cold")
+                        raise CheckFailure(
+                            f"HITS routes experts {cold[:6]} the EMAP before it shows cold"
+                        )
     if not compared:
         raise CheckFailure("fewer than two EMAP lines in one engine process")
 
@@ -456,10 +461,9 @@ def heat_restored(view: SessionView, codec: PromptCodec) -> None:
             continue
         was, now = _emap(old[-1]).heats(), _emap(new[0]).heats()
         if was != now:
-            diff = next(i for i, (a, b) in enumerate(zip(was, now)) if a != b)
+            diff = next(i for i, (a, b) in enumerate(zip(was, now, strict=False)) if a != b)
             raise CheckFailure(
-                f"after the restart expert cell {diff} has heat {now[diff]}, "
-                f"{was[diff]} before it"
+                f"after the restart expert cell {diff} has heat {now[diff]}, {was[diff]} before it"
             )
         checked += 1
     if not checked:
@@ -472,6 +476,11 @@ def _payload_id(payload: bytes | None, vocab: int, what: str) -> int:
     if not (text.startswith(" ") and text[1:].isdigit()) or int(text[1:]) >= vocab:
         raise CheckFailure(f"{what}: payload {payload!r} is not ' <id>' with id < {vocab}")
     return int(text[1:])
+
+
+def _hex(text: str) -> bytes:
+    """A hextext field: token bytes, '-' for none."""
+    return b"" if text == "-" else bytes.fromhex(text)
 
 
 def _no_tokenizer(view: SessionView) -> bool:
@@ -502,12 +511,15 @@ def topk_table(view: SessionView, codec: PromptCodec) -> None:
         if any(b > a for a, b in zip(lps, lps[1:], strict=False)):
             raise CheckFailure(f"TOPK is not by descending logprob: {lps}")
         if _no_tokenizer(view):
-            ids = [_payload_id(bytes.fromhex(t), codec.vocab, "TOPK entry") for t in texts]
+            ids = [_payload_id(_hex(t), codec.vocab, "TOPK entry") for t in texts]
             if len(set(ids)) != len(ids):
                 raise CheckFailure(f"TOPK repeats a token: {ids}")
-            ties = [(a, b) for (a, x), (b, y) in zip(
-                zip(ids, lps, strict=True), list(zip(ids, lps, strict=True))[1:], strict=False
-            ) if x == y and b < a]
+            entries = list(zip(ids, lps, strict=True))
+            ties = [
+                (a, b)
+                for (a, x), (b, y) in zip(entries, entries[1:], strict=False)
+                if x == y and b < a
+            ]
             if ties:
                 raise CheckFailure(f"TOPK ties not by ascending id: {ties}")
         asked = view.requests.get(rid or -1)
@@ -541,8 +553,7 @@ def token_payloads(view: SessionView, codec: PromptCodec) -> None:
             got = [(f.payload or b"").strip() for f in echoes]
             if got != sent or spelled != b"".join(b" " + t for t in sent):
                 raise CheckFailure(
-                    f"request {turn.rid}: ECHO payloads {got[:8]} are not the ids sent "
-                    f"{sent[:8]}"
+                    f"request {turn.rid}: ECHO payloads {got[:8]} are not the ids sent {sent[:8]}"
                 )
         elif not payload.ids and spelled != payload.data:
             raise CheckFailure(
@@ -700,4 +711,9 @@ def check_invariant(view: SessionView, exp: dict[str, Any], codec: PromptCodec) 
     check = INVARIANTS.get(str(name))
     if check is None:
         raise CheckFailure(f"unknown invariant {name!r}")
-    check(view, codec)
+    try:
+        check(view, codec)
+    except (IndexError, ValueError, struct.error) as exc:
+        # A frame too malformed to read the fields an invariant relates (the grammar
+        # expectation names it) cannot satisfy the invariant either.
+        raise CheckFailure(f"{name}: a frame it relates is malformed ({exc})") from None
