@@ -7,13 +7,14 @@ import operator
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from colibri.conformance.cases import Case
 from colibri.conformance.frames import PREAMBLE, Frame
 from colibri.conformance.grammar import Grammar
+from colibri.conformance.invariants import check_invariant
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import Payload, PromptCodec
 
@@ -55,6 +56,12 @@ class SessionView:
     alive: bool
     submitted: dict[int, Payload]
     state_dir: Path | None = None
+    #: What each SUBMIT asked (max_tokens, temperature, slot, ext), by request id.
+    requests: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The engine's configuration (kv_slots, ctx, persist, env) as the case gave it.
+    config: dict[str, Any] = field(default_factory=dict)
+    #: The latest CAPS line of the engine (also when its handshake came before this case).
+    caps: dict[str, int] = field(default_factory=dict)
 
 
 Views = dict[str, SessionView]
@@ -356,6 +363,8 @@ def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCode
                 _interleave(views, exp)
             elif kind == "logprobs":
                 _logprobs(views, exp, codec)
+            elif kind == "invariant":
+                check_invariant(_session(views, exp.get("session")), exp, codec)
             else:
                 raise CheckFailure(f"expectation type {kind!r} is not implemented")
         except NotApplicable as exc:
