@@ -30,17 +30,17 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 import jsonschema
 import referencing
+from colibri.conformance.sameness import Tolerance, printed, ranking_difference
 from referencing.jsonschema import DRAFT202012
 
 from colibri import resources
-from colibri.conformance.sameness import Tolerance, printed, ranking_difference
 from colibri.protocol import ProtocolSpec, ProtocolViolation, load_spec, parse_line
 
 #: The JSON-schema annotation that names kind-(b) fields and top-k tables.
@@ -578,11 +578,3 @@ def _same_json(a: Any, e: Any) -> bool:
     if isinstance(e, float):
         return _numbers_equal(a, e)
     return bool(a == e)
-
-
-def iter_mismatches(comparisons: Sequence[Comparison]) -> Iterator[Mismatch]:
-    for comparison in comparisons:
-        yield from comparison.mismatches
-
-
-Compare = Callable[[Any, Any], Comparison]

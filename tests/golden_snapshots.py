@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from syrupy.assertion import SnapshotAssertion
-from syrupy.extensions.json import JSONSnapshotExtension
-
 from colibri.conformance.golden_compare import Comparison, FrameComparer, JsonComparer
 from colibri.conformance.sameness import Tolerance
+from syrupy.assertion import SnapshotAssertion
+from syrupy.extensions.json import JSONSnapshotExtension
 
 Compare = Callable[[Any, Any], Comparison]
 

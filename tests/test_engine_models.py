@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from colibri.conformance.sameness import Tolerance
 from engine_harness import EngineRun, ids, run_engine, submit, transcript
 from engine_waves import comparable, serve_mux_check
 from golden_snapshots import assert_same, frames
@@ -15,7 +16,6 @@ from syrupy.assertion import SnapshotAssertion
 from test_engine_batching import assert_mux_check
 
 from colibri import resources
-from colibri.conformance.sameness import Tolerance
 
 TINY = resources.fixture_model_dir("glm5-tiny")
 MTP = resources.fixture_model_dir("glm5-tiny-mtp")
