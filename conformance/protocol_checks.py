@@ -16,6 +16,7 @@ from colibri.conformance.frames import PREAMBLE, Frame
 from colibri.conformance.grammar import Grammar
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import Payload, PromptCodec
+from colibri.conformance.sameness import Tolerance, printed
 
 #: Field names by position, so cases can say {"kind": "DONE", "name": "emitted"}.
 FIELD_NAMES: dict[str, tuple[str, ...]] = {
@@ -290,14 +291,11 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
     if stops_at is not None:
         expected = expected[:stops_at]
     if "logits" in exp:
+        if "tolerance" in exp:
+            # The tolerance is the model's rule (spec/model.md §15), never a case's number.
+            raise CheckFailure("a golden case may not state its own tolerance")
         _golden_logprobs(
-            view,
-            int(exp["id"]),
-            codec,
-            str(exp["logits"]),
-            len(prompt),
-            expected,
-            float(exp.get("tolerance", 2e-3)),
+            view, int(exp["id"]), codec, str(exp["logits"]), len(prompt), expected
         )
         return
     if "echo" in exp:
@@ -518,9 +516,9 @@ def _golden_logprobs(
     logits_file: str,
     prompt_len: int,
     continuation: list[int],
-    tolerance: float,
 ) -> None:
-    """Every ECHO and DATA logprob equals log_softmax of the oracle's teacher-forced logits.
+    """Every ECHO and DATA logprob equals log_softmax of the oracle's teacher-forced logits,
+    within the model's kind-(b) tolerance for a printed logprob (spec/model.md §15).
 
     Row t of the oracle predicts full_ids[t + 1]; ECHO position p carries the logprob of
     prompt token p (row p - 1), the i-th DATA that of continuation token i (row P - 1 + i).
@@ -530,6 +528,8 @@ def _golden_logprobs(
     if codec.model_dir is None or not (codec.model_dir / logits_file).is_file():
         raise NotApplicable(f"the model has no {logits_file}")
     logits = np.load(codec.model_dir / logits_file).astype(np.float64)
+    rule = Tolerance.for_model_dir(codec.model_dir, positions=logits.shape[0] + 1)
+    tolerance = printed(rule.logprob, 6)
     top = logits.max(axis=1, keepdims=True)
     log_softmax = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
     full = codec.oracle_ids("full_ids")
@@ -558,7 +558,8 @@ def _golden_logprobs(
         if abs(got - want) > tolerance:
             raise CheckFailure(
                 f"{frame.kind} logprob {got} at row {row} differs from the oracle's "
-                f"{want:.6f} by more than {tolerance}"
+                f"{want:.6f} by {abs(got - want):.3g}, more than the model's tolerance "
+                f"{tolerance:.3g} (spec/model.md §15)"
             )
     if checked < prompt_len - 1:
         raise CheckFailure(f"only {checked} logprobs to compare")
