@@ -36,7 +36,7 @@ import numpy as np
 #: float32 unit roundoff.
 UNIT_ROUNDOFF = 2.0**-24
 #: How many random-walk rounding errors the tolerance admits (spec/model.md §15).
-SAFETY_FACTOR = 16.0
+SAFETY_FACTOR = 8.0
 
 # config.json keys whose value is the length of a dot product in the forward pass, and the
 # products of keys that are (the attention output projection reads all heads' values).
