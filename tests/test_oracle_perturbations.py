@@ -100,7 +100,9 @@ def test_unedited_config_copy_passes(name: str, tmp_path: Path) -> None:
     assert oracle_excess(perturbed_copy(name, tmp_path, lambda config: None), name) <= 0
 
 
-@pytest.mark.parametrize("case, edit", CONFIG_PERTURBATIONS, ids=[c for c, _ in CONFIG_PERTURBATIONS])
+@pytest.mark.parametrize(
+    "case, edit", CONFIG_PERTURBATIONS, ids=[c for c, _ in CONFIG_PERTURBATIONS]
+)
 @pytest.mark.parametrize("name", FIXTURES)
 def test_a_wrong_config_constant_fails_the_oracle(
     name: str, case: str, edit: Callable[[Config], None], tmp_path: Path
@@ -210,7 +212,8 @@ def independent_scores(layer: int, hidden: np.ndarray, q_resid: np.ndarray) -> l
     heads, dim, rope = config["index_n_heads"], config["index_head_dim"], config["qk_rope_head_dim"]
     theta = np.float32(config["rope_parameters"]["rope_theta"])
     t = hidden.shape[0]
-    inv = np.float32(1) / np.power(theta, np.arange(0, rope, 2, dtype=np.float32) / np.float32(rope))
+    exponents = np.arange(0, rope, 2, dtype=np.float32) / np.float32(rope)
+    inv = np.float32(1) / np.power(theta, exponents)
     angles = (np.arange(t, dtype=np.float32)[:, None] * inv[None, :]).astype(np.float64)
 
     def rotate(v: np.ndarray) -> np.ndarray:  # v [T, ..., dim]; the first `rope` dims rotate
