@@ -61,7 +61,7 @@ def load_tokenizer(model_dir: Path) -> TextTokenizer | None:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None
-    from colibri.reference.tokenizer import Tokenizer
+    from colibri.text.tokenizer import Tokenizer
 
     loaded: TextTokenizer = Tokenizer.from_file(path)
     return loaded

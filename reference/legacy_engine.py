@@ -27,6 +27,8 @@ from colibri.reference.turn_report import hit_percent
 from colibri.reference.wire_input import ByteSource
 from colibri.reference.wire_output import END, READY, FrameWriter, f2, stat_line
 
+from colibri.text import chat_format
+
 _PROMPT = re.compile(
     rb"\x02PROMPT ([0-9]{1,20}) ([0-9]{1,20}) (" + FLOAT + rb") (" + FLOAT + rb")"
     rb"(?: ([0-9]{1,20}))?"
@@ -175,8 +177,8 @@ class LegacyEngine:
         except UnicodeDecodeError:
             body = text.decode("utf-8", errors="replace")
         if self.rt.settings.chat_template:
-            cue = "<think>" if self.rt.settings.think else "<think></think>"
-            body = ("[gMASK]<sop>" if first else "") + f"<|user|>{body}<|assistant|>{cue}"
+            turn = chat_format.user_turn(body, thinking=self.rt.settings.think)
+            body = (chat_format.PREFIX if first else "") + turn
         return tokenizer.encode(body)
 
     def tokenize(self, payload: bytes) -> list[int] | None:

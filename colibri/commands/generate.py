@@ -16,15 +16,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from colibri.text import chat_format
+
 if TYPE_CHECKING:
-    from colibri.reference import Tokenizer
+    from colibri.text import Tokenizer
 
 #: How --prompt text becomes the model's input (GLM-5; see spec/model.md "Tokenizer").
 TEMPLATES = {
     # One user turn with thinking off, as colibri's legacy chat loop sends it.
-    "chat": "[gMASK]<sop><|user|>{text}<|assistant|><think></think>",
+    "chat": chat_format.chat_prompt("{text}"),
     # colibri's PROMPT mode: the text after the [gMASK]<sop> prefix.
-    "prefix": "[gMASK]<sop>{text}",
+    "prefix": chat_format.PREFIX + "{text}",
     # The text exactly as given (colibri's CHAT_TEMPLATE=0).
     "none": "{text}",
 }
@@ -75,10 +77,11 @@ def _check_sampling(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from colibri.reference import CheckpointError, Tokenizer, load_model
+    from colibri.reference import CheckpointError, load_model
     from colibri.reference.generate import sampled_tokens
     from colibri.reference.rng import Rng
     from colibri.resources import default_model_dir
+    from colibri.text import Tokenizer
 
     model_dir: Path = args.model or default_model_dir()
     problem = _check_sampling(args)
