@@ -17,15 +17,16 @@ import numpy as np
 import numpy.typing as npt
 from colibri.reference.config import ModelConfig
 from colibri.reference.expert_lru import ExpertLru, Key
-from colibri.reference.expert_tiers import (
+from colibri.reference.experts import ExpertWeights, expert_tensor_names
+from colibri.reference.weights import TensorLoader
+
+from colibri.engine.tiers import (
     TIER_DISK,
     TIER_RAM,
     Repin,
     StoreCounters,
     TierCounts,
 )
-from colibri.reference.experts import ExpertWeights, expert_tensor_names
-from colibri.reference.weights import TensorLoader
 
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
 ExpertReader = Callable[[int, int], ExpertWeights]

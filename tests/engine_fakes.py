@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.engine_model import RouteObserver
+
+from colibri.engine.backend import RouteObserver
 
 
 @dataclass(frozen=True)

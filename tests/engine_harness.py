@@ -7,14 +7,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from colibri.reference.engine_model import TextTokenizer
-from colibri.reference.engine_runtime import EngineRuntime
-from colibri.reference.engine_settings import from_environment
-from colibri.reference.mux_engine import MuxEngine
-from colibri.reference.wire_input import ByteSource, BytesSource
-from colibri.reference.wire_output import FrameWriter
 from engine_fakes import FakeCodec, FakeModel
 
+from colibri.engine.backend import TextTokenizer
+from colibri.engine.mux import MuxEngine
+from colibri.engine.runtime import EngineRuntime
+from colibri.engine.settings import from_environment
+from colibri.engine.wire_input import ByteSource, BytesSource
+from colibri.engine.wire_output import FrameWriter
 from colibri.protocol import Frame, FrameReader
 
 
@@ -101,7 +101,7 @@ def run_engine(
     log = io.StringIO()
     runtime: EngineRuntime
     if model_dir is not None:
-        from colibri.reference.engine_main import build_runtime
+        from colibri.engine.main import build_runtime
 
         settings = from_environment(environment, model_dir=model_dir, kv_slots=kv_slots, ctx=ctx)
         runtime = build_runtime(settings, environment, log)
@@ -172,7 +172,7 @@ def run_legacy(
     ctx: int = 64,
     state_dir: Path | None = None,
 ) -> tuple[bytes, str]:
-    from colibri.reference.legacy_engine import LegacyEngine
+    from colibri.engine.legacy import LegacyEngine
 
     model = model or FakeModel()
     environment = {"COLI_PERSIST": "1" if state_dir else "0", **(env or {})}

@@ -217,7 +217,7 @@ def test_golden_transcript(snapshot_json: SnapshotAssertion) -> None:
 
 
 def test_data_tail_and_topk_share_one_normaliser_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    from colibri.reference import sampling
+    from colibri.engine import sampling
 
     calls = []
     real = sampling.log_normalizer

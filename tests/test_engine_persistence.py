@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from colibri.reference import kv_persist, usage_file
-from colibri.reference.kv_persist import HEADER_SIZE, KvFile, KvLayout
 from engine_fakes import FakeConfig, FakeModel
 from engine_harness import ids, run_engine, submit
+
+from colibri.engine import kv_persist, usage_file
+from colibri.engine.kv_persist import HEADER_SIZE, KvFile, KvLayout
 
 LAYOUT = KvLayout(n_layers=3, kv_lora=4, qk_rope=2, index_hd=0, nic=0, vocab=64, tag=0x1234)
 
@@ -235,9 +236,10 @@ def test_persist_off_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_a_second_engine_on_the_same_state_dir_runs_without_persistence(tmp_path: Path) -> None:
-    from colibri.reference.engine_runtime import EngineRuntime
-    from colibri.reference.engine_settings import from_environment
     from engine_fakes import FakeCodec
+
+    from colibri.engine.runtime import EngineRuntime
+    from colibri.engine.settings import from_environment
 
     settings = from_environment({}, model_dir=Path("fake"), ctx=64)
     model = _model()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from colibri.reference.route_attribution import RouteAttribution
+from colibri.engine.route_attribution import RouteAttribution
 
 
 def _mismatched_forward(routes: RouteAttribution) -> None:

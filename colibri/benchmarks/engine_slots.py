@@ -36,11 +36,11 @@ def _median(values: list[float]) -> float:
 
 def measure(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, Any]:
     """Run the mux loop in this process with `slots` busy slots; time the full steps."""
-    from colibri.reference.engine_main import build_runtime
-    from colibri.reference.engine_settings import from_environment
-    from colibri.reference.mux_engine import MuxEngine
-    from colibri.reference.wire_input import BytesSource
-    from colibri.reference.wire_output import FrameWriter
+    from colibri.engine.main import build_runtime
+    from colibri.engine.mux import MuxEngine
+    from colibri.engine.settings import from_environment
+    from colibri.engine.wire_input import BytesSource
+    from colibri.engine.wire_output import FrameWriter
 
     env = {"COLI_PERSIST": "0"}
     budget = warmup + tokens + slots  # later slots join one step after another

@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from colibri import resources
-    from colibri.reference.engine_main import main_from_environment
-    from colibri.reference.engine_settings import SettingsError, from_environment
+    from colibri.engine.main import main_from_environment
+    from colibri.engine.settings import SettingsError, from_environment
 
     if args.accelerated:
         print("colibri engine: --accelerated is not available in this build", file=sys.stderr)

@@ -3,7 +3,7 @@
 ``--ids`` prints the generated token ids (and their text when the model ships a tokenizer).
 ``--prompt`` renders the text as a chat turn (GLM-5 layout, thinking off) by default, and
 prints only the generated text. Greedy unless ``--temperature`` > 0; sampling uses colibri's
-RNG and sampler (colibri.reference.sampling), so ``--seed`` makes a run reproducible.
+RNG and sampler (colibri.engine.sampling), so ``--seed`` makes a run reproducible.
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ def _check_sampling(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from colibri.engine.generate import sampled_tokens
+    from colibri.engine.rng import Rng
     from colibri.reference import CheckpointError, load_model
-    from colibri.reference.generate import sampled_tokens
-    from colibri.reference.rng import Rng
     from colibri.resources import default_model_dir
     from colibri.text import Tokenizer
 

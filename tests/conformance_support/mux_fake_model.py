@@ -1,4 +1,4 @@
-"""The reference mux engine (colibri.reference.mux_engine) over real stdin/stdout, driving the
+"""The reference mux engine (colibri.engine.mux) over real stdin/stdout, driving the
 engine tests' FakeModel instead of a real checkpoint. It lets the conformance suite test the
 real protocol implementation in well under a second per start."""
 
@@ -10,12 +10,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from colibri.reference.engine_runtime import EngineRuntime  # noqa: E402
-from colibri.reference.engine_settings import from_environment  # noqa: E402
-from colibri.reference.mux_engine import MuxEngine  # noqa: E402
-from colibri.reference.wire_input import FdSource  # noqa: E402
-from colibri.reference.wire_output import FrameWriter  # noqa: E402
 from engine_fakes import FakeCodec, FakeModel  # noqa: E402
+
+from colibri.engine.mux import MuxEngine  # noqa: E402
+from colibri.engine.runtime import EngineRuntime  # noqa: E402
+from colibri.engine.settings import from_environment  # noqa: E402
+from colibri.engine.wire_input import FdSource  # noqa: E402
+from colibri.engine.wire_output import FrameWriter  # noqa: E402
 
 
 def main() -> int:

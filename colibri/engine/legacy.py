@@ -12,21 +12,21 @@ import time
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.engine_runtime import EngineRuntime, Slot
-from colibri.reference.host_info import peak_rss_gb
-from colibri.reference.mux_engine import common_prefix
-from colibri.reference.request_sampling import pick, request_rng
-from colibri.reference.rng import Rng
-from colibri.reference.submit_parse import (
+
+from colibri.engine.host_info import peak_rss_gb
+from colibri.engine.mux import common_prefix
+from colibri.engine.request_sampling import pick, request_rng
+from colibri.engine.rng import Rng
+from colibri.engine.runtime import EngineRuntime, Slot
+from colibri.engine.submit_parse import (
     FLOAT,
     MAX_PAYLOAD,
     parse_id_payload,
     sampling_in_range,
 )
-from colibri.reference.turn_report import hit_percent
-from colibri.reference.wire_input import ByteSource
-from colibri.reference.wire_output import END, READY, FrameWriter, f2, stat_line
-
+from colibri.engine.turn_report import hit_percent
+from colibri.engine.wire_input import ByteSource
+from colibri.engine.wire_output import END, READY, FrameWriter, f2, stat_line
 from colibri.text import chat_format
 
 _PROMPT = re.compile(

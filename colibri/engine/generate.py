@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+from colibri.engine.rng import Rng
+from colibri.engine.sampling import argmax, sample
 from colibri.reference.model import Model
-from colibri.reference.rng import Rng
-from colibri.reference.sampling import argmax, sample
 
 
 def _tokens(

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.engine_runtime import EngineRuntime, Slot
-from colibri.reference.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
-from colibri.reference.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
-from colibri.reference.request_sampling import (
+
+from colibri.engine.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
+from colibri.engine.request_sampling import (
     NO_PREDICTOR_TAIL,
     greedy,
     logprob_tail,
@@ -26,7 +26,8 @@ from colibri.reference.request_sampling import (
     row_log_normalizer,
     top_candidates,
 )
-from colibri.reference.submit_parse import (
+from colibri.engine.runtime import EngineRuntime, Slot
+from colibri.engine.submit_parse import (
     MAX_HEADER,
     Control,
     SubmitRequest,
@@ -35,9 +36,9 @@ from colibri.reference.submit_parse import (
     parse_id_payload,
     validate_submit,
 )
-from colibri.reference.turn_report import Request, perf_line, prof_line, turn_numbers
-from colibri.reference.wire_input import ByteSource
-from colibri.reference.wire_output import (
+from colibri.engine.turn_report import Request, perf_line, prof_line, turn_numbers
+from colibri.engine.wire_input import ByteSource
+from colibri.engine.wire_output import (
     READY,
     FrameWriter,
     data_header,

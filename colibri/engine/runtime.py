@@ -11,8 +11,9 @@ from typing import Any, BinaryIO, Protocol, TextIO
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference import usage_file
-from colibri.reference.engine_model import (
+
+from colibri.engine import usage_file
+from colibri.engine.backend import (
     EngineModel,
     KvCodec,
     KVState,
@@ -21,12 +22,12 @@ from colibri.reference.engine_model import (
     token_payload,
     usage_rows,
 )
-from colibri.reference.engine_settings import DEFAULT_CTX, EngineSettings
-from colibri.reference.expert_tiers import Repin, ResidentExperts, TierReport
-from colibri.reference.expert_usage import ExpertUsage
-from colibri.reference.kv_persist import KvFile, KvLayout, slot_file
-from colibri.reference.route_attribution import RouteAttribution
-from colibri.reference.wire_output import f2, f3
+from colibri.engine.expert_usage import ExpertUsage
+from colibri.engine.kv_persist import KvFile, KvLayout, slot_file
+from colibri.engine.route_attribution import RouteAttribution
+from colibri.engine.settings import DEFAULT_CTX, EngineSettings
+from colibri.engine.tiers import Repin, ResidentExperts, TierReport
+from colibri.engine.wire_output import f2, f3
 
 
 class Drafter(Protocol):

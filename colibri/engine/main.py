@@ -12,13 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from colibri.reference.engine_model import EngineModel, TextTokenizer, usage_rows
-from colibri.reference.engine_runtime import EngineRuntime
-from colibri.reference.engine_settings import EngineSettings, SettingsError, default_state_dir
-from colibri.reference.legacy_engine import LegacyEngine
-from colibri.reference.mux_engine import MuxEngine, SignalFlags
-from colibri.reference.wire_input import FdSource
-from colibri.reference.wire_output import FrameWriter
+from colibri.engine.backend import EngineModel, TextTokenizer, usage_rows
+from colibri.engine.legacy import LegacyEngine
+from colibri.engine.mux import MuxEngine, SignalFlags
+from colibri.engine.runtime import EngineRuntime
+from colibri.engine.settings import EngineSettings, SettingsError, default_state_dir
+from colibri.engine.wire_input import FdSource
+from colibri.engine.wire_output import FrameWriter
 
 _SAMPLE = 1 << 16
 _SAMPLES = 16
@@ -127,7 +127,7 @@ def _pin_ranking(runtime: EngineRuntime, pin: str, log: TextIO) -> list[tuple[in
     """Experts by descending usage count (ties: lower layer, then lower id)."""
     counts = runtime.usage.counts
     if pin != "auto":
-        from colibri.reference import usage_file
+        from colibri.engine import usage_file
 
         try:
             counts = usage_file.parse(
