@@ -20,7 +20,7 @@ from colibri.reference.expert_lru import ExpertLru, Key
 from colibri.reference.experts import ExpertWeights, expert_tensor_names
 from colibri.reference.weights import TensorLoader
 
-from colibri.engine.tiers import (
+from colibri.engine.backend import (
     TIER_DISK,
     TIER_RAM,
     Repin,
@@ -115,7 +115,7 @@ class TieredExpertStore:
             count += 1
         return count
 
-    def repin_pass(self) -> list[Repin]:
+    def repin(self) -> list[Repin]:
         """Per layer, swap the coldest pinned expert for the hottest unpinned one when it is
         clearly hotter (colibri's hysteresis: hot > cold + cold/4 + 4); then decay heat."""
         swaps: list[Repin] = []

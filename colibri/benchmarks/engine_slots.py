@@ -42,15 +42,15 @@ def measure(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, 
     from colibri.engine.wire_input import BytesSource
     from colibri.engine.wire_output import FrameWriter
 
-    env = {"COLI_PERSIST": "0"}
+    # Plain decode: MTP drafting would change the row count.
+    env = {"COLI_PERSIST": "0", "DRAFT": "0"}
     budget = warmup + tokens + slots  # later slots join one step after another
     ctx = len(PROMPT) + budget + 8
     settings = from_environment(env, model_dir=model_dir, kv_slots=slots, ctx=ctx)
     t0 = time.perf_counter()
-    runtime = build_runtime(settings, env, io.StringIO())
+    # No request may end early on a stop token: every slot stays busy.
+    runtime = build_runtime(settings, env, io.StringIO(), ignore_stops=True)
     load_s = time.perf_counter() - t0
-    runtime.mux_stops = frozenset()  # no request may end early: every slot stays busy
-    runtime.drafter = None  # plain decode: MTP drafting would change the row count
     script = b""
     for slot in range(slots):
         prompt = PROMPT[slot % len(PROMPT) :] + PROMPT[: slot % len(PROMPT)]

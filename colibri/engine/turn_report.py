@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from colibri.engine.backend import StoreCounters
 from colibri.engine.host_info import physical_read_bytes
 from colibri.engine.rng import Rng
-from colibri.engine.tiers import StoreCounters
 from colibri.engine.wire_output import f3, f6
 
 
