@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from colibri.commands.backend_choice import add_backend_arguments, backend_name
+from colibri.commands.backend_choice import add_backend_arguments, available_backend
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,14 +40,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from colibri import resources
     from colibri.engine.main import main_from_environment
-    from colibri.engine.registry import BackendUnavailable, check_available
     from colibri.engine.settings import SettingsError, from_environment
 
-    backend = backend_name(args)
-    try:
-        check_available(backend)
-    except BackendUnavailable as exc:
-        print(f"colibri engine: {exc}", file=sys.stderr)
+    backend = available_backend(args, "colibri engine")
+    if backend is None:
         return 2
     try:
         settings = from_environment(

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from colibri.commands.backend_choice import add_backend_arguments, backend_name
+from colibri.commands.backend_choice import add_backend_arguments, available_backend
 from colibri.text import chat_format
 
 if TYPE_CHECKING:
@@ -80,17 +80,13 @@ def _check_sampling(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from colibri.engine.generate import sampled_tokens
-    from colibri.engine.registry import BackendUnavailable, check_available
     from colibri.engine.rng import Rng
     from colibri.reference import CheckpointError, load_model
     from colibri.resources import default_model_dir
     from colibri.text import Tokenizer
 
-    backend = backend_name(args)
-    try:
-        check_available(backend)
-    except BackendUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    backend = available_backend(args, "error")
+    if backend is None:
         return 2
     if backend != "reference":
         print(f"error: generate runs the reference model only, not --backend {backend}",
