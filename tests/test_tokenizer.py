@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tokenizers
 from colibri.reference import Tokenizer
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,8 +26,6 @@ from colibri.text.pretokenize import (
     pre_tokenize,
 )
 from colibri.text.tokenizer import TokenizerFileError
-
-tokenizers = pytest.importorskip("tokenizers")
 
 FIXTURE = fixtures_dir() / "tokenizer" / "tokenizer.json"
 GLM5_ADDED = (
