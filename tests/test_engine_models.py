@@ -175,9 +175,10 @@ def test_golden_sampled_draws_keep_a_margin(monkeypatch: pytest.MonkeyPatch, mod
     """Every seeded draw of a golden transcript stays farther from each sampler decision
     (nucleus size and set, cumulative boundary) than a kind-(b) perturbation of the logits
     can move it, so its token is exact on every CPU (spec/model.md §15)."""
-    from colibri.reference import mux_engine
-    from colibri.reference.rng import Rng
     from sampling_margin import draw_margin
+
+    from colibri.engine import mux as mux_engine
+    from colibri.engine.rng import Rng
 
     seen: list[tuple[Any, float, float, float]] = []
     real = mux_engine.pick
