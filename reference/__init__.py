@@ -5,7 +5,8 @@ from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, ExpertWeights, MappedExpertStore
 from colibri.reference.kv_cache import KVState
 from colibri.reference.model import Model, load_model
-from colibri.reference.tokenizer import Tokenizer
+
+from colibri.text.tokenizer import Tokenizer
 
 __all__ = [
     "CheckpointError",

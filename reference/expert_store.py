@@ -11,23 +11,23 @@ same float32 values as the mapped one.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 from colibri.reference.config import ModelConfig
-from colibri.reference.expert_tiers import (
+from colibri.reference.expert_lru import ExpertLru, Key
+from colibri.reference.experts import ExpertWeights, expert_tensor_names
+from colibri.reference.weights import TensorLoader
+
+from colibri.engine.backend import (
     TIER_DISK,
     TIER_RAM,
     Repin,
     StoreCounters,
     TierCounts,
 )
-from colibri.reference.experts import ExpertWeights, expert_tensor_names
-from colibri.reference.weights import TensorLoader
 
-Key = tuple[int, int]
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
 ExpertReader = Callable[[int, int], ExpertWeights]
 
@@ -58,9 +58,8 @@ class TieredExpertStore:
         self.read = read
         self.cfg = cfg
         self.layers = list(layers)
-        self.ram_budget = ram_budget_bytes  # 0: unbounded
-        self._lru: OrderedDict[Key, ExpertWeights] = OrderedDict()
-        self._lru_bytes = 0
+        # RAM_GB=0 means unbounded (colibri).
+        self._lru = ExpertLru(ram_budget_bytes or None)
         self._pinned: dict[Key, ExpertWeights] = {}
         self._counters = StoreCounters()
         # Decayed per-expert heat for re-pinning: +1 per use, halved after every pass.
@@ -81,12 +80,9 @@ class TieredExpertStore:
         cached = self._lru.get(key)
         if cached is not None:
             self._counters.hits += 1
-            self._lru.move_to_end(key)
             return cached
         weights = self._read(key)
-        self._lru[key] = weights
-        self._lru_bytes += weights.nbytes
-        self._evict()
+        self._lru.put(key, weights)
         return weights
 
     def is_resident(self, layer: int, expert: int) -> bool:
@@ -100,11 +96,6 @@ class TieredExpertStore:
         self._counters.disk_bytes += weights.nbytes
         return weights
 
-    def _evict(self) -> None:
-        while self.ram_budget and self._lru_bytes > self.ram_budget and self._lru:
-            _, old = self._lru.popitem(last=False)
-            self._lru_bytes -= old.nbytes
-
     # --- pinning -----------------------------------------------------------------------------
 
     def pin(self, ranked: Iterable[Key], budget_bytes: int) -> int:
@@ -116,17 +107,15 @@ class TieredExpertStore:
                 continue
             if used + self.expert_bytes > budget_bytes:
                 break
-            weights = self._lru.pop(key, None)
-            if weights is not None:
-                self._lru_bytes -= weights.nbytes
-            else:
+            weights = self._lru.pop(key)
+            if weights is None:
                 weights = self._read(key)
             self._pinned[key] = weights
             used += weights.nbytes
             count += 1
         return count
 
-    def repin_pass(self) -> list[Repin]:
+    def repin(self) -> list[Repin]:
         """Per layer, swap the coldest pinned expert for the hottest unpinned one when it is
         clearly hotter (colibri's hysteresis: hot > cold + cold/4 + 4); then decay heat."""
         swaps: list[Repin] = []
@@ -146,16 +135,12 @@ class TieredExpertStore:
             h_cold, h_hot = self._heat.get(cold, 0), self._heat.get(hot, 0)
             if h_hot > h_cold + h_cold // 4 + 4:
                 old_tier = TIER_RAM if hot in self._lru else TIER_DISK
-                weights = self._lru.pop(hot, None)
-                if weights is not None:
-                    self._lru_bytes -= weights.nbytes
-                else:
+                weights = self._lru.pop(hot)
+                if weights is None:
                     weights = self._read(hot)
                 demoted = self._pinned.pop(cold)
                 self._pinned[hot] = weights
-                self._lru[cold] = demoted
-                self._lru_bytes += demoted.nbytes
-                self._evict()
+                self._lru.put(cold, demoted)
                 swaps.append(Repin(layer, hot[1], old_tier))
         for key in self._heat:
             self._heat[key] >>= 1
@@ -175,7 +160,10 @@ class TieredExpertStore:
         wanted = set(rows)
         resident = [k for k in (*self._pinned, *self._lru) if k[0] in wanted]
         total = len(rows) * n_experts
-        ram_bytes = sum((self._pinned.get(k) or self._lru[k]).nbytes for k in resident)
+        # Pinned and cached experts are disjoint: pinning takes an expert out of the LRU.
+        ram_bytes = sum(
+            w.nbytes for k, w in (*self._pinned.items(), *self._lru.items()) if k[0] in wanted
+        )
         return TierCounts(0, len(resident), total - len(resident), 0, ram_bytes)
 
     def counters(self) -> StoreCounters:

@@ -30,9 +30,9 @@ from colibri.reference.mla import (
     project,
 )
 from colibri.reference.mlp import Matmul, swiglu
-from colibri.reference.moe import RouteObserver, moe
+from colibri.reference.moe import moe
 from colibri.reference.norms import rms_norm
-from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
+from colibri.reference.tensors import F32, I32, I64, dense_matmul, row_matmul
 from colibri.reference.weights import LayerWeights
 
 
@@ -42,7 +42,6 @@ class LayerContext:
 
     cfg: ModelConfig
     store: ExpertStore
-    observer: RouteObserver | None
     #: "full" (runs its indexer), "shared" (reuses the last full layer's selection) or None.
     indexer_mode: str | None
     use_indexer: bool
@@ -55,10 +54,13 @@ def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
     return widths
 
 
-def _feed_forward(h: F32, lw: LayerWeights, ctx: LayerContext, mm: Matmul) -> F32:
+def _feed_forward(
+    h: F32, lw: LayerWeights, ctx: LayerContext, mm: Matmul
+) -> tuple[F32, I32 | None]:
+    """(the MLP's output, the experts each row chose; None on a dense layer)."""
     if lw.dense is not None:
-        return swiglu(h, lw.dense.gate, lw.dense.up, lw.dense.down, mm)
-    return moe(h, lw, ctx.store, ctx.cfg, mm, ctx.observer)
+        return swiglu(h, lw.dense.gate, lw.dense.up, lw.dense.down, mm), None
+    return moe(h, lw, ctx.store, ctx.cfg, mm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +100,8 @@ def full_sequence_layer(
     attn = naive_attention(p, p.latent, p.rope_key, allowed, aw, cfg)
     x = x + dense_matmul(attn, aw.o)
     h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-    return x + _feed_forward(h, lw, ctx, dense_matmul), allowed
+    y, _ = _feed_forward(h, lw, ctx, dense_matmul)
+    return x + y, allowed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,8 +117,9 @@ def row_layer(
     slots: list[int],
     prev_keep: list[I64 | None],
     rope: tuple[F32, F32],
-) -> tuple[F32, list[I64 | None]]:
-    """M rows -> (y [M, D], the kept key slots of each row, None meaning all).
+) -> tuple[F32, list[I64 | None], I32 | None]:
+    """M rows -> (y [M, D], the kept key slots of each row (None meaning all), the experts
+    each row chose [M, k] (None on a dense layer)).
 
     Row r sits at rope position ``positions[r]``, writes its cache entries at row ``slots[r]``
     of ``caches[r]`` and attends to rows [0, slots[r]] of that cache. Every row's cache
@@ -168,4 +172,5 @@ def row_layer(
         context[r] = latent_attention_row(qabs[r], p.q_rope[r], latent, rope_key, cfg)
     x = x + row_matmul(expand_contexts(context, kv_b_v), aw.o)
     h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-    return x + _feed_forward(h, lw, ctx, row_matmul), keeps
+    y, chosen = _feed_forward(h, lw, ctx, row_matmul)
+    return x + y, keeps, chosen

@@ -9,7 +9,7 @@ inside any batch, or as one position of a prefill.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +22,8 @@ from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
 from colibri.reference.norms import rms_norm
 from colibri.reference.rope import cos_sin
 from colibri.reference.safetensors import Checkpoint
-from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
+from colibri.reference.tensors import F32, I32, I64, dense_matmul, row_matmul
 from colibri.reference.weights import TensorLoader, load_layer
-
-RouteObserver = Callable[[int, tuple[int, ...]], None]
 
 
 class Model:
@@ -69,8 +67,6 @@ class Model:
             mapped.check_present()
             expert_store = mapped
         self.experts: ExpertStore = expert_store
-        #: Called as ``route_observer(layer, expert_ids)`` for every token at every sparse layer.
-        self.route_observer: RouteObserver | None = None
         #: Turning the DSA indexer off makes every layer plain causal MLA (for experiments).
         self.use_indexer = True
 
@@ -91,8 +87,8 @@ class Model:
     # helpers
 
     def _context(self, layer: int) -> LayerContext:
-        return LayerContext(self.config, self.experts, self.route_observer,
-                            self.indexer_modes[layer], self.use_indexer)
+        return LayerContext(self.config, self.experts, self.indexer_modes[layer],
+                            self.use_indexer)
 
     def _rope(self, positions: Sequence[int]) -> tuple[F32, F32]:
         """RoPE cos/sin of ``positions``, computed once per forward and shared by every layer."""
@@ -138,14 +134,11 @@ class Model:
 
     def prefill(self, state: KVState, ids: Sequence[int]) -> F32:
         """Append ``ids`` to the state; logits [len(ids), vocab] for each appended position."""
-        if len(ids) == 0:
-            return np.zeros((0, self.config.vocab_size), np.float32)
-        start = state.length
-        return self._rows([state] * len(ids), list(ids), list(range(start, start + len(ids))))
+        return self.forward_rows([state] * len(ids), list(ids), [True] * len(ids))[0]
 
     def decode(self, state: KVState, token: int) -> F32:
         """Append one token; its logits [vocab]."""
-        logits: F32 = self._rows([state], [token], [state.length])[0]
+        logits: F32 = self.forward_rows([state], [token], [True])[0][0]
         return logits
 
     def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int]) -> F32:
@@ -155,11 +148,33 @@ class Model:
             raise ValueError(f"{len(states)} states but {len(tokens)} tokens")
         if len({id(s) for s in states}) != len(states):
             raise ValueError("decode_batch needs distinct states (use prefill for one sequence)")
-        if not states:
-            return np.zeros((0, self.config.vocab_size), np.float32)
-        return self._rows(list(states), list(tokens), [s.length for s in states])
+        return self.forward_rows(states, tokens, [True] * len(states))[0]
 
-    def _rows(self, states: list[KVState], tokens: list[int], positions: list[int]) -> F32:
+    def forward_rows(
+        self, states: Sequence[KVState], tokens: Sequence[int], wants_logits: Sequence[bool]
+    ) -> tuple[F32, I32]:
+        """Append ``tokens[r]`` to ``states[r]`` for every row r, in one forward.
+
+        Rows of one state are consecutive positions of it, in row order (a prefill); rows of
+        different states are independent (a batched decode). Returns (the logits of the rows
+        with ``wants_logits``, [wanting rows, vocab]; the experts every row chose at every
+        sparse decoder layer, [rows, sparse layers, k]). Each row's bytes are the same whatever
+        else is in the forward (spec/model.md, batch invariance), and only the rows that want
+        logits pay for the lm_head.
+        """
+        cfg = self.config
+        m = len(tokens)
+        if len(states) != m or len(wants_logits) != m:
+            raise ValueError(f"{len(states)} states, {m} tokens, {len(wants_logits)} flags")
+        if m == 0:
+            return (np.zeros((0, cfg.vocab_size), np.float32),
+                    np.zeros((0, 0, cfg.num_experts_per_tok), np.int32))
+        ahead: dict[int, int] = {}
+        positions: list[int] = []
+        for s in states:
+            offset = ahead.get(id(s), 0)
+            positions.append(s.length + offset)
+            ahead[id(s)] = offset + 1
         x = self._embed(tokens)
         needed: dict[int, tuple[KVState, int]] = {}
         for s, p in zip(states, positions, strict=True):
@@ -168,18 +183,28 @@ class Model:
             s.reserve(capacity)
         keeps: list[I64 | None] = [None] * len(states)
         rope = self._rope(positions)
+        routes: list[I32] = []
         for i, lw in enumerate(self.layers):
             caches = [s.layers[i] for s in states]
-            x, keeps = row_layer(x, lw, self._context(i), positions, caches, positions, keeps,
-                                 rope)
+            x, keeps, chosen = row_layer(x, lw, self._context(i), positions, caches, positions,
+                                         keeps, rope)
+            if chosen is not None:
+                routes.append(chosen)
         for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
             s.hidden[pos] = hid
             if pos == len(s.tokens):
                 s.tokens.append(int(tok))
             else:  # a prefill row of the same state appended earlier in this call
                 s.tokens[pos] = int(tok)
-        normed = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
-        return row_matmul(normed, self.lm_head)
+        if routes:
+            routed: I32 = np.stack(routes, axis=1)
+        else:
+            routed = np.zeros((m, 0, cfg.num_experts_per_tok), np.int32)
+        wanted = [r for r in range(m) if wants_logits[r]]
+        if not wanted:
+            return np.zeros((0, cfg.vocab_size), np.float32), routed
+        normed = rms_norm(x[wanted], self.final_norm, cfg.rms_norm_eps)
+        return row_matmul(normed, self.lm_head), routed
 
     # -----------------------------------------------------------------------------------------
     # MTP
@@ -187,6 +212,11 @@ class Model:
     def mtp_draft(self, state: KVState, token: int) -> F32:
         """Draft logits [vocab] for the token after ``token``, where ``token`` follows the last
         position of ``state`` (it is not appended to the state)."""
+        return self.mtp_draft_routed(state, token)[0]
+
+    def mtp_draft_routed(self, state: KVState, token: int) -> tuple[F32, I32]:
+        """``mtp_draft`` and the experts the MTP layer chose for every position it forwarded
+        ([positions, k]: the MTP cache fills lazily, so a draft may forward several)."""
         if self.mtp is None or state.mtp is None:
             raise ValueError("this model has no MTP head")
         if state.length == 0:
@@ -206,14 +236,14 @@ class Model:
         e, g = mtp_input(self._embed(next_tokens), state.hidden[positions], self.final_norm,
                          self.mtp, self.config.rms_norm_eps)
         z = row_matmul(concat_halves(e, g), self.mtp.eh_proj)
-        ctx = LayerContext(self.config, self.experts, self.route_observer,
-                           self.mtp_indexer_mode, self.use_indexer)
-        z, _ = row_layer(z, self.mtp.layer, ctx, positions, [cache.layer] * len(positions),
+        ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.use_indexer)
+        z, _, chosen = row_layer(z, self.mtp.layer, ctx, positions, [cache.layer] * len(positions),
                          slots, [None] * len(positions), self._rope(positions))
         cache.length = slots[-1] + 1
         normed = rms_norm(z[-1:], self.mtp.head_norm, self.config.rms_norm_eps)
         draft: F32 = row_matmul(normed, self.lm_head)[0]
-        return draft
+        assert chosen is not None  # the MTP layer is always sparse
+        return draft, chosen
 
 
 def load_model(

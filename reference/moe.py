@@ -9,41 +9,30 @@ tokens is still applied to all of them in one product (its weights are read once
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.experts import ExpertStore
 from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.router import select_experts
-from colibri.reference.tensors import F32
+from colibri.reference.tensors import F32, I32
 from colibri.reference.weights import LayerWeights
-
-RouteObserver = Callable[[int, tuple[int, ...]], None]
 
 
 def moe(
-    x: F32,
-    lw: LayerWeights,
-    store: ExpertStore,
-    cfg: ModelConfig,
-    mm: Matmul,
-    observer: RouteObserver | None = None,
-    layer: int | None = None,
-) -> F32:
+    x: F32, lw: LayerWeights, store: ExpertStore, cfg: ModelConfig, mm: Matmul
+) -> tuple[F32, I32]:
+    """(y [T, D], the experts each token chose [T, k] in the router's order)."""
     assert lw.router is not None
-    layer_id = lw.index if layer is None else layer
+    layer_id = lw.index
     t = x.shape[0]
+    k = cfg.num_experts_per_tok
     logits = mm(x, lw.router.gate)
-    chosen: list[np.ndarray] = []
+    chosen = np.empty((t, k), np.int32)
     weights: list[F32] = []
     for row in range(t):
         ids, w = select_experts(logits[row], lw.router.bias, cfg)
-        chosen.append(ids)
+        chosen[row] = ids
         weights.append(w)
-        if observer is not None:
-            observer(layer_id, tuple(int(e) for e in ids))
-    k = cfg.num_experts_per_tok
     outputs = np.empty((t, k, cfg.hidden_size), dtype=np.float32)
     users: dict[int, list[tuple[int, int]]] = {}
     for row in range(t):
@@ -63,4 +52,4 @@ def moe(
         out[row] = acc
     if lw.shared is not None:
         out = out + swiglu(x, lw.shared.gate, lw.shared.up, lw.shared.down, mm)
-    return out
+    return out, chosen

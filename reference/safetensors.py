@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import mmap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,31 +174,48 @@ class Checkpoint:
         return raw.astype(np.float32)
 
 
+#: numpy dtype -> safetensors name (the inverse of DTYPES).
+DTYPE_NAMES: dict[np.dtype[np.generic], str] = {dt: name for name, dt in DTYPES.items()}
+
+
 def dtype_name(dtype: np.dtype[np.generic]) -> str:
-    for name, candidate in DTYPES.items():
-        if candidate == dtype:
-            return name
-    raise ValueError(f"no safetensors dtype for numpy dtype {dtype}")
+    name = DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise CheckpointError(f"no safetensors dtype for numpy dtype {dtype}")
+    return name
 
 
 def write_safetensors(
-    path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+    path: str | Path,
+    tensors: Mapping[str, np.ndarray],
+    metadata: Mapping[str, str] | None = None,
+    *,
+    by_name: bool = False,
 ) -> None:
-    """Write tensors as a safetensors file.
+    """Write tensors as one safetensors file (the only writer: checkpoints and containers).
 
-    The data has no holes (the format forbids them); tensors go widest dtype first, then by
-    name, so every tensor starts at a multiple of its element size (what safetensors does).
+    The data has no holes (the format forbids them) and the header is padded to 8 bytes.
+    Tensors go widest dtype first, then by name, so every tensor starts at a multiple of its
+    element size (what safetensors does); ``by_name`` orders by name alone, the layout of the
+    quantized containers ``colibri convert`` writes (their committed fixtures are byte-checked).
     """
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = dict(metadata)
+    if by_name:
+        order = sorted(tensors)
+    else:
+        order = sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n))
     offset = 0
     blobs: list[bytes] = []
-    for name in sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n)):
+    for name in order:
         array = np.ascontiguousarray(tensors[name])
+        dtype = DTYPE_NAMES.get(array.dtype)
+        if dtype is None:
+            raise CheckpointError(f"{name}: cannot store numpy dtype {array.dtype}")
         data = array.tobytes()
         header[name] = {
-            "dtype": dtype_name(array.dtype),
+            "dtype": dtype,
             "shape": list(array.shape),
             "data_offsets": [offset, offset + len(data)],
         }
@@ -205,7 +223,7 @@ def write_safetensors(
         offset += len(data)
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * ((-len(encoded)) % 8)
-    with path.open("wb") as fh:
+    with open(path, "wb") as fh:
         fh.write(len(encoded).to_bytes(8, "little"))
         fh.write(encoded)
         for blob in blobs:

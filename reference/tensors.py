@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
 
 #: Bytes of weight per row block: small enough to stay in a core's L2 while every row of the
 #: batch takes its turn, large enough that the per-call overhead stays small.

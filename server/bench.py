@@ -25,7 +25,9 @@ from colibri.server.context import ServerConfig
 from colibri.server.engine_client import Accept, Data, Done, EngineProcess, SubmitRequest
 from colibri.server.runner import RunningServer, start
 
-PROMPT = "[gMASK]<sop><|user|>Tell me a story about a hummingbird.<|assistant|><think></think>"
+from colibri.text.chat_format import chat_prompt
+
+PROMPT = chat_prompt("Tell me a story about a hummingbird.")
 
 
 def _rates(times: list[float], start_s: float, end_s: float, tokens: int) -> tuple[float,

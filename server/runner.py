@@ -34,6 +34,8 @@ class EngineSpec:
     model_dir: str
     accelerated: bool = False
     engine_cmd: str | None = None
+    #: ``colibri engine --backend NAME`` (``accelerated`` is the same as --accelerated).
+    backend: str | None = None
 
 
 def engine_argv(spec: EngineSpec, kv_slots: int) -> list[str]:
@@ -41,8 +43,10 @@ def engine_argv(spec: EngineSpec, kv_slots: int) -> list[str]:
         return shlex.split(spec.engine_cmd)
     argv = [sys.executable, "-m", "colibri", "engine", "--model", spec.model_dir,
             "--kv-slots", str(kv_slots)]
-    if spec.accelerated:
+    if spec.accelerated or spec.backend == "accelerated":
         argv.append("--accelerated")
+    elif spec.backend is not None:
+        argv += ["--backend", spec.backend]
     return argv
 
 

@@ -7,7 +7,10 @@ like strict mode.
 
 from __future__ import annotations
 
-GLM_IMPLICIT_STOPS: tuple[str, ...] = ("<|user|>", "<|observation|>")
+from colibri.text import chat_format
+
+#: A reply ends where the model starts the next turn of the conversation.
+GLM_IMPLICIT_STOPS: tuple[str, ...] = (chat_format.USER, chat_format.OBSERVATION)
 
 
 class StopFilter:

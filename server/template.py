@@ -10,12 +10,14 @@ from typing import Any
 from colibri.server.errors import bad
 from colibri.server.validation import ToolSpec, declared_tools
 
+from colibri.text import chat_format as glm
+
 JSON = dict[str, Any]
 
 EFFORT_WORDS = {"minimal": "Low", "low": "Low", "medium": "Medium", "high": "High",
                 "xhigh": "Max"}
 
-TOOLS_HEAD = ("<|system|>\n# Tools\n\nYou may call one or more functions to assist with the "
+TOOLS_HEAD = (glm.SYSTEM + "\n# Tools\n\nYou may call one or more functions to assist with the "
               "user query.\n\nYou are provided with function signatures within <tools></tools> "
               "XML tags:\n<tools>\n")
 TOOLS_TAIL = ("</tools>\n\nFor each function call, output the function name and arguments "
@@ -90,7 +92,7 @@ def _assistant(message: JSON, index: int) -> str:
                   f"messages.{index}.reasoning_content")
     content = message.get("content")
     text = "" if content is None else _text(content, index)
-    out = f"<|assistant|><think>{reasoning}</think>{text.strip()}"
+    out = glm.assistant_turn(reasoning, text.strip())
     calls = message.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list):
@@ -152,9 +154,9 @@ def check_continuation(messages: list[Any], body: JSON) -> bool:
 
 def render_chat(messages: list[Any], *, thinking: bool, effort: str | None,
                 tools: ToolSpec | None, continued: bool) -> Rendered:
-    out = "[gMASK]<sop>"
+    out = glm.PREFIX
     if thinking:
-        out += "<|system|>Reasoning Effort: " + EFFORT_WORDS.get(effort or "", "High")
+        out += glm.SYSTEM + "Reasoning Effort: " + EFFORT_WORDS.get(effort or "", "High")
     if tools is not None:
         out += tools_block(tools)
     in_observation = False
@@ -165,14 +167,14 @@ def render_chat(messages: list[Any], *, thinking: bool, effort: str | None,
         if role != "tool":
             in_observation = False
         if role in ("system", "developer"):
-            out += "<|system|>" + _text(message.get("content"), i)
+            out += glm.SYSTEM + _text(message.get("content"), i)
         elif role == "user":
-            out += "<|user|>" + _text(message.get("content"), i)
+            out += glm.USER + _text(message.get("content"), i)
         elif role == "assistant":
             out += _assistant(message, i)
         elif role == "tool":
             if not in_observation:
-                out += "<|observation|>"
+                out += glm.OBSERVATION
                 in_observation = True
             out += "<tool_response>" + _text(message.get("content"), i) + "</tool_response>"
         else:
@@ -180,5 +182,5 @@ def render_chat(messages: list[Any], *, thinking: bool, effort: str | None,
                       "unsupported_role")
     if continued:
         return Rendered(out, False, True)
-    out += "<|assistant|><think>" if thinking else "<|assistant|><think></think>"
+    out += glm.assistant_cue(thinking)
     return Rendered(out, thinking, False)

@@ -1,9 +1,9 @@
-"""A small deterministic model with the engine-facing surface of colibri.reference models.
+"""A small deterministic fake Backend (colibri.engine.backend) for the engine's own tests.
 
 Logits at a position are a pseudo-random function of the bytes of every KV row so far, so
 prefix reuse, persistence and batching are all observable: a wrong KV row changes the output.
-Rows are computed one position at a time, which makes prefill, decode and decode_batch
-bit-identical by construction (the real model must earn that property; this one only lets the
+Rows are computed one position at a time, which makes every step's rows independent of the
+batch by construction (the real backends must earn that property; this one only lets the
 engine's protocol machinery be tested on its own).
 """
 
@@ -12,10 +12,20 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.engine_model import RouteObserver
+
+from colibri.engine.backend import (
+    Device,
+    Draft,
+    KvRecord,
+    ResidentExperts,
+    Step,
+    StepRow,
+    sparse_layers,
+)
 
 
 @dataclass(frozen=True)
@@ -38,26 +48,36 @@ class FakeConfig:
 
 @dataclass
 class FakeState:
-    tokens: list[int] = field(default_factory=list)
     rows: list[npt.NDArray[np.float32]] = field(default_factory=list)
     crcs: list[int] = field(default_factory=list)
 
     @property
     def length(self) -> int:
-        return len(self.tokens)
-
-    def truncate(self, n: int) -> None:
-        del self.tokens[n:]
-        del self.rows[n:]
-        del self.crcs[n:]
+        return len(self.rows)
 
 
-class FakeModel:
+class FakeBackend:
+    name = "fake"
+    has_mtp = False
+    model_tag = 0x1234
+
     def __init__(self, config: FakeConfig | None = None, eos_bias: float = 0.0) -> None:
         self.config = config or FakeConfig()
-        self.route_observer: RouteObserver | None = None
         self.eos_bias = eos_bias
         self.forward_rows = 0
+        self.resident = ResidentExperts()
+
+    @property
+    def shape(self) -> FakeConfig:
+        return self.config
+
+    @property
+    def tiers(self) -> ResidentExperts:
+        return self.resident
+
+    @property
+    def kv_record(self) -> KvRecord:
+        return KvRecord(self.record_floats, 0)
 
     @property
     def record_floats(self) -> int:
@@ -67,65 +87,75 @@ class FakeModel:
     def new_state(self) -> FakeState:
         return FakeState()
 
+    def length(self, state: Any) -> int:
+        return len(state.rows)
+
+    def truncate(self, state: Any, n: int) -> None:
+        if not 0 <= n <= len(state.rows):
+            raise ValueError(f"cannot truncate a state of length {len(state.rows)} to {n}")
+        del state.rows[n:]
+        del state.crcs[n:]
+
     def _kv_row(self, state: FakeState, token: int) -> npt.NDArray[np.float32]:
         prev = state.crcs[-1] if state.crcs else 0
-        rng = np.random.default_rng([prev, token, len(state.tokens)])
+        rng = np.random.default_rng([prev, token, len(state.rows)])
         return rng.standard_normal(self.record_floats).astype(np.float32)
 
-    def _append(self, state: FakeState, token: int, row: npt.NDArray[np.float32]) -> None:
+    def _append(self, state: FakeState, row: npt.NDArray[np.float32]) -> None:
         prev = state.crcs[-1] if state.crcs else 0
-        state.tokens.append(token)
         state.rows.append(row)
         state.crcs.append(zlib.crc32(row.tobytes(), prev))
 
-    def _logits(self, state: FakeState) -> npt.NDArray[np.float32]:
-        crc = state.crcs[-1]
-        rng = np.random.default_rng([crc, 7])
+    def _forward_one(
+        self, state: FakeState, token: int
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
+        if not 0 <= token < self.config.vocab_size:
+            raise ValueError(f"token id {token} is outside the vocabulary")
+        self._append(state, self._kv_row(state, token))
+        rng = np.random.default_rng([state.crcs[-1], 7])
         logits = (rng.standard_normal(self.config.vocab_size) * 3.0).astype(np.float32)
         for eos in self.config.eos_token_ids:
             logits[eos] += np.float32(self.eos_bias)
-        if self.route_observer is not None:
-            c = self.config
-            for layer in range(c.num_hidden_layers):
-                if c.is_sparse(layer):
-                    experts = rng.choice(c.n_routed_experts, c.num_experts_per_tok, replace=False)
-                    self.route_observer(layer, tuple(int(e) for e in sorted(experts)))
+        c = self.config
+        routes = np.stack([
+            np.sort(rng.choice(c.n_routed_experts, c.num_experts_per_tok, replace=False))
+            for _ in sparse_layers(c)
+        ]).astype(np.int32) if sparse_layers(c) else np.zeros((0, c.num_experts_per_tok), np.int32)
         self.forward_rows += 1
-        return logits
+        return logits, routes
 
-    def _forward_one(self, state: FakeState, token: int) -> npt.NDArray[np.float32]:
-        self._append(state, token, self._kv_row(state, token))
-        return self._logits(state)
+    def step(self, rows: Sequence[StepRow]) -> Step:
+        logits, routes = [], []
+        for row in rows:
+            row_logits, row_routes = self._forward_one(row.state, row.token)
+            if row.wants_logits:
+                logits.append(row_logits)
+            routes.append(row_routes)
+        c = self.config
+        self.resident.note_lookups(sum(r.size for r in routes))
+        return Step(
+            np.stack(logits) if logits else np.zeros((0, c.vocab_size), np.float32),
+            np.stack(routes) if routes else np.zeros((0, 0, c.num_experts_per_tok), np.int32),
+        )
 
-    def prefill(self, state: FakeState, ids: Sequence[int]) -> npt.NDArray[np.float32]:
-        return np.stack([self._forward_one(state, t) for t in ids])
+    def draft(self, state: Any, token: int) -> Draft:
+        raise ValueError("the fake backend has no MTP head")
 
-    def decode(self, state: FakeState, token: int) -> npt.NDArray[np.float32]:
-        return self._forward_one(state, token)
-
-    def decode_batch(
-        self, states: Sequence[FakeState], tokens: Sequence[int]
-    ) -> npt.NDArray[np.float32]:
-        return np.stack([self._forward_one(s, t) for s, t in zip(states, tokens, strict=True)])
-
-
-class FakeCodec:
-    """KV rows of FakeState <-> COLIKV1 records."""
-
-    def __init__(self, model: FakeModel) -> None:
-        self.model = model
-        self.record_floats = model.record_floats
-        self.indexer_layers = 0
-
-    def export_rows(self, state: FakeState, start: int, stop: int) -> npt.NDArray[np.float32]:
+    def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
         return np.stack(state.rows[start:stop]).astype(np.float32)
 
-    def restore(
-        self, state: FakeState, tokens: Sequence[int], rows: npt.NDArray[np.float32]
+    def import_kv(
+        self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]
     ) -> None:
-        state.truncate(0)
-        for token, row in zip(tokens, rows, strict=True):
-            self.model._append(state, int(token), np.asarray(row, np.float32))
+        self.truncate(state, 0)
+        for row in rows:
+            self._append(state, np.asarray(row, np.float32))
+
+    def devices(self) -> list[Device]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
 class ByteTokenizer:

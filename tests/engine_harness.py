@@ -7,14 +7,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from colibri.reference.engine_model import TextTokenizer
-from colibri.reference.engine_runtime import EngineRuntime
-from colibri.reference.engine_settings import from_environment
-from colibri.reference.mux_engine import MuxEngine
-from colibri.reference.wire_input import ByteSource, BytesSource
-from colibri.reference.wire_output import FrameWriter
-from engine_fakes import FakeCodec, FakeModel
+from engine_fakes import FakeBackend
 
+from colibri.engine.backend import Backend
+from colibri.engine.main import build_runtime
+from colibri.engine.mux import MuxEngine
+from colibri.engine.registry import BackendOptions, open_backend
+from colibri.engine.runtime import TextTokenizer
+from colibri.engine.settings import from_environment
+from colibri.engine.wire_input import ByteSource, BytesSource
+from colibri.engine.wire_output import FrameWriter
 from colibri.protocol import Frame, FrameReader
 
 
@@ -85,42 +87,34 @@ def ids(*tokens: int) -> bytes:
 def run_engine(
     script: bytes | list[bytes],
     *,
-    model: FakeModel | None = None,
+    model: FakeBackend | None = None,
     tokenizer: TextTokenizer | None = None,
     kv_slots: int = 1,
     ctx: int = 64,
     env: Mapping[str, str] | None = None,
     state_dir: Path | None = None,
     model_dir: Path | None = None,
-    configure: Callable[[EngineRuntime], None] | None = None,
+    wrap: Callable[[Backend], Backend] | None = None,
 ) -> EngineRun:
-    """Run on the fake model, or with `model_dir` on a real model (the reference engine)."""
+    """Run on the fake backend (`model`), or with `model_dir` on a real model (the reference
+    backend); `wrap` replaces the backend with a wrapper of it."""
     environment = {"COLI_PERSIST": "1" if state_dir else "0", **(env or {})}
     if state_dir is not None:
         environment["COLI_STATE_DIR"] = str(state_dir)
     log = io.StringIO()
-    runtime: EngineRuntime
+    backend: Backend
     if model_dir is not None:
-        from colibri.reference.engine_main import build_runtime
-
         settings = from_environment(environment, model_dir=model_dir, kv_slots=kv_slots, ctx=ctx)
-        runtime = build_runtime(settings, environment, log)
+        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes)
+        backend = open_backend("reference", model_dir, options, log)
     else:
-        model = model or FakeModel()
         settings = from_environment(
             environment, model_dir=Path("fake-model"), kv_slots=kv_slots, ctx=ctx
         )
-        runtime = EngineRuntime(
-            model,
-            tokenizer,
-            settings,
-            log,
-            state_dir=state_dir,
-            codec=FakeCodec(model),
-            model_tag=0x1234,
-        )
-    if configure is not None:
-        configure(runtime)
+        backend = model or FakeBackend()
+    if wrap is not None:
+        backend = wrap(backend)
+    runtime = build_runtime(settings, environment, log, backend=backend, tokenizer=tokenizer)
     stdout = io.BytesIO()
     source = BytesSource(script) if isinstance(script, bytes) else WavesSource(script)
     engine = MuxEngine(runtime, source, FrameWriter(stdout))
@@ -167,20 +161,20 @@ def transcript(run: EngineRun) -> list[str]:
 def run_legacy(
     script: bytes,
     *,
-    model: FakeModel | None = None,
+    model: FakeBackend | None = None,
     env: Mapping[str, str] | None = None,
     ctx: int = 64,
     state_dir: Path | None = None,
 ) -> tuple[bytes, str]:
-    from colibri.reference.legacy_engine import LegacyEngine
+    from colibri.engine.legacy import LegacyEngine
 
-    model = model or FakeModel()
+    model = model or FakeBackend()
     environment = {"COLI_PERSIST": "1" if state_dir else "0", **(env or {})}
+    if state_dir is not None:
+        environment["COLI_STATE_DIR"] = str(state_dir)
     settings = from_environment(environment, model_dir=Path("fake-model"), ctx=ctx, legacy=True)
     log = io.StringIO()
-    runtime = EngineRuntime(
-        model, None, settings, log, state_dir=state_dir, codec=FakeCodec(model), model_tag=0x1234
-    )
+    runtime = build_runtime(settings, environment, log, backend=model)
     stdout = io.BytesIO()
     assert LegacyEngine(runtime, BytesSource(script), FrameWriter(stdout)).run() == 0
     return stdout.getvalue(), log.getvalue()

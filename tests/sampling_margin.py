@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.sampling import distribution
+
+from colibri.engine.sampling import distribution
 
 SLACK = 1e-6
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from engine_fakes import FakeConfig, FakeModel
+from engine_fakes import FakeBackend, FakeConfig
 from engine_harness import EngineRun, run_engine
 from engine_waves import MuxCheck, comparable, serve_mux_check
 
 
 def _runner(waves: list[bytes], slots: int) -> EngineRun:
     return run_engine(
-        waves, kv_slots=slots, ctx=128, model=FakeModel(FakeConfig(vocab_size=64), eos_bias=-1.0)
+        waves, kv_slots=slots, ctx=128, model=FakeBackend(FakeConfig(vocab_size=64), eos_bias=-1.0)
     )
 
 

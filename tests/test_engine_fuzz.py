@@ -3,7 +3,7 @@ every byte it writes matches spec/protocol.json, and every accepted request is a
 
 from __future__ import annotations
 
-from engine_fakes import FakeConfig, FakeModel
+from engine_fakes import FakeBackend, FakeConfig
 from engine_harness import run_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,7 +137,7 @@ def stdin_script(draw: st.DrawFn) -> bytes:
 @settings(max_examples=150)
 @given(stdin_script())
 def test_fuzzed_stdin_never_breaks_the_protocol(script: bytes) -> None:
-    model = FakeModel(FakeConfig(vocab_size=64))
+    model = FakeBackend(FakeConfig(vocab_size=64))
     run = run_engine(script, kv_slots=3, ctx=24, model=model, env={"SERVE_TOPK": "1"})
     # run_engine's FrameReader has already checked every line and payload against
     # protocol.json (a violation raises); here: the per-request sequences.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from engine_fakes import FakeConfig, FakeModel
+from engine_fakes import FakeBackend, FakeConfig
 from engine_harness import run_legacy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,7 +28,7 @@ def replies(out: bytes) -> list[bytes]:
 
 
 def test_chat_turn_more_and_reset() -> None:
-    model = FakeModel(FakeConfig(eos_token_ids=()))
+    model = FakeBackend(FakeConfig(eos_token_ids=()))
     out, _ = run_legacy(b"3 4 5\n\x02MORE\n\x02RESET\n\x02MORE\n", model=model, env={"NGEN": "4"})
     turn, more, reset, empty_more = replies(out)
     assert re.fullmatch(rb"( \d+){4}\n" + re.escape(END) + STAT6, turn)
@@ -39,10 +39,10 @@ def test_chat_turn_more_and_reset() -> None:
 
 
 def test_more_continues_exactly_like_a_longer_answer() -> None:
-    model = FakeModel(FakeConfig(eos_token_ids=()))
+    model = FakeBackend(FakeConfig(eos_token_ids=()))
     short, _ = run_legacy(b"3 4 5\n\x02MORE\n", model=model, env={"NGEN": "3", "SEED": "5"})
     long, _ = run_legacy(
-        b"3 4 5\n", model=FakeModel(FakeConfig(eos_token_ids=())), env={"NGEN": "6", "SEED": "5"}
+        b"3 4 5\n", model=FakeBackend(FakeConfig(eos_token_ids=())), env={"NGEN": "6", "SEED": "5"}
     )
     a, b = replies(short)
     (c,) = replies(long)
@@ -51,7 +51,7 @@ def test_more_continues_exactly_like_a_longer_answer() -> None:
 
 
 def test_api_prompt_frame() -> None:
-    model = FakeModel(FakeConfig(eos_token_ids=()))
+    model = FakeBackend(FakeConfig(eos_token_ids=()))
     script = b"\x02PROMPT 5 3 0 1\n7 8 9\n\x02PROMPT 5 0 0 1\n\x02PROMPT 3 2 0 1 4\n1 2\n"
     out, _ = run_legacy(script, model=model)
     first, bad_max, bad_slot = replies(out)[:3]
@@ -88,7 +88,7 @@ _LEGACY_LINES = st.one_of(
 @given(st.lists(_LEGACY_LINES, max_size=8))
 def test_fuzzed_legacy_input_never_crashes(parts: list[bytes]) -> None:
     out, _ = run_legacy(
-        b"".join(parts), model=FakeModel(FakeConfig(eos_token_ids=())), env={"NGEN": "3"}
+        b"".join(parts), model=FakeBackend(FakeConfig(eos_token_ids=())), env={"NGEN": "3"}
     )
     body = out.split(b"\n", 2)[2].split(b"\n", 1)[1]  # after READY, STAT, TIERS
     # every reply ends with END + a STAT line that matches protocol.json
@@ -101,7 +101,7 @@ def test_more_at_a_full_context_keeps_the_answer_it_cannot_extend() -> None:
     # NGEN exceeds the context: the turn fills it, leaving its last token (already shown to
     # the user) unforwarded. MORE cannot forward it; it must say so without dropping it, so
     # a second MORE is just as empty instead of re-sampling an earlier position.
-    model = FakeModel(FakeConfig(eos_token_ids=()))
+    model = FakeBackend(FakeConfig(eos_token_ids=()))
     out, _ = run_legacy(b"3 4 5\n\x02MORE\n\x02MORE\n", model=model, env={"NGEN": "500"})
     turn, first_more, second_more = replies(out)
     assert turn.endswith(b" 3 1\n")  # length-limited by the context

@@ -79,27 +79,33 @@ def test_mtp_drafting_is_byte_identical_and_reports_acceptance() -> None:
 
 
 class _OracleDrafter:
-    """Drafts exactly what greedy decoding will pick (a decode on a copy of the state), or
-    always a wrong token: both ends of the accept/reject logic on real model rows."""
+    """A backend whose drafts are exactly what greedy decoding will pick (a step on a copy of
+    the state), or always a wrong token: both ends of the accept/reject logic on real rows."""
 
-    def __init__(self, model: Any, right: bool) -> None:
-        self.model, self.right = model, right
+    has_mtp = True
 
-    def mtp_draft(self, state: Any, token: int) -> Any:
-        logits = self.model.decode(copy.deepcopy(state), token)
-        if not self.right:
-            logits = -logits
-        return logits
+    def __init__(self, backend: Any, right: bool) -> None:
+        self.backend, self.right = backend, right
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def draft(self, state: Any, token: int) -> Any:
+        from colibri.engine.backend import Draft, StepRow
+
+        step = self.backend.step([StepRow(copy.deepcopy(state), token, True)])
+        logits = step.logits[0] if self.right else -step.logits[0]
+        return Draft(logits, step.routes[:0, 0])
 
 
 @pytest.mark.parametrize("right", [True, False], ids=["all-accepted", "all-rejected"])
 def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
     script = [submit(1, 0, ids(*PROMPT), 20, ext="ids=1 logprobs=2")]
 
-    def drafting(runtime: Any) -> None:
-        runtime.drafter = _OracleDrafter(runtime.model, right)
+    def drafting(backend: Any) -> Any:
+        return _OracleDrafter(backend, right)
 
-    drafted = run_engine(script, model_dir=TINY, configure=drafting)
+    drafted = run_engine(script, model_dir=TINY, wrap=drafting)
     plain = run_engine(script, model_dir=TINY)
     assert comparable(drafted.for_id(1)) == comparable(plain.for_id(1))
     entropy = [[f.line for f in r.frames if f.kind == "ENTROPY"] for r in (drafted, plain)]
@@ -115,10 +121,10 @@ def test_speculative_step_accept_and_reject_paths(right: bool) -> None:
 def test_mtp_guard_pauses_drafting_when_acceptance_is_low() -> None:
     script = [submit(1, 0, ids(*PROMPT), 60, ext="ids=1")]
 
-    def wrong(runtime: Any) -> None:
-        runtime.drafter = _OracleDrafter(runtime.model, right=False)
+    def wrong(backend: Any) -> Any:
+        return _OracleDrafter(backend, right=False)
 
-    run = run_engine(script, model_dir=TINY, configure=wrong)
+    run = run_engine(script, model_dir=TINY, wrap=wrong)
     assert run.engine.mtp.drafted == 24  # one full window, then paused for the rest
     assert "drafting paused for 256 tokens" in run.stderr
     plain = run_engine(script, model_dir=TINY)
@@ -169,9 +175,10 @@ def test_golden_sampled_draws_keep_a_margin(monkeypatch: pytest.MonkeyPatch, mod
     """Every seeded draw of a golden transcript stays farther from each sampler decision
     (nucleus size and set, cumulative boundary) than a kind-(b) perturbation of the logits
     can move it, so its token is exact on every CPU (spec/model.md §15)."""
-    from colibri.reference import mux_engine
-    from colibri.reference.rng import Rng
     from sampling_margin import draw_margin
+
+    from colibri.engine import mux as mux_engine
+    from colibri.engine.rng import Rng
 
     seen: list[tuple[Any, float, float, float]] = []
     real = mux_engine.pick

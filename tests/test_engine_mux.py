@@ -7,7 +7,7 @@ exact; the same machinery runs the real fixture models in test_engine_models.py.
 from __future__ import annotations
 
 import pytest
-from engine_fakes import FakeConfig, FakeModel
+from engine_fakes import FakeBackend, FakeConfig
 from engine_harness import ids, run_engine, submit, transcript
 from syrupy.assertion import SnapshotAssertion
 
@@ -100,7 +100,7 @@ def test_slot_busy_comes_before_duplicate_id() -> None:
         + submit(1, 1, ids(2, 3), ext="ids=1")
         + submit(2, 0, ids(2, 3), ext="ids=1")
     )
-    run = run_engine(script, kv_slots=2, model=FakeModel(FakeConfig(eos_token_ids=())))
+    run = run_engine(script, kv_slots=2, model=FakeBackend(FakeConfig(eos_token_ids=())))
     errors = [f.line.decode().strip() for f in run.frames if f.kind == "ERROR"]
     assert errors == ["ERROR 1 SLOT_BUSY", "ERROR 1 DUPLICATE_ID", "ERROR 2 SLOT_BUSY"]
 
@@ -111,7 +111,7 @@ def test_bad_frame_stops_reading_but_finishes_active() -> None:
         + b"SUBMIT 2 1 3 4 0 1\nabcX"
         + submit(3, 1, ids(2, 3), ext="ids=1")
     )
-    run = run_engine(script, kv_slots=2, model=FakeModel(FakeConfig(eos_token_ids=())))
+    run = run_engine(script, kv_slots=2, model=FakeBackend(FakeConfig(eos_token_ids=())))
     lines = [f.line.decode().strip() for f in run.frames]
     assert "ERROR 2 BAD_FRAME" in lines
     assert not any(line.startswith("ACCEPT 3") for line in lines)
@@ -124,7 +124,7 @@ def test_eof_inside_payload_is_eof() -> None:
 
 
 def test_stop_after_first_data_and_cancel() -> None:
-    model = FakeModel(FakeConfig(eos_token_ids=()))
+    model = FakeBackend(FakeConfig(eos_token_ids=()))
     script = (
         submit(1, 0, ids(2, 3), 50, ext="ids=1")
         + submit(2, 1, ids(4, 5), 50, ext="ids=1")
@@ -143,7 +143,7 @@ def test_stop_after_first_data_and_cancel() -> None:
 
 
 def test_clamp_to_context_and_length_limited() -> None:
-    model = FakeModel(FakeConfig(eos_token_ids=()))
+    model = FakeBackend(FakeConfig(eos_token_ids=()))
     run = run_engine(submit(1, 0, ids(*range(2, 12)), 100, ext="ids=1"), ctx=16, model=model)
     frames = run.for_id(1)
     assert kinds(frames).count("DATA") == 16 - 10 - 1
@@ -152,7 +152,7 @@ def test_clamp_to_context_and_length_limited() -> None:
 
 
 def test_stop_token_first_gives_done_without_data() -> None:
-    model = FakeModel(FakeConfig(eos_token_ids=(1,)), eos_bias=100.0)
+    model = FakeBackend(FakeConfig(eos_token_ids=(1,)), eos_bias=100.0)
     run = run_engine(submit(1, 0, ids(2, 3), 5, ext="ids=1"), model=model)
     assert kinds(run.for_id(1)) == ["ACCEPT", "PERF", "DONE"]
     done = run.for_id(1)[-1].parsed
@@ -204,7 +204,7 @@ def test_prefix_reuse_is_reported_and_exact() -> None:
 
 
 def test_golden_transcript(snapshot_json: SnapshotAssertion) -> None:
-    model = FakeModel(FakeConfig(eos_token_ids=()))
+    model = FakeBackend(FakeConfig(eos_token_ids=()))
     script = (
         submit(1, 0, ids(2, 3, 4), 3, ext="ids=1 logprobs=2")
         + submit(2, 1, ids(7, 8), 4, temperature="0.7", top_p="0.9", ext="ids=1 seed=42")
@@ -220,7 +220,7 @@ def test_golden_transcript(snapshot_json: SnapshotAssertion) -> None:
 
 
 def test_data_tail_and_topk_share_one_normaliser_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    from colibri.reference import sampling
+    from colibri.engine import sampling
 
     calls = []
     real = sampling.log_normalizer
@@ -233,7 +233,7 @@ def test_data_tail_and_topk_share_one_normaliser_per_row(monkeypatch: pytest.Mon
     prompt = (3, 4, 5)
     run = run_engine(
         submit(1, 0, ids(*prompt), 4, ext="ids=1 logprobs=2"),
-        model=FakeModel(FakeConfig(eos_token_ids=())),
+        model=FakeBackend(FakeConfig(eos_token_ids=())),
         env={"SERVE_TOPK": "1"},
     )
     data = [f for f in run.for_id(1) if f.kind == "DATA"]

@@ -10,16 +10,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from colibri.reference import kv_persist, usage_file
-from colibri.reference.kv_persist import HEADER_SIZE, KvFile, KvLayout
-from engine_fakes import FakeConfig, FakeModel
+from engine_fakes import FakeBackend, FakeConfig
 from engine_harness import ids, run_engine, submit
+
+from colibri.engine import kv_persist, usage_file
+from colibri.engine.kv_persist import HEADER_SIZE, KvFile, KvLayout
 
 LAYOUT = KvLayout(n_layers=3, kv_lora=4, qk_rope=2, index_hd=0, nic=0, vocab=64, tag=0x1234)
 
 
-def _model() -> FakeModel:
-    return FakeModel(FakeConfig(eos_token_ids=()))
+def _model() -> FakeBackend:
+    return FakeBackend(FakeConfig(eos_token_ids=()))
 
 
 def _data(run: Any, rid: int) -> list[bytes]:
@@ -246,25 +247,18 @@ def test_persist_off_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_a_second_engine_on_the_same_state_dir_runs_without_persistence(tmp_path: Path) -> None:
-    from colibri.reference.engine_runtime import EngineRuntime
-    from colibri.reference.engine_settings import from_environment
-    from engine_fakes import FakeCodec
+    from colibri.engine.main import build_runtime
+    from colibri.engine.settings import from_environment
 
-    settings = from_environment({}, model_dir=Path("fake"), ctx=64)
-    model = _model()
-    first = EngineRuntime(
-        model, None, settings, io.StringIO(), state_dir=tmp_path, codec=FakeCodec(model)
-    )
+    env = {"COLI_STATE_DIR": str(tmp_path)}
+    settings = from_environment(env, model_dir=Path("fake"), ctx=64)
+    first = build_runtime(settings, env, io.StringIO(), backend=_model())
     log = io.StringIO()
-    second = EngineRuntime(
-        _model(), None, settings, log, state_dir=tmp_path, codec=FakeCodec(model)
-    )
+    second = build_runtime(settings, env, log, backend=_model())
     assert first.kv_enabled and not second.kv_enabled and second.state_dir is None
     assert "in use by another engine" in log.getvalue()
     first.close()
-    third = EngineRuntime(
-        _model(), None, settings, io.StringIO(), state_dir=tmp_path, codec=FakeCodec(model)
-    )
+    third = build_runtime(settings, env, io.StringIO(), backend=_model())
     assert third.kv_enabled
     third.close()
 

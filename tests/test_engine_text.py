@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from engine_fakes import ByteTokenizer, FakeConfig, FakeModel
+from engine_fakes import ByteTokenizer, FakeBackend, FakeConfig
 from engine_harness import run_engine, submit
 
 VOCAB = 256 + len(ByteTokenizer.ADDED)
 
 
-def _model(**kw: object) -> FakeModel:
+def _model(**kw: object) -> FakeBackend:
     eos = kw.pop("eos", ())
     bias = kw.pop("bias", 0.0)
-    return FakeModel(FakeConfig(vocab_size=VOCAB, eos_token_ids=eos), eos_bias=bias)  # type: ignore[arg-type]
+    return FakeBackend(FakeConfig(vocab_size=VOCAB, eos_token_ids=eos), eos_bias=bias)  # type: ignore[arg-type]
 
 
 def test_text_prompt_is_tokenized_and_data_carries_token_bytes() -> None:

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
-from colibri.reference.generate import greedy_tokens, sampled_tokens
 from colibri.reference.model import Model
-from colibri.reference.rng import Rng
+
+from colibri.engine.generate import greedy_tokens, sampled_tokens
+from colibri.engine.rng import Rng
 
 
 class _ScriptedModel:

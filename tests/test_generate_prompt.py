@@ -8,11 +8,11 @@ import sys
 
 import pytest
 from colibri.reference import Tokenizer, load_model
-from colibri.reference.generate import sampled_tokens
-from colibri.reference.rng import Rng
 
 from colibri.cli import main
 from colibri.commands.generate import TEMPLATES, _stream_text
+from colibri.engine.generate import sampled_tokens
+from colibri.engine.rng import Rng
 from colibri.resources import default_model_dir
 
 

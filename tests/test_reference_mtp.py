@@ -79,12 +79,10 @@ def test_truncate_drops_mtp_entries_that_used_forgotten_positions() -> None:
     assert s.mtp.start is None and s.mtp.length == 0
 
 
-def test_mtp_head_routes_through_the_observer() -> None:
+def test_mtp_draft_returns_the_mtp_layer_routing() -> None:
     m = fresh_model("glm5-tiny-mtp")
-    seen: list[int] = []
-    m.route_observer = lambda layer, ids: seen.append(layer)
     s = m.new_state()
     m.prefill(s, [1, 2, 3])
-    seen.clear()
-    m.mtp_draft(s, 4)
-    assert seen == [m.config.num_hidden_layers]
+    logits, routes = m.mtp_draft_routed(s, 4)
+    assert routes.shape == (1, m.config.num_experts_per_tok)  # one position forwarded
+    assert logits.tobytes() == m.mtp_draft(s, 4).tobytes()

@@ -107,19 +107,21 @@ def test_selection_is_listed_in_ascending_expert_id_order() -> None:
     assert ids.tolist() == [1, 3, 4, 6]
 
 
-def test_route_observer_sees_every_token_at_every_sparse_layer() -> None:
+def test_forward_rows_returns_every_token_routing_at_every_sparse_layer() -> None:
     from reference_support import fresh_model
 
     m = fresh_model("glm5-tiny")
-    seen: list[tuple[int, tuple[int, ...]]] = []
-    m.route_observer = lambda layer, ids: seen.append((layer, ids))
     state = m.new_state()
-    m.prefill(state, [1, 2, 3])
-    m.decode(state, 4)
+    _, first = m.forward_rows([state] * 3, [1, 2, 3], [False, False, True])
+    _, second = m.forward_rows([state], [4], [True])
+    routes = np.concatenate([first, second])
     sparse = [i for i in range(m.config.num_hidden_layers) if m.config.is_sparse(i)]
-    assert sorted(layer for layer, _ in seen) == sorted(sparse * 4)
-    assert all(len(ids) == m.config.num_experts_per_tok for _, ids in seen)
-    assert all(m.experts.is_resident(layer, e) for layer, ids in seen for e in ids)
+    assert routes.shape == (4, len(sparse), m.config.num_experts_per_tok)
+    assert all(len(set(row.tolist())) == row.size for row in routes.reshape(-1, routes.shape[2]))
+    assert all(
+        m.experts.is_resident(layer, int(e))
+        for j, layer in enumerate(sparse) for e in routes[:, j].reshape(-1)
+    )
 
 
 def test_a_custom_expert_store_is_what_the_moe_reads() -> None:

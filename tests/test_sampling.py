@@ -7,8 +7,12 @@ import re
 
 import numpy as np
 import pytest
-from colibri.reference.rng import GOLDEN, Rng, seed_state
-from colibri.reference.sampling import (
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from colibri.engine.rng import GOLDEN, Rng, seed_state
+from colibri.engine.sampling import (
     NO_PREDICTOR_TAIL,
     argmax,
     distribution,
@@ -20,10 +24,6 @@ from colibri.reference.sampling import (
     sorted_by_logprob,
     top_k_table,
 )
-from hypothesis import assume, given
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
-
 from colibri.resources import spec_path
 
 rows = hnp.arrays(

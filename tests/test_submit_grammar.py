@@ -4,16 +4,16 @@ accepts (within its byte limits)."""
 from __future__ import annotations
 
 import pytest
-from colibri.reference.submit_parse import (
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from colibri.engine.submit_parse import (
     MAX_GRAMMAR,
     MAX_PAYLOAD,
     Control,
     frame_submit,
     parse_control,
 )
-from hypothesis import example, given
-from hypothesis import strategies as st
-
 from colibri.protocol import ProtocolViolation, load_spec, parse_line
 
 _TOKENS = st.sampled_from(

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import tokenizers
 from colibri.reference import Tokenizer
-from colibri.reference.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE, bytes_to_chars
-from colibri.reference.pretokenize import (
-    UnsupportedTokenizerError,
-    pin_unicode_classes,
-    pre_tokenize,
-)
-from colibri.reference.tokenizer import TokenizerFileError
 from hypothesis import given
 from hypothesis import strategies as st
 
 from colibri.resources import fixtures_dir
+from colibri.text.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE, bytes_to_chars
+from colibri.text.pretokenize import (
+    UnsupportedTokenizerError,
+    pin_unicode_classes,
+    pre_tokenize,
+)
+from colibri.text.tokenizer import TokenizerFileError
 
 FIXTURE = fixtures_dir() / "tokenizer" / "tokenizer.json"
 GLM5_ADDED = (

@@ -1,4 +1,4 @@
-"""Generate reference/unicode_classes.py: the code points HF tokenizers' regex engine counts
+"""Generate colibri/text/unicode_classes.py: the code points HF tokenizers' regex engine counts
 as ``\\p{L}`` and ``\\p{N}``.
 
     .venv/bin/python tools/gen_unicode_classes.py   # needs HF ``tokenizers``
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "reference" / "unicode_classes.py"
+OUT = Path(__file__).resolve().parent.parent / "colibri" / "text" / "unicode_classes.py"
 
 
 def matched_by_hf(pattern: str, text: str, code_points: list[int]) -> list[int]:

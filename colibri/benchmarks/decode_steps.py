@@ -22,11 +22,20 @@ PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 Route = tuple[int, tuple[int, ...]]
 
 
+def step_routes(model: Model, routes: Any) -> list[Route]:
+    """A step's routes array ([rows, sparse layers, k]) as (layer, expert ids) pairs, row by row."""
+    cfg = model.config
+    layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_sparse(i)]
+    return [
+        (layer, tuple(int(e) for e in row[j])) for row in routes for j, layer in enumerate(layers)
+    ]
+
+
 def timed_greedy_decode(
-    model: Model, state: KVState, logits: Any, routes: list[Route], steps: int
+    model: Model, state: KVState, logits: Any, steps: int
 ) -> tuple[list[int], list[float], list[list[Route]]]:
     """``steps`` greedy decode steps from ``logits``: the tokens, each step's seconds and the
-    routes each step chose (``routes`` is the list ``model.route_observer`` appends to)."""
+    routes each step chose."""
     import numpy as np
 
     ids: list[int] = []
@@ -35,11 +44,11 @@ def timed_greedy_decode(
     for _ in range(steps):
         token = int(np.argmax(logits))
         ids.append(token)
-        routes.clear()
         t = time.perf_counter()
-        logits = model.decode(state, token)
+        out, routes = model.forward_rows([state], [token], [True])
         times.append(time.perf_counter() - t)
-        chosen.append(list(routes))
+        logits = out[0]
+        chosen.append(step_routes(model, routes))
     return ids, times, chosen
 
 

@@ -36,21 +36,21 @@ def _median(values: list[float]) -> float:
 
 def measure(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, Any]:
     """Run the mux loop in this process with `slots` busy slots; time the full steps."""
-    from colibri.reference.engine_main import build_runtime
-    from colibri.reference.engine_settings import from_environment
-    from colibri.reference.mux_engine import MuxEngine
-    from colibri.reference.wire_input import BytesSource
-    from colibri.reference.wire_output import FrameWriter
+    from colibri.engine.main import build_runtime
+    from colibri.engine.mux import MuxEngine
+    from colibri.engine.settings import from_environment
+    from colibri.engine.wire_input import BytesSource
+    from colibri.engine.wire_output import FrameWriter
 
-    env = {"COLI_PERSIST": "0"}
+    # Plain decode: MTP drafting would change the row count.
+    env = {"COLI_PERSIST": "0", "DRAFT": "0"}
     budget = warmup + tokens + slots  # later slots join one step after another
     ctx = len(PROMPT) + budget + 8
     settings = from_environment(env, model_dir=model_dir, kv_slots=slots, ctx=ctx)
     t0 = time.perf_counter()
-    runtime = build_runtime(settings, env, io.StringIO())
+    # No request may end early on a stop token: every slot stays busy.
+    runtime = build_runtime(settings, env, io.StringIO(), ignore_stops=True)
     load_s = time.perf_counter() - t0
-    runtime.mux_stops = frozenset()  # no request may end early: every slot stays busy
-    runtime.drafter = None  # plain decode: MTP drafting would change the row count
     script = b""
     for slot in range(slots):
         prompt = PROMPT[slot % len(PROMPT) :] + PROMPT[: slot % len(PROMPT)]

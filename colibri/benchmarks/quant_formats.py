@@ -31,7 +31,6 @@ from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
 from colibri.benchmarks.decode_steps import (
     PROMPT,
-    Route,
     run_worker,
     step_bytes,
     timed_greedy_decode,
@@ -81,12 +80,10 @@ def _worker(model_dir: Path, tokens: int, warmup: int, logits_path: Path) -> dic
     t0 = time.perf_counter()
     model = load_model(model_dir)
     load_s = time.perf_counter() - t0
-    routes: list[Route] = []
-    model.route_observer = lambda layer, ids: routes.append((layer, ids))
     state = model.new_state()
     logits = model.prefill(state, PROMPT)[-1]
     np.save(logits_path, logits)
-    ids, times, chosen = timed_greedy_decode(model, state, logits, routes, warmup + tokens)
+    ids, times, chosen = timed_greedy_decode(model, state, logits, warmup + tokens)
     steps = [[[layer, list(e)] for layer, e in step] for step in chosen]
     stats = getattr(model.experts, "stats", None)
     return {

@@ -35,6 +35,7 @@ from colibri.benchmarks.decode_steps import (
     Route,
     run_worker,
     step_bytes,
+    step_routes,
     timed_greedy_decode,
 )
 from colibri.benchmarks.hf_worker import rss_bytes
@@ -68,11 +69,9 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> 
     model = load_model(model_dir)
     load_s = time.perf_counter() - t0
     rss_after = rss_bytes()
-    routes: list[Route] = []
-    model.route_observer = lambda layer, ids: routes.append((layer, ids))
     state = model.new_state()
     logits = model.prefill(state, PROMPT)[-1]
-    ids, times, steps = timed_greedy_decode(model, state, logits, routes, warmup + tokens)
+    ids, times, steps = timed_greedy_decode(model, state, logits, warmup + tokens)
     # The first steps page in experts never used before; report them apart from steady state.
     warm_times, times = times[:warmup], times[warmup:]
     steps = steps[warmup:]
@@ -86,11 +85,10 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> 
     batch_steps: list[list[Route]] = []
     batch_times: list[float] = []
     for step in range(warmup + max(1, tokens // 2)):
-        routes.clear()
         t = time.perf_counter()
-        out = model.decode_batch(states, batch_tokens)
+        out, routes = model.forward_rows(states, batch_tokens, [True] * len(states))
         batch_times.append(time.perf_counter() - t)
-        batch_steps.append(list(routes))
+        batch_steps.append(step_routes(model, routes))
         batch_tokens = [int(i) for i in np.argmax(out, axis=-1)]
         if step < warmup:
             batch_times.pop()

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from colibri.commands.backend_choice import add_backend_arguments, backend_name
+
 READY = b"\x01\x01READY\x01\x01\n"
 END = b"\x01\x01END\x01\x01\n"
 
@@ -33,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--ngen", type=int, default=None, help="tokens per answer (NGEN)")
     parser.add_argument("--temperature", type=float, default=None, help="COLI_TEMP (0.7)")
     parser.add_argument("--engine-cmd", help="engine command line (default: colibri engine)")
+    add_backend_arguments(parser)
     # `--attach [URL]`: talk to a running `colibri serve` over SSE instead (colibri.server.attach).
     from colibri.server import attach
 
@@ -83,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.engine_cmd:
         command = args.engine_cmd.split()
     else:
-        command = [sys.executable, "-m", "colibri", "engine", "--legacy"]
+        command = [sys.executable, "-m", "colibri", "engine", "--legacy",
+                   "--backend", backend_name(args)]
         if args.model is not None:
             command += ["--model", str(args.model)]
         if args.ctx is not None:

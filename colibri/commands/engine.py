@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from colibri.commands.backend_choice import add_backend_arguments, available_backend
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -30,21 +32,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="speak the legacy protocol (as SERVE=1 without SERVE_BATCH=1)",
     )
-    parser.add_argument(
-        "--accelerated",
-        action="store_true",
-        help="use the accelerated engine (not part of this build)",
-    )
+    add_backend_arguments(parser)
+    parser.add_argument("--device", help="the backend's device (e.g. cpu, cuda)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from colibri import resources
-    from colibri.reference.engine_main import main_from_environment
-    from colibri.reference.engine_settings import SettingsError, from_environment
+    from colibri.engine.main import main_from_environment
+    from colibri.engine.settings import SettingsError, from_environment
 
-    if args.accelerated:
-        print("colibri engine: --accelerated is not available in this build", file=sys.stderr)
+    backend = available_backend(args, "colibri engine")
+    if backend is None:
         return 2
     try:
         settings = from_environment(
@@ -54,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             ctx=args.ctx,
             legacy=args.legacy,
             default_model=resources.default_model_dir(),
+            backend=backend,
+            device=args.device,
         )
     except SettingsError as exc:
         print(f"colibri engine: {exc}", file=sys.stderr)

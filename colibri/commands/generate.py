@@ -3,7 +3,7 @@
 ``--ids`` prints the generated token ids (and their text when the model ships a tokenizer).
 ``--prompt`` renders the text as a chat turn (GLM-5 layout, thinking off) by default, and
 prints only the generated text. Greedy unless ``--temperature`` > 0; sampling uses colibri's
-RNG and sampler (colibri.reference.sampling), so ``--seed`` makes a run reproducible.
+RNG and sampler (colibri.engine.sampling), so ``--seed`` makes a run reproducible.
 """
 
 from __future__ import annotations
@@ -16,15 +16,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from colibri.commands.backend_choice import add_backend_arguments, available_backend
+from colibri.text import chat_format
+
 if TYPE_CHECKING:
-    from colibri.reference import Tokenizer
+    from colibri.text import Tokenizer
 
 #: How --prompt text becomes the model's input (GLM-5; see spec/model.md "Tokenizer").
 TEMPLATES = {
     # One user turn with thinking off, as colibri's legacy chat loop sends it.
-    "chat": "[gMASK]<sop><|user|>{text}<|assistant|><think></think>",
+    "chat": chat_format.chat_prompt("{text}"),
     # colibri's PROMPT mode: the text after the [gMASK]<sop> prefix.
-    "prefix": "[gMASK]<sop>{text}",
+    "prefix": chat_format.PREFIX + "{text}",
     # The text exactly as given (colibri's CHAT_TEMPLATE=0).
     "none": "{text}",
 }
@@ -51,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              "unseeded state")
     parser.add_argument("--ignore-eos", action="store_true",
                         help="keep going past end-of-sequence ids")
+    add_backend_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -75,11 +79,19 @@ def _check_sampling(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from colibri.reference import CheckpointError, Tokenizer, load_model
-    from colibri.reference.generate import sampled_tokens
-    from colibri.reference.rng import Rng
+    from colibri.engine.generate import sampled_tokens
+    from colibri.engine.rng import Rng
+    from colibri.reference import CheckpointError, load_model
     from colibri.resources import default_model_dir
+    from colibri.text import Tokenizer
 
+    backend = available_backend(args, "error")
+    if backend is None:
+        return 2
+    if backend != "reference":
+        print(f"error: generate runs the reference model only, not --backend {backend}",
+              file=sys.stderr)
+        return 2
     model_dir: Path = args.model or default_model_dir()
     problem = _check_sampling(args)
     if problem is not None:

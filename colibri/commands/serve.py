@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from colibri.engine.registry import BACKENDS
+
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
@@ -27,7 +29,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="model directory (env COLI_MODEL; default: embedded model)")
     engine = parser.add_mutually_exclusive_group()
     engine.add_argument("--accelerated", action="store_true",
-                        help="run `colibri engine --accelerated`")
+                        help="run `colibri engine --accelerated` (shorthand for --backend "
+                             "accelerated)")
+    engine.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+                        help="the backend `colibri engine` runs (default: reference)")
     engine.add_argument("--engine-cmd", default=os.environ.get("COLI_ENGINE_CMD"),
                         help="any conformant engine command line (env COLI_ENGINE_CMD)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     # Tornado's access log: method, path, status and duration only; never a body.
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     model_dir = args.model or str(resources.default_model_dir())
-    spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd)
+    spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd, args.backend)
     try:
         return asyncio.run(serve_forever(config, engine_argv(spec, config.kv_slots),
                                          engine_env(spec, config), args.port))

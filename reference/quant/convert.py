@@ -334,7 +334,7 @@ def _write_shards(
         meta = {"format": "pt"}
         if local:
             meta[FMT_STAMP_KEY] = json.dumps(local, sort_keys=True, separators=(",", ":"))
-        write_safetensors(dst / name, tensors, meta)
+        write_safetensors(dst / name, tensors, meta, by_name=True)
         report.shards.append(name)
 
 

@@ -8,10 +8,10 @@ not single matrices.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from colibri.reference.expert_lru import ExpertLru
 from colibri.reference.experts import ExpertWeights, expert_tensor_names
 from colibri.reference.quant.container import QuantContainer, TensorFormat
 from colibri.reference.quant.errors import QuantFormatError
@@ -48,19 +48,16 @@ class QuantizedExpertStore:
         moe_intermediate_size: int,
         budget_bytes: int = DEFAULT_BUDGET_BYTES,
     ) -> None:
-        if budget_bytes < 0:
-            raise ValueError(f"expert cache budget must be >= 0 bytes, got {budget_bytes}")
         self.container = container
         self.hidden = hidden_size
         self.inter = moe_intermediate_size
         self.budget_bytes = budget_bytes
         self.stats = StoreStats()
-        self._cache: OrderedDict[tuple[int, int], ExpertWeights] = OrderedDict()
-        self._resident = 0
+        self._cache = ExpertLru(budget_bytes)
 
     @property
     def resident_bytes(self) -> int:
-        return self._resident
+        return self._cache.bytes
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -102,7 +99,6 @@ class QuantizedExpertStore:
         key = (layer, expert)
         cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(key)
             self.stats.hits += 1
             return cached
         self.stats.misses += 1
@@ -111,15 +107,7 @@ class QuantizedExpertStore:
         names = _tensor_names(layer, expert)
         gate, up, down = (self.container.weight(names[p], shapes[p]) for p in PROJECTIONS)
         weights = ExpertWeights(gate, up, down)
-        self._insert(key, weights)
+        evicted = self._cache.evictions
+        self._cache.put(key, weights)
+        self.stats.evictions += self._cache.evictions - evicted
         return weights
-
-    def _insert(self, key: tuple[int, int], weights: ExpertWeights) -> None:
-        if weights.nbytes > self.budget_bytes:
-            return  # larger than the whole budget: used once, never cached
-        self._cache[key] = weights
-        self._resident += weights.nbytes
-        while self._resident > self.budget_bytes:
-            _, old = self._cache.popitem(last=False)
-            self._resident -= old.nbytes
-            self.stats.evictions += 1

@@ -1,4 +1,4 @@
-"""A minimal safetensors reader and writer (the container format colibri uses).
+"""The safetensors reader of quantized containers (the format colibri uses).
 
 File layout: an 8-byte little-endian header length, a JSON header
 ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}``, then the
@@ -11,29 +11,14 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 from colibri.reference.errors import CheckpointError
-
-#: safetensors dtype string -> numpy dtype.
-DTYPES: dict[str, np.dtype[Any]] = {
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "I32": np.dtype(np.int32),
-    "I64": np.dtype(np.int64),
-}
-DTYPE_NAMES: dict[np.dtype[Any], str] = {dt: name for name, dt in DTYPES.items()}
+from colibri.reference.safetensors import DTYPES, write_safetensors
 
 #: Headers larger than this are refused: real ones are kilobytes to a few megabytes.
 MAX_HEADER_BYTES = 256 << 20
@@ -177,31 +162,4 @@ class SafetensorsDir:
         return self.array(name).astype(np.float32)
 
 
-def write_safetensors(
-    path: str | Path,
-    tensors: Mapping[str, npt.NDArray[Any]],
-    metadata: Mapping[str, str] | None = None,
-) -> None:
-    """Write ``tensors`` (sorted by name, contiguous, 8-byte aligned header) to ``path``."""
-    header: dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = dict(metadata)
-    offset = 0
-    ordered = sorted(tensors.items())
-    for name, arr in ordered:
-        dtype = DTYPE_NAMES.get(arr.dtype)
-        if dtype is None:
-            raise ContainerError(f"{name}: cannot store numpy dtype {arr.dtype}")
-        header[name] = {
-            "dtype": dtype,
-            "shape": list(arr.shape),
-            "data_offsets": [offset, offset + arr.nbytes],
-        }
-        offset += arr.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(text)))
-        fh.write(text)
-        for _, arr in ordered:
-            fh.write(np.ascontiguousarray(arr).tobytes())
+__all__ = ["ContainerError", "SafetensorsDir", "TensorEntry", "read_header", "write_safetensors"]

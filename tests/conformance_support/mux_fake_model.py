@@ -1,5 +1,5 @@
-"""The reference mux engine (colibri.reference.mux_engine) over real stdin/stdout, driving the
-engine tests' FakeModel instead of a real checkpoint. It lets the conformance suite test the
+"""The reference mux engine (colibri.engine.mux) over real stdin/stdout, driving the
+engine tests' FakeBackend instead of a real checkpoint. It lets the conformance suite test the
 real protocol implementation in well under a second per start."""
 
 from __future__ import annotations
@@ -10,29 +10,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from colibri.reference.engine_runtime import EngineRuntime  # noqa: E402
-from colibri.reference.engine_settings import from_environment  # noqa: E402
-from colibri.reference.mux_engine import MuxEngine  # noqa: E402
-from colibri.reference.wire_input import FdSource  # noqa: E402
-from colibri.reference.wire_output import FrameWriter  # noqa: E402
-from engine_fakes import FakeCodec, FakeModel  # noqa: E402
+from engine_fakes import FakeBackend  # noqa: E402
+
+from colibri.engine.main import build_runtime  # noqa: E402
+from colibri.engine.mux import MuxEngine  # noqa: E402
+from colibri.engine.settings import from_environment  # noqa: E402
+from colibri.engine.wire_input import FdSource  # noqa: E402
+from colibri.engine.wire_output import FrameWriter  # noqa: E402
 
 
 def main() -> int:
     env = dict(os.environ)
+    if not env.get("COLI_STATE_DIR"):
+        # No state directory named: run without persistence rather than use the per-user one.
+        env["COLI_PERSIST"] = "0"
     settings = from_environment(env, model_dir=Path(env.get("SNAP", "fake-model")))
-    model = FakeModel()
-    state = env.get("COLI_STATE_DIR")
-    persist = env.get("COLI_PERSIST", "1") not in ("0", "false", "off")
-    runtime = EngineRuntime(
-        model,
-        None,
-        settings,
-        sys.stderr,
-        state_dir=Path(state) if state and persist else None,
-        codec=FakeCodec(model),
-        model_tag=0x1234,
-    )
+    runtime = build_runtime(settings, env, sys.stderr, backend=FakeBackend(), tokenizer=None)
     return MuxEngine(runtime, FdSource(0), FrameWriter(sys.stdout.buffer)).run()
 
 

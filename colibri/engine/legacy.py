@@ -12,20 +12,23 @@ import time
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.engine_runtime import EngineRuntime, Slot
-from colibri.reference.host_info import peak_rss_gb
-from colibri.reference.mux_engine import common_prefix
-from colibri.reference.request_sampling import pick, request_rng
-from colibri.reference.rng import Rng
-from colibri.reference.submit_parse import (
+
+from colibri.engine.backend import StepRow
+from colibri.engine.host_info import peak_rss_gb
+from colibri.engine.mux import common_prefix
+from colibri.engine.request_sampling import pick, request_rng
+from colibri.engine.rng import Rng
+from colibri.engine.runtime import EngineRuntime, Slot
+from colibri.engine.submit_parse import (
     FLOAT,
     MAX_PAYLOAD,
     parse_id_payload,
     sampling_in_range,
 )
-from colibri.reference.turn_report import hit_percent
-from colibri.reference.wire_input import ByteSource
-from colibri.reference.wire_output import END, READY, FrameWriter, f2, stat_line
+from colibri.engine.turn_report import hit_percent
+from colibri.engine.wire_input import ByteSource
+from colibri.engine.wire_output import END, READY, FrameWriter, f2, stat_line
+from colibri.text import chat_format
 
 _PROMPT = re.compile(
     rb"\x02PROMPT ([0-9]{1,20}) ([0-9]{1,20}) (" + FLOAT + rb") (" + FLOAT + rb")"
@@ -99,13 +102,13 @@ class LegacyEngine:
 
     def more(self) -> None:
         slot = self.slots[0]
-        if slot.state.length < 1:
+        if self.rt.length(slot) < 1:
             self.out.raw(END)
             self.stat(0, 0.0, 0.0)
             return
         pending = self.pending[0]
         # The length once the token to re-forward is off the cache (see below).
-        start = slot.state.length - (1 if pending is None else 0)
+        start = self.rt.length(slot) - (1 if pending is None else 0)
         budget = min(self.rt.settings.ngen, self.rt.ctx - start - 2)
         if budget <= 0:
             # A full context: nothing can be forwarded. Reply before touching the pending
@@ -155,8 +158,7 @@ class LegacyEngine:
         slot = self.slots[slot_index]
         keep = min(common_prefix(slot.history, tokens), len(tokens) - 1)
         self.rt.truncate_slot(slot, keep)
-        logits = self.rt.model.prefill(slot.state, tokens[keep:])
-        slot.history.extend(tokens[keep:])
+        logits = self.rt.prefill(slot, tokens[keep:])
         budget = min(max_tokens, self.rt.settings.ngen, self.rt.ctx - len(tokens) - 1)
         produced, tok_s, hit, limited = self.generate(
             slot, slot_index, None, logits[-1], budget, temperature, top_p
@@ -175,8 +177,8 @@ class LegacyEngine:
         except UnicodeDecodeError:
             body = text.decode("utf-8", errors="replace")
         if self.rt.settings.chat_template:
-            cue = "<think>" if self.rt.settings.think else "<think></think>"
-            body = ("[gMASK]<sop>" if first else "") + f"<|user|>{body}<|assistant|>{cue}"
+            turn = chat_format.user_turn(body, thinking=self.rt.settings.think)
+            body = (chat_format.PREFIX if first else "") + turn
         return tokenizer.encode(body)
 
     def tokenize(self, payload: bytes) -> list[int] | None:
@@ -190,7 +192,7 @@ class LegacyEngine:
     def chat(self, line: bytes) -> None:
         slot = self.slots[0]
         carried = [] if self.pending[0] is None else [self.pending[0]]
-        turn = self.template(line, first=slot.state.length == 0)
+        turn = self.template(line, first=self.rt.length(slot) == 0)
         if not turn:
             self.fail(six=True)
             return
@@ -203,8 +205,7 @@ class LegacyEngine:
             prompt = turn
         keep = min(common_prefix(slot.history, prompt), len(prompt) - 1)
         self.rt.truncate_slot(slot, keep)
-        logits = self.rt.model.prefill(slot.state, prompt[keep:])
-        slot.history.extend(prompt[keep:])
+        logits = self.rt.prefill(slot, prompt[keep:])
         budget = min(self.rt.settings.ngen, self.rt.ctx - len(prompt) - 1)
         produced, tok_s, hit, limited = self.generate(slot, 0, None, logits[-1], budget)
         self.out.raw(b"\n" + END)
@@ -232,7 +233,7 @@ class LegacyEngine:
         self.pending[slot_index] = None
         while produced < budget:
             if forward is not None:
-                row = self.rt.model.decode(slot.state, forward)
+                row = self.rt.forward([StepRow(slot.state, forward, True)]).logits[0]
                 slot.history.append(forward)
                 self.pending[slot_index] = None
                 forward = None

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from colibri.reference.added_tokens import AddedToken, AddedVocabulary
-from colibri.reference.bpe import BpeModel
-from colibri.reference.byte_level import BYTE_TO_CHAR, bytes_to_chars, chars_to_bytes
-from colibri.reference.pretokenize import (
+from colibri.text.added_tokens import AddedToken, AddedVocabulary
+from colibri.text.bpe import BpeModel
+from colibri.text.byte_level import BYTE_TO_CHAR, bytes_to_chars, chars_to_bytes
+from colibri.text.pretokenize import (
     Splitter,
     UnsupportedTokenizerError,
     build_pre_tokenizer,

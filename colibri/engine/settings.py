@@ -48,6 +48,8 @@ class EngineSettings:
     legacy_top_p: float  # NUCLEUS, default 0.9
     usage_save: bool  # USAGE_SAVE=0: read the usage history, never write it
     usage_decay: float  # COLI_USAGE_DECAY in (0, 1]: counts scaled (rounded) before each save
+    backend: str = "reference"  # a name in colibri.engine.registry
+    device: str | None = None  # the backend's device choice (--device), None: its default
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -91,6 +93,8 @@ def from_environment(
     ctx: int | None = None,
     legacy: bool | None = None,
     default_model: Path | None = None,
+    backend: str = "reference",
+    device: str | None = None,
 ) -> EngineSettings:
     """Settings from options (given, not None) over environment variables."""
     snap = model_dir or (Path(env["SNAP"]) if env.get("SNAP") else default_model)
@@ -116,6 +120,8 @@ def from_environment(
     state = env.get("COLI_STATE_DIR")
     pin = env.get("PIN") or None
     return EngineSettings(
+        backend=backend,
+        device=device,
         model_dir=snap,
         mux=not legacy,
         kv_slots=slots,

@@ -3,7 +3,7 @@
 Every routed expert kept for a token bumps ``counts[layer][expert]`` (u32, saturating), the
 history persisted in ``.coli_usage``. EMAP's heat is the bit length of that count; HITS is
 the set of experts routed since the previous HITS (spec/protocol.md 2.6). Per-turn routing
-entropy is route_attribution.py's.
+entropy is turn_routes.py's.
 """
 
 from __future__ import annotations
@@ -36,13 +36,18 @@ class ExpertUsage:
         self.counts: npt.NDArray[np.uint64] = np.zeros((n_layers + 1, n_experts), np.uint64)
         self._hits = np.zeros((len(self.rows), n_experts), np.bool_)
 
-    def observe(self, layer: int, experts: Sequence[int]) -> None:
+    def observe(self, layer: int, experts: Sequence[int] | npt.NDArray[np.int32]) -> None:
         row = self._row_of.get(layer)
         if row is None:
             return
         ids = np.asarray(experts, dtype=np.intp)
         np.add.at(self.counts[layer], ids, 1)
         self._hits[row, ids] = True
+
+    def observe_routes(self, layers: Sequence[int], routes: npt.NDArray[np.int32]) -> None:
+        """Every row of ``routes`` ([rows, len(layers), k]) chose its experts at ``layers``."""
+        for j, layer in enumerate(layers):
+            self.observe(layer, routes[:, j, :].reshape(-1))
 
     def add_history(self, history: npt.NDArray[np.uint64]) -> None:
         """Add loaded counts (history accumulates across runs)."""

@@ -4,87 +4,88 @@ their files, expert usage and tiers, and the telemetry lines built from them."""
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
 
 import numpy as np
-import numpy.typing as npt
-from colibri.reference import usage_file
-from colibri.reference.engine_model import (
-    EngineModel,
-    KvCodec,
-    KVState,
-    TextTokenizer,
-    stop_tokens,
-    token_payload,
+
+from colibri.engine import usage_file
+from colibri.engine.backend import (
+    Backend,
+    Logits,
+    ModelShape,
+    Step,
+    StepRow,
+    sparse_layers,
     usage_rows,
 )
-from colibri.reference.engine_settings import DEFAULT_CTX, EngineSettings
-from colibri.reference.expert_tiers import Repin, ResidentExperts, TierReport
-from colibri.reference.expert_usage import ExpertUsage
-from colibri.reference.kv_persist import KvFile, KvLayout, slot_file
-from colibri.reference.route_attribution import RouteAttribution
-from colibri.reference.wire_output import f2, f3
+from colibri.engine.expert_usage import ExpertUsage
+from colibri.engine.kv_persist import KvFile, KvLayout, slot_file
+from colibri.engine.settings import DEFAULT_CTX, EngineSettings
+from colibri.engine.turn_routes import TurnRoutes
+from colibri.engine.wire_output import f2, f3
 
 
-class Drafter(Protocol):
-    """A model with an MTP head: draft logits for the token after ``token``."""
-
-    def mtp_draft(self, state: Any, token: int) -> npt.NDArray[np.float32]: ...
+class TextTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
+    def token_to_id(self, token: str) -> int | None: ...
+    @property
+    def special_ids(self) -> frozenset[int]: ...
 
 
 @dataclass
 class Slot:
-    """One KV slot: its state, the tokens its KV holds, and its file."""
+    """One KV slot: the backend's state, the tokens its KV holds (the engine's history; the
+    backend only knows how many positions it holds), and its file."""
 
     index: int
-    state: KVState
+    state: Any
     history: list[int] = field(default_factory=list)
     kv_file: KvFile | None = None
 
 
 class EngineRuntime:
+    """Built by ``colibri.engine.main.build_runtime`` only."""
+
     def __init__(
         self,
-        model: EngineModel,
+        backend: Backend,
         tokenizer: TextTokenizer | None,
         settings: EngineSettings,
         log: TextIO,
         *,
         state_dir: Path | None,
-        codec: KvCodec | None = None,
-        tiers: TierReport | None = None,
-        model_tag: int = 0,
         max_positions: int = DEFAULT_CTX,
+        ignore_stops: bool = False,
     ) -> None:
-        self.model = model
+        self.backend = backend
         self.tokenizer = tokenizer
         self.settings = settings
         self.log = log
-        self.shape = model.config
+        self.shape: ModelShape = backend.shape
         self.vocab = self.shape.vocab_size
         self.ctx = settings.ctx if settings.ctx is not None else min(DEFAULT_CTX, max_positions)
-        self.mux_stops = stop_tokens(self.shape, tokenizer, all_stops=settings.serve_all_stops)
+        self.mux_stops = (
+            frozenset()
+            if ignore_stops
+            else stop_tokens(self.shape, tokenizer, all_stops=settings.serve_all_stops)
+        )
         self.all_stops = stop_tokens(self.shape, tokenizer, all_stops=True)
         self.rows = usage_rows(self.shape)
+        self.routed_layers = sparse_layers(self.shape)
         self.n_experts = self.shape.n_routed_experts
         self.usage = ExpertUsage(self.shape.num_hidden_layers, self.n_experts, self.rows)
-        self.routes = RouteAttribution(self.rows, self.n_experts, log)
-        resident = ResidentExperts()
-        self.resident = resident if tiers is None else None
-        self.tiers: TierReport = tiers if tiers is not None else resident
-        self.codec = codec
+        self.turns = TurnRoutes(self.rows, self.routed_layers, self.n_experts)
+        self.tiers = backend.tiers
         self.persist = settings.persist and state_dir is not None
         self.state_dir = state_dir if self.persist else None
-        self.kv_enabled = self.persist and settings.kv_save and codec is not None
-        self.model_tag = model_tag
-        #: Set when the model has an MTP head and DRAFT allows it (single-slot drafting).
-        self.drafter: Drafter | None = None
-        #: Set with REPIN=n: one live re-pin pass, returning the swaps it made.
-        self.repinner: Callable[[], list[Repin]] | None = None
-        model.route_observer = self._observe
+        self.kv_enabled = self.persist and settings.kv_save
+        self.model_tag = backend.model_tag
+        #: Single-slot MTP drafting: the model has an MTP head and DRAFT allows it.
+        self.drafting = backend.has_mtp and settings.draft != 0
         self._lock: BinaryIO | None = None
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -113,18 +114,48 @@ class EngineRuntime:
         return True
 
     def close(self) -> None:
-        """Release the state directory (the loops call this when they end)."""
+        """Release the state directory and the backend (the loops call this when they end)."""
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+        self.backend.close()
 
-    # --- usage -------------------------------------------------------------------------
+    # --- steps -----------------------------------------------------------------------------
 
-    def _observe(self, layer: int, experts: tuple[int, ...]) -> None:
-        self.usage.observe(layer, experts)
-        self.routes.observe(layer, experts)
-        if self.resident is not None:
-            self.resident.note_lookups(len(experts))
+    def forward(
+        self, rows: Sequence[StepRow], owners: Sequence[int | None] | None = None
+    ) -> Step:
+        """One backend step; its routing goes to the usage counters and, for rows with an
+        owner (``owners[r]``, a request id), to that request's turn."""
+        step = self.backend.step(rows)
+        self.credit_step(step, owners)
+        return step
+
+    def credit_step(self, step: Step, owners: Sequence[int | None] | None) -> None:
+        """Count a step's routing (for a step whose owners are known only after it ran)."""
+        self.usage.observe_routes(self.routed_layers, step.routes)
+        if owners is not None:
+            for r, owner in enumerate(owners):
+                if owner is not None:
+                    self.turns.credit(owner, step.routes[r])
+
+    def prefill(self, slot: Slot, tokens: Sequence[int], *, all_logits: bool = False) -> Logits:
+        """Forward ``tokens`` after the slot's history; the last row's logits (every row's
+        with ``all_logits``), [rows, vocab]."""
+        n = len(tokens)
+        rows = [StepRow(slot.state, t, all_logits or i == n - 1) for i, t in enumerate(tokens)]
+        logits = self.forward(rows).logits
+        slot.history.extend(tokens)
+        return logits
+
+    def draft(self, state: Any, token: int) -> Logits:
+        """The MTP head's logits for the token after ``token`` (usage counts its routing)."""
+        drafted = self.backend.draft(state, token)
+        self.usage.observe(self.shape.num_hidden_layers, drafted.routes.reshape(-1))
+        return drafted.logits
+
+    def length(self, slot: Slot) -> int:
+        return self.backend.length(slot.state)
 
     @property
     def usage_path(self) -> Path | None:
@@ -160,7 +191,6 @@ class EngineRuntime:
     # --- slots and their files -----------------------------------------------------------
 
     def kv_layout(self) -> KvLayout:
-        assert self.codec is not None
         shape = self.shape
         indexer = shape.index_head_dim if shape.indexer_types else 0
         return KvLayout(
@@ -168,19 +198,19 @@ class EngineRuntime:
             kv_lora=shape.kv_lora_rank,
             qk_rope=shape.qk_rope_head_dim,
             index_hd=indexer,
-            nic=self.codec.indexer_layers,
+            nic=self.backend.kv_record.indexer_layers,
             vocab=self.vocab,
             tag=self.model_tag,
         )
 
     def open_slot(self, index: int) -> Slot:
-        slot = Slot(index, self.model.new_state())
-        if not self.kv_enabled or self.state_dir is None or self.codec is None:
+        slot = Slot(index, self.backend.new_state())
+        if not self.kv_enabled or self.state_dir is None:
             return slot
         slot.kv_file = KvFile(slot_file(self.state_dir, index), self.kv_layout())
         loaded = slot.kv_file.load(self.ctx - 8, self.log)
         if loaded is not None:
-            self.codec.restore(slot.state, loaded.tokens, loaded.rows)
+            self.backend.import_kv(slot.state, loaded.tokens, loaded.rows)
             slot.history = list(loaded.tokens)
             print(
                 f"[KV] slot {index}: resumed conversation from disk: {len(loaded.tokens)} tokens",
@@ -189,8 +219,8 @@ class EngineRuntime:
         return slot
 
     def truncate_slot(self, slot: Slot, keep: int) -> None:
-        if keep < slot.state.length:
-            slot.state.truncate(keep)
+        if keep < self.backend.length(slot.state):
+            self.backend.truncate(slot.state, keep)
         del slot.history[keep:]
         if slot.kv_file is not None:
             slot.kv_file.truncate(keep)
@@ -198,11 +228,12 @@ class EngineRuntime:
     def persist_slot(self, slot: Slot) -> None:
         """Append the slot's positions that are not on disk yet (records first, count last)."""
         kv = slot.kv_file
-        if kv is None or self.codec is None or slot.state.length <= kv.nrec:
+        length = self.backend.length(slot.state)
+        if kv is None or length <= kv.nrec:
             return
-        start, stop = kv.nrec, slot.state.length
+        start, stop = kv.nrec, length
         try:
-            kv.append(slot.history[start:stop], self.codec.export_rows(slot.state, start, stop))
+            kv.append(slot.history[start:stop], self.backend.export_kv(slot.state, start, stop))
         except OSError as exc:
             print(f"[KV] could not save slot {slot.index}: {exc}", file=self.log)
 
@@ -226,4 +257,25 @@ class EngineRuntime:
 
     def entropy_line(self, owner: int) -> str:
         """The turn's routing entropy per EMAP row (this request's own selections)."""
-        return "ENTROPY" + "".join(f" {f3(h)}" for h in self.routes.take_entropy(owner))
+        return "ENTROPY" + "".join(f" {f3(h)}" for h in self.turns.take_entropy(owner))
+
+
+def token_payload(tokenizer: TextTokenizer | None, token: int) -> bytes:
+    """DATA/ECHO payload of one token: its bytes, or ' <id>' for a model without tokenizer."""
+    if tokenizer is None:
+        return f" {token}".encode("ascii")
+    return tokenizer.token_bytes(token)
+
+
+def stop_tokens(
+    shape: ModelShape, tokenizer: TextTokenizer | None, *, all_stops: bool
+) -> frozenset[int]:
+    """Mux keeps only <|endoftext|> (colibri's batched server); legacy keeps every stop."""
+    if not all_stops and tokenizer is not None:
+        eot = tokenizer.token_to_id("<|endoftext|>")
+        if eot is not None:
+            return frozenset({eot})
+    stops = set(shape.eos_token_ids)
+    if all_stops and tokenizer is not None:
+        stops |= tokenizer.special_ids
+    return frozenset(stops)

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.model import Model
-from colibri.reference.rng import Rng
-from colibri.reference.sampling import argmax, sample
+
+from colibri.engine.rng import Rng
+from colibri.engine.sampling import argmax, sample
+
+
+class IncrementalModel(Protocol):
+    """The model API's incremental surface (colibri.reference.Model has it)."""
+
+    def new_state(self) -> Any: ...
+    def prefill(self, state: Any, ids: Sequence[int]) -> npt.NDArray[np.float32]: ...
+    def decode(self, state: Any, token: int) -> npt.NDArray[np.float32]: ...
 
 
 def _tokens(
-    model: Model,
+    model: IncrementalModel,
     prompt: Sequence[int],
     max_tokens: int,
     stop_ids: Sequence[int],
@@ -35,7 +44,7 @@ def _tokens(
 
 
 def greedy_tokens(
-    model: Model, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int] = ()
+    model: IncrementalModel, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int] = ()
 ) -> Iterator[int]:
     """Up to ``max_tokens`` greedy tokens after ``prompt``; a stop id is yielded, then it ends."""
     # colibri's argmax (first maximum, NaN never wins), the same rule as sampling at
@@ -44,7 +53,7 @@ def greedy_tokens(
 
 
 def sampled_tokens(
-    model: Model,
+    model: IncrementalModel,
     prompt: Sequence[int],
     max_tokens: int,
     stop_ids: Sequence[int] = (),

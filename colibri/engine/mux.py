@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.engine_runtime import EngineRuntime, Slot
-from colibri.reference.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
-from colibri.reference.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
-from colibri.reference.request_sampling import (
+
+from colibri.engine.backend import StepRow
+from colibri.engine.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
+from colibri.engine.request_sampling import (
     NO_PREDICTOR_TAIL,
     greedy,
     logprob_tail,
@@ -26,7 +27,8 @@ from colibri.reference.request_sampling import (
     row_log_normalizer,
     top_candidates,
 )
-from colibri.reference.submit_parse import (
+from colibri.engine.runtime import EngineRuntime, Slot
+from colibri.engine.submit_parse import (
     MAX_HEADER,
     Control,
     SubmitRequest,
@@ -35,9 +37,9 @@ from colibri.reference.submit_parse import (
     parse_id_payload,
     validate_submit,
 )
-from colibri.reference.turn_report import Request, perf_line, prof_line, turn_numbers
-from colibri.reference.wire_input import ByteSource
-from colibri.reference.wire_output import (
+from colibri.engine.turn_report import Request, perf_line, prof_line, turn_numbers
+from colibri.engine.wire_input import ByteSource
+from colibri.engine.wire_output import (
     READY,
     FrameWriter,
     data_header,
@@ -102,7 +104,7 @@ class MuxEngine:
             "ctx": rt.ctx,
             "vocab": rt.vocab,
             "tokenizer": int(rt.tokenizer is not None),
-            "mtp": int(rt.drafter is not None),
+            "mtp": int(rt.drafting),
         }
         return "CAPS " + " ".join(f"{k}={v}" for k, v in caps.items())
 
@@ -174,7 +176,7 @@ class MuxEngine:
             self.finish(request, length_limited=False)
         else:
             del self.active[request.slot]
-            self.rt.routes.forget(request.rid)
+            self.rt.turns.forget(request.rid)
             self.rt.persist_slot(self.slots[request.slot])
             self.error(request.rid, "CANCELLED")
 
@@ -259,8 +261,7 @@ class MuxEngine:
             submitted_at=submitted_at,
             kv_seconds=kv_seconds,
         )
-        logits = rt.model.prefill(slot.state, tokens[keep:])
-        slot.history.extend(tokens[keep:])
+        logits = rt.prefill(slot, tokens[keep:], all_logits=sub.logprobs > 0)
         request.forwards += 1
         self.active[slot.index] = request
         if sub.logprobs > 0:
@@ -333,18 +334,18 @@ class MuxEngine:
         ]
         if not ready:
             return
-        if len(ready) == 1 and len(self.active) == 1 and self.rt.drafter is not None:
+        if len(ready) == 1 and len(self.active) == 1 and self.rt.drafting:
             slot_index, request = ready[0]
             if request.temperature <= 0.0 and self.mtp.allows():
                 self.speculative_step(self.slots[slot_index], request)
                 self.after_step()
                 return
-        states = [self.slots[i].state for i, _ in ready]
-        tokens = [r.pending for _, r in ready]
+        rows = []
+        for slot_index, request in ready:
+            assert request.pending is not None
+            rows.append(StepRow(self.slots[slot_index].state, request.pending, True))
         started = time.perf_counter()
-        self.rt.routes.begin([r.rid for _, r in ready])
-        logits = self.rt.model.decode_batch(states, [t for t in tokens if t is not None])
-        self.rt.routes.end()
+        logits = self.rt.forward(rows, [r.rid for _, r in ready]).logits
         elapsed = time.perf_counter() - started
         elapsed_ms = elapsed * 1000.0
         self.step_log.append((len(ready), elapsed))
@@ -365,25 +366,25 @@ class MuxEngine:
         if self.steps_since_hits >= HITS_EVERY:
             self.steps_since_hits = 0
             self.out.line(self.rt.hits_line())
-        repinner = self.rt.repinner
-        if repinner is not None:
+        if self.rt.settings.repin_every > 0:
             self.steps_since_repin += 1
             if self.steps_since_repin >= self.rt.settings.repin_every:
                 self.steps_since_repin = 0
-                for swap in repinner():
+                for swap in self.rt.tiers.repin():
                     self.out.line(f"REPIN {swap.layer} {swap.expert} {swap.old_tier} {swap.gpu}")
 
     def speculative_step(self, slot: Slot, request: Request) -> None:
         """Depth-1 MTP drafting for a lone greedy request: forward the pending token and the
         head's draft in one prefill; the draft is kept iff greedy decoding picks it, so the
         output is byte-identical to plain decoding (prefill rows equal decode rows)."""
-        drafter = self.rt.drafter
-        assert drafter is not None and request.pending is not None
+        assert request.pending is not None
         pending = request.pending
-        draft = greedy(drafter.mtp_draft(slot.state, pending))
+        draft = greedy(self.rt.draft(slot.state, pending))
         started = time.perf_counter()
-        self.rt.routes.begin([request.rid, request.rid])
-        rows = self.rt.model.prefill(slot.state, [pending, draft])
+        step = self.rt.backend.step(
+            [StepRow(slot.state, pending, True), StepRow(slot.state, draft, True)]
+        )
+        rows = step.logits
         elapsed = time.perf_counter() - started
         request.forward_ms.append(elapsed * 1000.0)
         self.step_log.append((2, elapsed))
@@ -397,7 +398,7 @@ class MuxEngine:
         continues = (
             accepted and draft not in self.rt.mux_stops and request.emitted + 1 < request.maximum
         )
-        self.rt.routes.end(keep=[True, continues])
+        self.rt.credit_step(step, [request.rid, request.rid if continues else None])
         if self.mtp.record(accepted):
             print(
                 f"[MTP] acceptance under {MIN_ACCEPT_PCT}% over {WINDOW} drafts: "
@@ -405,18 +406,18 @@ class MuxEngine:
                 file=self.log,
             )
         if not accepted:
-            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.rt.truncate_slot(slot, self.rt.length(slot) - 1)
             self.advance(request, rows[0])
             return
         # The draft is the token greedy decoding picks: emit it as advance() would, then
         # the token after it comes from the draft's own row.
         if draft in self.rt.mux_stops:
-            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.rt.truncate_slot(slot, self.rt.length(slot) - 1)
             self.finish(request, length_limited=False)
             return
         self.emit(request, draft, rows[0])
         if request.emitted >= request.maximum:
-            self.rt.truncate_slot(slot, slot.state.length - 1)
+            self.rt.truncate_slot(slot, self.rt.length(slot) - 1)
             self.finish(request, length_limited=True)
             return
         self.advance(request, rows[1])

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from colibri.reference.expert_tiers import StoreCounters
-from colibri.reference.host_info import physical_read_bytes
-from colibri.reference.rng import Rng
-from colibri.reference.wire_output import f3, f6
+from colibri.engine.backend import StoreCounters
+from colibri.engine.host_info import physical_read_bytes
+from colibri.engine.rng import Rng
+from colibri.engine.wire_output import f3, f6
 
 
 @dataclass

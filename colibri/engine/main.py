@@ -3,7 +3,6 @@ run the mux or legacy loop on stdin/stdout (what ``colibri engine`` does)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -12,40 +11,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from colibri.reference.engine_model import EngineModel, TextTokenizer, usage_rows
-from colibri.reference.engine_runtime import EngineRuntime
-from colibri.reference.engine_settings import EngineSettings, SettingsError, default_state_dir
-from colibri.reference.legacy_engine import LegacyEngine
-from colibri.reference.mux_engine import MuxEngine, SignalFlags
-from colibri.reference.wire_input import FdSource
-from colibri.reference.wire_output import FrameWriter
-
-_SAMPLE = 1 << 16
-_SAMPLES = 16
-
-
-def model_fingerprint(model_dir: Path) -> int:
-    """A non-zero int32 naming this model's weights (the `.coli_kv` model tag).
-
-    sha256 over config.json and, per weight file, its size and 16 evenly spaced 64 KiB
-    samples (the whole file when small): cheap on a large model, exact on the fixtures.
-    """
-    digest = hashlib.sha256()
-    config = model_dir / "config.json"
-    if config.is_file():
-        digest.update(config.read_bytes())
-    for path in sorted(model_dir.glob("*.safetensors")):
-        size = path.stat().st_size
-        digest.update(path.name.encode() + size.to_bytes(8, "little"))
-        with open(path, "rb") as handle:
-            if size <= _SAMPLE * _SAMPLES:
-                digest.update(handle.read())
-            else:
-                for i in range(_SAMPLES):
-                    handle.seek((size - _SAMPLE) * i // (_SAMPLES - 1))
-                    digest.update(handle.read(_SAMPLE))
-    tag = int.from_bytes(digest.digest()[:4], "little", signed=True)
-    return tag or 1
+from colibri.engine.backend import Backend
+from colibri.engine.legacy import LegacyEngine
+from colibri.engine.mux import MuxEngine, SignalFlags
+from colibri.engine.registry import BackendOptions, BackendUnavailable, open_backend
+from colibri.engine.runtime import EngineRuntime, TextTokenizer
+from colibri.engine.settings import EngineSettings, SettingsError, default_state_dir
+from colibri.engine.wire_input import FdSource
+from colibri.engine.wire_output import FrameWriter
 
 
 def _max_positions(model_dir: Path) -> int:
@@ -61,37 +34,33 @@ def load_tokenizer(model_dir: Path) -> TextTokenizer | None:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         return None
-    from colibri.reference.tokenizer import Tokenizer
+    from colibri.text import Tokenizer
 
     loaded: TextTokenizer = Tokenizer.from_file(path)
     return loaded
 
 
-def build_runtime(settings: EngineSettings, env: Mapping[str, str], log: TextIO) -> EngineRuntime:
-    """The reference model with a tiered expert store, its tokenizer, and the state dir."""
-    from colibri.reference.config import ModelConfig
-    from colibri.reference.expert_store import TieredExpertStore, mapped_reader
-    from colibri.reference.kv_codec import ReferenceKvCodec
-    from colibri.reference.model import Model
-    from colibri.reference.safetensors import Checkpoint
-    from colibri.reference.weights import TensorLoader
-
+def build_runtime(
+    settings: EngineSettings,
+    env: Mapping[str, str],
+    log: TextIO,
+    *,
+    backend: Backend | None = None,
+    tokenizer: TextTokenizer | None = None,
+    ignore_stops: bool = False,
+) -> EngineRuntime:
+    """The one place an ``EngineRuntime`` is built: the backend (``settings.backend`` from the
+    registry unless one is given, as tests and benchmarks do), the model's tokenizer (unless
+    given), the state directory, and the pinned hot set."""
     model_dir = settings.model_dir
-    config = ModelConfig.from_dir(model_dir)
-    checkpoint = Checkpoint(model_dir)
-    rows = usage_rows(config)
-    read = mapped_reader(TensorLoader(checkpoint), config)
-    if any(name.endswith(".qs") for name in checkpoint.tensors):
-        # A colibri container: experts are dequantized when read (the quant store with no
-        # cache of its own; the tiers below are the engine's).
-        from colibri.reference.quant.loading import quantized_expert_store
-
-        quantized = quantized_expert_store(model_dir, config, budget_bytes=0)
-        if quantized is not None:
-            read = quantized.expert
-    store = TieredExpertStore(read, config, rows, settings.ram_budget_bytes)
-    model = Model(config, checkpoint, store)
-    engine_model: EngineModel = model
+    if backend is None:
+        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, device=settings.device)
+        try:
+            backend = open_backend(settings.backend, model_dir, options, log)
+        except BackendUnavailable as exc:
+            raise SettingsError(str(exc)) from None
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_dir)
     state_dir: Path | None = None
     if settings.persist:
         state_dir = settings.state_dir or default_state_dir(model_dir, env)
@@ -102,24 +71,18 @@ def build_runtime(settings: EngineSettings, env: Mapping[str, str], log: TextIO)
         except OSError as exc:
             raise SettingsError(f"state directory {state_dir}: {exc}") from None
     runtime = EngineRuntime(
-        engine_model,
-        load_tokenizer(model_dir),
+        backend,
+        tokenizer,
         settings,
         log,
         state_dir=state_dir,
-        codec=ReferenceKvCodec(model.new_state()),
-        tiers=store,
-        model_tag=model_fingerprint(model_dir),
         max_positions=_max_positions(model_dir),
+        ignore_stops=ignore_stops,
     )
-    if model.mtp is not None and settings.draft != 0:
-        runtime.drafter = model
     if settings.pin is not None:
         ranked = _pin_ranking(runtime, settings.pin, log)
-        count = store.pin(ranked, settings.pin_budget_bytes)
+        count = runtime.tiers.pin(ranked, settings.pin_budget_bytes)
         print(f"[PIN] pinned {count} experts from {settings.pin}", file=log)
-    if settings.repin_every > 0:
-        runtime.repinner = store.repin_pass
     return runtime
 
 
@@ -127,7 +90,7 @@ def _pin_ranking(runtime: EngineRuntime, pin: str, log: TextIO) -> list[tuple[in
     """Experts by descending usage count (ties: lower layer, then lower id)."""
     counts = runtime.usage.counts
     if pin != "auto":
-        from colibri.reference import usage_file
+        from colibri.engine import usage_file
 
         try:
             counts = usage_file.parse(
@@ -158,12 +121,10 @@ def serve(
     log: TextIO,
 ) -> int:
     """Load, then run the selected protocol until EOF. Returns the exit status."""
-    print(f"== colibri reference engine: loading {settings.model_dir} ==", file=log)
-    from colibri.reference.errors import CheckpointError
-
+    print(f"== colibri {settings.backend} engine: loading {settings.model_dir} ==", file=log)
     try:
         runtime = build_runtime(settings, env, log)
-    except (SettingsError, CheckpointError, OSError, ValueError) as exc:
+    except (SettingsError, OSError, ValueError) as exc:
         # Nothing reaches stdout: a server waiting for READY sees EOF and the exit status.
         print(f"colibri engine: cannot start: {exc}", file=log)
         return 2
@@ -171,9 +132,9 @@ def serve(
     shape = runtime.shape
     arch = getattr(shape, "model_type", "?")
     out.line(
-        f"== colibri reference engine ({arch}) | layers={shape.num_hidden_layers} "
+        f"== colibri {runtime.backend.name} engine ({arch}) | layers={shape.num_hidden_layers} "
         f"experts={shape.n_routed_experts} | slots={settings.kv_slots} ctx={runtime.ctx} | "
-        f"MTP {'ACTIVE' if runtime.drafter is not None else 'absent'} =="
+        f"MTP {'ACTIVE' if runtime.drafting else 'absent'} =="
     )
     source = FdSource(stdin_fd)
     if not settings.mux:

@@ -1,4 +1,4 @@
-"""Per-request token choice (spec/protocol.md 2.7): colibri's sampler (colibri.reference.sampling)
+"""Per-request token choice (spec/protocol.md 2.7): colibri's sampler (colibri.engine.sampling)
 driven by the request's own xorshift64 stream, so a request's tokens never depend on what
 other slots draw."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference import sampling
-from colibri.reference.rng import Rng
+
+from colibri.engine import sampling
+from colibri.engine.rng import Rng
 
 
 def request_rng(seed: int | None, process_seed: int | None) -> Rng:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import regex
-from colibri.reference.unicode_classes import LETTER_RANGES, NUMBER_RANGES
+
+from colibri.text.unicode_classes import LETTER_RANGES, NUMBER_RANGES
 
 #: The pattern HF's ``ByteLevel`` pre-tokenizer uses when ``use_regex`` is true (GPT-2).
 GPT2_PATTERN = (

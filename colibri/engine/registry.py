@@ -1,0 +1,58 @@
+"""Backends by name, imported only when asked for (the engine imports none statically).
+
+A backend module exposes ``open_backend(model_dir, options, log) -> Backend``. A name whose
+module is not part of this build is reported as such, not as an import traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:  # the CLI reads BACKENDS while parsing: keep this module free of numpy
+    from colibri.engine.backend import Backend
+
+#: name -> the module that opens it.
+BACKENDS: dict[str, str] = {
+    "reference": "colibri.reference.backend",
+    "accelerated": "colibri.accelerated.backend",
+}
+DEFAULT_BACKEND = "reference"
+
+
+class BackendUnavailable(Exception):
+    """The named backend is unknown or not built."""
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    #: Byte budget of the RAM expert cache; 0 is unbounded (RAM_GB).
+    ram_budget_bytes: int = 0
+    #: The backend's device choice (``--device``); None is its default.
+    device: str | None = None
+
+
+def _module(name: str) -> ModuleType:
+    module_name = BACKENDS.get(name)
+    if module_name is None:
+        known = ", ".join(sorted(BACKENDS))
+        raise BackendUnavailable(f"unknown backend {name!r} (known: {known})")
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise
+        raise BackendUnavailable(f"--backend {name} is not available in this build") from None
+
+
+def check_available(name: str) -> None:
+    """Raise BackendUnavailable unless ``name`` is a backend this build can open."""
+    _module(name)
+
+
+def open_backend(name: str, model_dir: Path, options: BackendOptions, log: TextIO) -> Backend:
+    backend: Backend = _module(name).open_backend(model_dir, options, log)
+    return backend

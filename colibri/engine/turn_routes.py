@@ -1,0 +1,56 @@
+"""Which experts one request's generated tokens were routed to, so ENTROPY describes one turn.
+
+Every step returns its rows' routing (``Step.routes``); the engine credits a row to the request
+that owns it. Only rows that forward a generated token are credited (prefill rows depend on how
+much of the prompt was cached; draft rows on whether MTP drafting ran), so a turn's entropy is
+the same batched or alone, cold or warm, with or without drafting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from colibri.engine.backend import Routes
+
+
+class TurnRoutes:
+    def __init__(self, rows: Sequence[int], routed_layers: Sequence[int], n_experts: int) -> None:
+        """``rows``: the EMAP rows (decoder layers); ``routed_layers``: the layers a step's
+        routes cover, in their order (a subset of ``rows``)."""
+        row_of = {layer: i for i, layer in enumerate(rows)}
+        self._row_index = np.asarray([row_of[layer] for layer in routed_layers], np.intp)
+        self.n_rows = len(rows)
+        self.n_experts = n_experts
+        self._turns: dict[int, npt.NDArray[np.int64]] = {}
+
+    def credit(self, owner: int, routes: Routes) -> None:
+        """Add one row's routing ([routed layers, k]) to the owner's turn."""
+        counts = self._turns.get(owner)
+        if counts is None:
+            counts = np.zeros((self.n_rows, self.n_experts), np.int64)
+            self._turns[owner] = counts
+        for j, row in enumerate(self._row_index):
+            np.add.at(counts[row], routes[j].astype(np.intp), 1)
+
+    def take_entropy(self, owner: int) -> list[float]:
+        """Per routed layer: entropy (bits) of the owner's selections; forgets them."""
+        counts = self._turns.pop(owner, None)
+        if counts is None:
+            return [0.0] * self.n_rows
+        out = []
+        for row in counts:
+            total = int(row.sum())
+            h = 0.0
+            for c in row:
+                if c:
+                    p = int(c) / total
+                    h -= p * math.log2(p)
+            out.append(abs(h))
+        return out
+
+    def forget(self, owner: int) -> None:
+        self._turns.pop(owner, None)
