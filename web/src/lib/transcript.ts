@@ -17,6 +17,8 @@ export interface Message {
   stats?: TurnStats;
   /** Error shown under an assistant turn that failed or was cut. */
   error?: string;
+  /** Something the server did that the page worked around (e.g. malformed events skipped). */
+  warning?: string;
 }
 
 export const FORMAT = "colibri.chat";
@@ -41,6 +43,7 @@ export function exportTranscript(messages: Message[], model: string | null, now 
       if (m.reasoning) out.reasoning = m.reasoning;
       if (m.stats) out.stats = m.stats;
       if (m.error) out.error = m.error;
+      if (m.warning) out.warning = m.warning;
       return out;
     }),
   };
@@ -86,6 +89,7 @@ export function importTranscript(text: string): { model: string | null; messages
     if (typeof reasoning === "string" && reasoning) out.reasoning = reasoning;
     if (r.stats && typeof r.stats === "object") out.stats = r.stats as TurnStats;
     if (typeof r.error === "string") out.error = r.error;
+    if (typeof r.warning === "string") out.warning = r.warning;
     return out;
   });
   return { model, messages };
