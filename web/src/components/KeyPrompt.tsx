@@ -45,7 +45,7 @@ export function KeyPrompt() {
             Remember on this device (stored in this browser's local storage)
           </label>
           <div className="row">
-            <button type="submit" className="primary" disabled={!key.trim()}>
+            <button type="submit" className="primary" disabled={!key.trim()} data-testid="key-submit">
               Connect
             </button>
           </div>

@@ -49,6 +49,7 @@ const MessageView = memo(function MessageView({ m, streaming }: { m: Message; st
       ) : (
         <div className="msg-content muted">{m.reasoning ? "" : "waiting for the first token…"}</div>
       )}
+      {!streaming && !m.content && m.reasoning && !m.error && <p className="muted">(no answer text: the reply was reasoning only)</p>}
       {m.warning && <p className="warning">{m.warning}</p>}
       {m.error && (
         <p className={m.error === "Stopped." ? "muted" : "error"} role={m.error === "Stopped." ? undefined : "alert"} data-testid="reply-error">
