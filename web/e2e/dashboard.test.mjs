@@ -220,11 +220,11 @@ describe("colibri dashboard", () => {
     await goto("systemone");
     await page.click("[data-testid=s1-ask]");
     await page.waitForSelector("[data-testid=s1-absent]");
-    await shoot("systemone-desktop");
+    await shoot("systemone-absent-desktop");
     await goto("brain");
     await page.click("[data-testid=tab-explore]");
     await page.waitForSelector("[data-testid=atlas-empty]");
-    await shoot("brain-explore-desktop");
+    await shoot("brain-explore-empty-desktop");
     await page.click("#tab-live");
   });
 
@@ -267,6 +267,57 @@ describe("colibri dashboard", () => {
       }
     }
     await page.setViewportSize(DESKTOP);
+  });
+
+  it("System One and Explore light up against the documented shapes (mocked endpoints)", async () => {
+    await page.route("**/v1/systemone", async (route) => {
+      const req = JSON.parse(route.request().postData());
+      assert.deepEqual(Object.keys(req).sort(), ["model", "options", "question", "state"]);
+      await route.fulfill({
+        status: 200,
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({
+          answer: "yes",
+          entropy: 0.69,
+          normalize: true,
+          choices: [
+            { option: "yes", p: 0.55, logprob: -0.6, mean_logprob: -0.6, tokens: 1 },
+            { option: "no", p: 0.45, logprob: -0.8, mean_logprob: -0.8, tokens: 1 },
+          ],
+          usage: { prompt_tokens: 40, completion_tokens: 0, read_tokens: 40, total_tokens: 40 },
+        }),
+      });
+    });
+    await goto("systemone");
+    await page.click("[data-testid=s1-ask]");
+    await page.waitForSelector("[data-testid=s1-result]");
+    assert.match(await page.textContent("[data-testid=s1-result]"), /Answer: yes[\s\S]*55\.0%[\s\S]*45\.0%/);
+    await page.waitForSelector("[data-testid=s1-unsure]");
+    await shoot("systemone-result-desktop");
+    await page.unroute("**/v1/systemone");
+    await page.route("**/experts.json", (route) =>
+      route.fulfill({
+        status: 200,
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({
+          categories: ["code", "math", "poetry"],
+          experts: {
+            "1:3": { affinity: { code: 0.97, math: 0.03 }, entropy: 0.19, top: "code", label: "specialist: code" },
+            "1:4": { affinity: { code: 0.4, math: 0.3, poetry: 0.3 }, entropy: 1.57, top: "code", label: "generalist" },
+            "2:0": { affinity: { poetry: 1 }, entropy: 0, top: "poetry", label: "specialist: poetry" },
+          },
+        }),
+      }),
+    );
+    await page.reload();
+    await enterKey(KEY);
+    await goto("brain");
+    await page.click("[data-testid=tab-explore]");
+    await page.waitForSelector("[data-testid=atlas]");
+    assert.match(await page.textContent("[data-testid=atlas]"), /3 characterised experts, 2 specialists, 3 topics, 2 layers/);
+    await shoot("brain-explore-atlas-desktop");
+    await page.click("#tab-live");
+    await page.unroute("**/experts.json");
   });
 
   // ---- bad input: the server is replaced per request with page.route --------------------------

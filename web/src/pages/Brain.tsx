@@ -211,14 +211,17 @@ function Explore({ state }: { state: AtlasState }) {
           <div className="region" key={t.topic}>
             <h3>{t.topic}</h3>
             <p className="muted">{t.owned} experts lean here</p>
-            <ol>
-              {t.specialists.map((e) => (
-                <li key={`${e.layer}:${e.expert}`}>
-                  L{e.layer} · E{e.expert} <span className="muted">spec {e.spec.toFixed(2)}</span>
-                </li>
-              ))}
-              {t.specialists.length === 0 && <li className="muted">no specialists</li>}
-            </ol>
+            {t.specialists.length === 0 ? (
+              <p className="muted">no specialists</p>
+            ) : (
+              <ol>
+                {t.specialists.map((e) => (
+                  <li key={`${e.layer}:${e.expert}`}>
+                    L{e.layer} · E{e.expert} <span className="muted">spec {e.spec.toFixed(2)}</span>
+                  </li>
+                ))}
+              </ol>
+            )}
           </div>
         ))}
       </div>
@@ -230,6 +233,10 @@ function Explore({ state }: { state: AtlasState }) {
           </rect>
         ))}
       </svg>
+      <p className="muted">
+        Layers {atlas.layers[0]} to {atlas.layers[atlas.layers.length - 1]}, left to right; bar height = mean specialisation (1 − H/log C) of the
+        layer’s characterised experts. Hover a bar for its numbers.
+      </p>
     </div>
   );
 }
