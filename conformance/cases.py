@@ -34,6 +34,7 @@ PROTOCOL_EXPECTATIONS = frozenset(
         "interleave",
         "logprobs",
         "state_files",
+        "invariant",
     }
 )
 HTTP_EXPECTATIONS = frozenset({"status", "header", "json", "schema", "sse", "metrics", "relation"})

@@ -7,15 +7,17 @@ import operator
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from colibri.conformance.cases import Case
 from colibri.conformance.frames import PREAMBLE, Frame
 from colibri.conformance.grammar import Grammar
+from colibri.conformance.invariants import check_invariant
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import Payload, PromptCodec
+from colibri.conformance.sameness import Tolerance, printed
 
 #: Field names by position, so cases can say {"kind": "DONE", "name": "emitted"}.
 FIELD_NAMES: dict[str, tuple[str, ...]] = {
@@ -55,6 +57,12 @@ class SessionView:
     alive: bool
     submitted: dict[int, Payload]
     state_dir: Path | None = None
+    #: What each SUBMIT asked (max_tokens, temperature, slot, ext), by request id.
+    requests: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The engine's configuration (kv_slots, ctx, persist, env) as the case gave it.
+    config: dict[str, Any] = field(default_factory=dict)
+    #: The latest CAPS line of the engine (also when its handshake came before this case).
+    caps: dict[str, int] = field(default_factory=dict)
 
 
 Views = dict[str, SessionView]
@@ -290,14 +298,11 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
     if stops_at is not None:
         expected = expected[:stops_at]
     if "logits" in exp:
+        if "tolerance" in exp:
+            # The tolerance is the model's rule (spec/model.md §15), never a case's number.
+            raise CheckFailure("a golden case may not state its own tolerance")
         _golden_logprobs(
-            view,
-            int(exp["id"]),
-            codec,
-            str(exp["logits"]),
-            len(prompt),
-            expected,
-            float(exp.get("tolerance", 2e-3)),
+            view, int(exp["id"]), codec, str(exp["logits"]), len(prompt), expected
         )
         return
     if "echo" in exp:
@@ -356,6 +361,8 @@ def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCode
                 _interleave(views, exp)
             elif kind == "logprobs":
                 _logprobs(views, exp, codec)
+            elif kind == "invariant":
+                check_invariant(_session(views, exp.get("session")), exp, codec)
             else:
                 raise CheckFailure(f"expectation type {kind!r} is not implemented")
         except NotApplicable as exc:
@@ -518,9 +525,9 @@ def _golden_logprobs(
     logits_file: str,
     prompt_len: int,
     continuation: list[int],
-    tolerance: float,
 ) -> None:
-    """Every ECHO and DATA logprob equals log_softmax of the oracle's teacher-forced logits.
+    """Every ECHO and DATA logprob equals log_softmax of the oracle's teacher-forced logits,
+    within the model's kind-(b) tolerance for a printed logprob (spec/model.md §15).
 
     Row t of the oracle predicts full_ids[t + 1]; ECHO position p carries the logprob of
     prompt token p (row p - 1), the i-th DATA that of continuation token i (row P - 1 + i).
@@ -530,6 +537,8 @@ def _golden_logprobs(
     if codec.model_dir is None or not (codec.model_dir / logits_file).is_file():
         raise NotApplicable(f"the model has no {logits_file}")
     logits = np.load(codec.model_dir / logits_file).astype(np.float64)
+    rule = Tolerance.for_model_dir(codec.model_dir, positions=logits.shape[0] + 1)
+    tolerance = printed(rule.logprob, 6)
     top = logits.max(axis=1, keepdims=True)
     log_softmax = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
     full = codec.oracle_ids("full_ids")
@@ -558,7 +567,8 @@ def _golden_logprobs(
         if abs(got - want) > tolerance:
             raise CheckFailure(
                 f"{frame.kind} logprob {got} at row {row} differs from the oracle's "
-                f"{want:.6f} by more than {tolerance}"
+                f"{want:.6f} by {abs(got - want):.3g}, more than the model's tolerance "
+                f"{tolerance:.3g} (spec/model.md §15)"
             )
     if checked < prompt_len - 1:
         raise CheckFailure(f"only {checked} logprobs to compare")

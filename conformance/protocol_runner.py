@@ -33,16 +33,21 @@ class LiveSession:
     start: int  # index of this case's first frame in engine.frames
     pooled: bool
     submitted: dict[int, Payload] = field(default_factory=dict)
+    requests: dict[int, dict[str, Any]] = field(default_factory=dict)
     open_ids: set[int] = field(default_factory=set)
 
     def view(self) -> SessionView:
+        frames = self.engine.frames
         return SessionView(
             self.name,
-            self.engine.frames[self.start :],
+            frames[self.start :],
             list(self.engine.exit_codes),
             self.engine.alive,
             dict(self.submitted),
             self.engine.state_dir,
+            dict(self.requests),
+            dict(self.engine.config),
+            latest_caps(frames),
         )
 
 
@@ -257,6 +262,12 @@ class ProtocolRunner:
             # colibri's parser only takes key=value tokens after an explicit gbytes field.
             header += f" {len(grammar)}" + "".join(f" {k}={v}" for k, v in ext.items())
         session.submitted[int(step["id"])] = payload
+        session.requests[int(step["id"])] = {
+            "slot": int(step.get("slot", 0)),
+            "max_tokens": int(step.get("max_tokens", 8)),
+            "temperature": float(step.get("temperature", 0)),
+            "ext": ext,
+        }
         session.open_ids.add(int(step["id"]))
         return header.encode() + b"\n" + payload.data + grammar + b"\n"
 
@@ -305,6 +316,15 @@ class ProtocolRunner:
             position = match.end()
         out.extend(text[position:].encode("utf-8"))
         return bytes(out)
+
+
+def latest_caps(frames: list[Frame]) -> dict[str, int]:
+    """The key=value pairs of the last CAPS line (a restart announces them again)."""
+    for frame in reversed(frames):
+        if frame.kind == "CAPS":
+            pairs = (token.partition("=") for token in frame.fields[1:])
+            return {k: int(v) for k, _, v in pairs if v.isdigit()}
+    return {}
 
 
 def _num(value: float) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,9 +145,14 @@ def max_excess(actual: np.ndarray, expected: np.ndarray, tolerance: float) -> fl
 
 
 def ranking_difference(
-    actual: list[tuple[int, float]], expected: list[tuple[int, float]], tolerance: float
+    actual: Sequence[tuple[int | str, float]],
+    expected: Sequence[tuple[int | str, float]],
+    tolerance: float,
 ) -> str | None:
     """Why two top-k tables (``(id, logprob)`` best first) differ, or None if they agree.
+
+    An id is a token id or any other identity of a candidate (TOPK names its candidates by
+    their bytes); both tables use the same kind.
 
     The tables agree when they have the same length, the i-th logprobs are within
     ``tolerance`` (sorting a perturbed list moves each order statistic by at most the
@@ -189,8 +194,8 @@ def _tied(a: float, b: float, tolerance: float) -> bool:
 
 
 def _tied_at_boundary(
-    group: list[tuple[int, float]],
-    expected: list[tuple[int, float]],
+    group: Sequence[tuple[int | str, float]],
+    expected: Sequence[tuple[int | str, float]],
     last: float,
     tolerance: float,
 ) -> bool:

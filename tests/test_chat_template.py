@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from colibri.reference import Tokenizer
+from jinja2 import sandbox as jinja2_sandbox
 
 from colibri.resources import fixtures_dir
-
-jinja2_sandbox = pytest.importorskip("jinja2.sandbox")
 
 TOKENIZER_DIR = fixtures_dir() / "tokenizer"
 WEATHER_TOOL = {

@@ -1,9 +1,10 @@
 """The HTTP conformance cases as pytest tests, against `colibri serve`.
 
-The server runs the embedded default model when this checkout has it, else the server tests'
-scripted engine (tests/fake_engine.py), so the HTTP half is checked either way. The suite
-starts the server itself (`--server-cmd`), with an API key, so the auth, admission, Host and
-CORS cases that need their own server flags run too.
+The server runs the reference engine on the embedded default model, which every checkout has:
+if it does not start, every case fails with the error (never a fallback to a scripted engine,
+which would let a broken engine pass). The suite starts the server itself (`--server-cmd`),
+with an API key, so the auth, admission, Host and CORS cases that need their own server flags
+run too.
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from colibri.conformance.runner import run_case, run_suite
 from conformance_verdict import assert_conformant
 
 SERVE = f"{shlex.quote(sys.executable)} -m colibri serve"
-FAKE_ENGINE = (
-    f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).parent / 'fake_engine.py'))}"
-)
 GENERIC = Path(__file__).parent / "conformance_support" / "generic_openai_server.py"
 CASES = load_cases("http")
 
@@ -34,10 +32,9 @@ CASES = load_cases("http")
 def runner() -> Iterator[HttpRunner]:
     try:
         executor = http_runner(None, SERVE, None, "conformance-key", timeout=30.0)
-    except HttpTargetError:
-        executor = http_runner(
-            None, f"{SERVE} --engine-cmd {shlex.quote(FAKE_ENGINE)}", None, "conformance-key"
-        )
+    except HttpTargetError as exc:
+        pytest.fail(f"`colibri serve` with the reference engine did not start: {exc}",
+                    pytrace=False)
     yield executor
     executor.close()
 

@@ -44,6 +44,42 @@ KILLERS: dict[str, list[str]] = {
     "empty_prompt_code": ["protocol.validation.empty-prompt"],
     "tail_on_plain_data": ["protocol.frames.data-plain-without-logprobs"],
     "stat_format": ["protocol.handshake.stat-format"],
+    # What fields mean together (spec/cases/protocol/INVARIANTS.md), by class of invariant.
+    # length vs declared dimension
+    "emap_short": ["protocol.invariants.telemetry-dimensions"],
+    # sum vs total
+    "tiers_miscount": ["protocol.invariants.telemetry-dimensions"],
+    "prof_miscount": ["protocol.invariants.turn-accounting"],
+    "length_flag_lies": ["protocol.invariants.turn-accounting"],
+    # count vs frames actually sent
+    "drop_second_data": ["protocol.frames.done-counts", "protocol.invariants.turn-accounting"],
+    "caps_slots_lie": ["protocol.invariants.caps"],
+    # ordering
+    "topk_unsorted": ["protocol.invariants.topk-frames"],
+    "block_out_of_order": ["protocol.invariants.turn-end-block"],
+    # range
+    "hit_pct_over_100": ["protocol.invariants.value-ranges"],
+    # monotonic sequence
+    "heat_decays": ["protocol.invariants.heat-accumulates"],
+    # cross-frame agreement within a turn
+    "echo_payload_shift": ["protocol.invariants.logprobs-echo"],
+    # across turns (and across a restart)
+    "accept_counts_prefill": ["protocol.prefix.warm-accept-counts-prompt"],
+    "heat_forgotten": ["protocol.invariants.heat-survives-restart"],
+    # a stopped turn ends early, and nothing else answers the STOP
+    "stop_stray_error": ["protocol.stop.ends-early", "protocol.stop.ends-with-done"],
+    "stop_ignored": ["protocol.stop.ends-early"],
+}
+#: Each class of invariant INVARIANTS.md names has at least one mutant above.
+CLASSES: dict[str, list[str]] = {
+    "length-vs-dimension": ["emap_short"],
+    "sum-vs-total": ["tiers_miscount", "prof_miscount", "length_flag_lies"],
+    "count-vs-frames": ["drop_second_data", "caps_slots_lie"],
+    "ordering": ["topk_unsorted", "block_out_of_order", "data_out_of_slot_order"],
+    "range": ["hit_pct_over_100"],
+    "monotonic-sequence": ["heat_decays", "echo_off_by_one"],
+    "cross-frame-within-turn": ["echo_payload_shift", "stop_stray_error", "stop_ignored"],
+    "across-turns": ["accept_counts_prefill", "heat_forgotten", "broken_prefix_reuse"],
 }
 EVERY_KILLER = sorted({case for cases in KILLERS.values() for case in cases})
 
@@ -70,6 +106,10 @@ def _statuses() -> dict[str, dict[str, str]]:
 
 def test_at_least_twelve_mutants() -> None:
     assert len(KILLERS) >= 12
+
+
+def test_every_invariant_class_has_a_mutant() -> None:
+    assert all(CLASSES.values()) and {m for ms in CLASSES.values() for m in ms} <= set(KILLERS)
 
 
 def test_transparent_proxy_passes_every_killer_case() -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from colibri.conformance.sameness import Tolerance
 from engine_harness import EngineRun, ids, run_engine, submit, transcript
 from engine_waves import comparable, serve_mux_check
+from golden_snapshots import assert_same, frames
 from syrupy.assertion import SnapshotAssertion
 from test_engine_batching import assert_mux_check
 
@@ -49,15 +51,18 @@ def test_greedy_matches_the_oracle() -> None:
     assert len(prompt) + len(out) == len(full)
 
 
+TINY_GOLDEN = [
+    submit(1, 0, ids(*PROMPT), 6, ext="ids=1 logprobs=3")
+    + submit(2, 1, ids(*PROMPT[:5]), 5, temperature="0.8", top_p="0.9", ext="ids=1 seed=7")
+    + b"STOP 2\n",
+    submit(3, 0, ids(*PROMPT, 1, 2), 3, ext="ids=1") + b"CANCEL 9\nSUBMIT 4 0 1 1 0 1\n",
+]
+
+
 def test_golden_transcript_glm5_tiny(snapshot_json: SnapshotAssertion) -> None:
-    script = [
-        submit(1, 0, ids(*PROMPT), 6, ext="ids=1 logprobs=3")
-        + submit(2, 1, ids(*PROMPT[:5]), 5, temperature="0.8", top_p="0.9", ext="ids=1 seed=7")
-        + b"STOP 2\n",
-        submit(3, 0, ids(*PROMPT, 1, 2), 3, ext="ids=1") + b"CANCEL 9\nSUBMIT 4 0 1 1 0 1\n",
-    ]
-    run = run_engine(script, kv_slots=2, model_dir=TINY, env={"SERVE_TOPK": "1"})
-    assert transcript(run) == snapshot_json
+    run = run_engine(TINY_GOLDEN, kv_slots=2, model_dir=TINY, env={"SERVE_TOPK": "1"})
+    # Logprobs go through BLAS: kind (b), within the model's tolerance; all else exact.
+    assert_same(transcript(run), snapshot_json, frames(Tolerance.for_model_dir(TINY, 64)))
 
 
 def test_mtp_drafting_is_byte_identical_and_reports_acceptance() -> None:
@@ -141,14 +146,58 @@ def test_resume_on_real_models(tmp_path: Path, model_dir: Path) -> None:
 CHAT = resources.default_model_dir()
 
 
+_CHAT_PROMPT = "[gMASK]<sop><|system|>Be brief.<|user|>Hello, colibri!<|assistant|><think></think>"
+CHAT_GOLDEN = [
+    submit(1, 0, _CHAT_PROMPT.encode(), 8, ext="logprobs=2")
+    + submit(2, 1, "héllo wörld".encode(), 6, temperature="0.7", top_p="0.9", ext="seed=3"),
+    submit(3, 0, (_CHAT_PROMPT + "Hi").encode(), 4) + submit(4, 1, b"\xff\xfe", 4),
+]
+
+
 def test_golden_transcript_default_chat_model(snapshot_json: SnapshotAssertion) -> None:
     """The embedded default model (a tokenizer, the GLM template rendered by the server)."""
-    prompt = "[gMASK]<sop><|system|>Be brief.<|user|>Hello, colibri!<|assistant|><think></think>"
-    script = [
-        submit(1, 0, prompt.encode(), 8, ext="logprobs=2")
-        + submit(2, 1, "héllo wörld".encode(), 6, temperature="0.7", top_p="0.9", ext="seed=3"),
-        submit(3, 0, (prompt + "Hi").encode(), 4) + submit(4, 1, b"\xff\xfe", 4),
-    ]
-    run = run_engine(script, kv_slots=2, model_dir=CHAT, env={"SERVE_TOPK": "1"})
+    run = run_engine(CHAT_GOLDEN, kv_slots=2, model_dir=CHAT, env={"SERVE_TOPK": "1"})
     assert b"tokenizer=1" in run.stdout
-    assert transcript(run) == snapshot_json
+    assert_same(transcript(run), snapshot_json, frames(Tolerance.for_model_dir(CHAT, 64)))
+
+
+@pytest.mark.parametrize(("model_dir", "script", "draws"),
+                         [(TINY, TINY_GOLDEN, 2), (CHAT, CHAT_GOLDEN, 6)],
+                         ids=["glm5-tiny", "default-chat-model"])
+def test_golden_sampled_draws_keep_a_margin(monkeypatch: pytest.MonkeyPatch, model_dir: Path,
+                                            script: list[bytes], draws: int) -> None:
+    """Every seeded draw of a golden transcript stays farther from each sampler decision
+    (nucleus size and set, cumulative boundary) than a kind-(b) perturbation of the logits
+    can move it, so its token is exact on every CPU (spec/model.md §15)."""
+    from colibri.reference import mux_engine
+    from colibri.reference.rng import Rng
+    from sampling_margin import draw_margin
+
+    seen: list[tuple[Any, float, float, float]] = []
+    real = mux_engine.pick
+
+    def spy(row: Any, temperature: float, top_p: float, rng: Rng) -> int:
+        if temperature > 0:
+            seen.append((row.copy(), temperature, top_p, Rng(rng.state).uniform()))
+        return real(row, temperature, top_p, rng)
+
+    monkeypatch.setattr(mux_engine, "pick", spy)
+    run_engine(script, kv_slots=2, model_dir=model_dir, env={"SERVE_TOPK": "1"})
+    assert len(seen) == draws
+    tau = Tolerance.for_model_dir(model_dir, 64).logit
+    margins = [draw_margin(row, t, p, u, tau) for row, t, p, u in seen]
+    thin = [(i, m) for i, m in enumerate(margins) if not m.ratio > 1.0]
+    assert thin == [], f"draws within reach of the tolerance: {thin}"
+
+
+def test_draw_margin_sees_a_draw_next_to_a_boundary() -> None:
+    import numpy as np
+    from sampling_margin import draw_margin
+
+    row = np.zeros(4, np.float32)  # four equally likely tokens: boundaries at k/4
+    assert draw_margin(row, 1.0, 1.0, 0.375, 1e-5).ratio > 1.0
+    assert draw_margin(row, 1.0, 1.0, 0.25 + 1e-5, 1e-5).ratio < 1.0
+    assert draw_margin(row, 1.0, 1.0, 0.5 - 1e-5, 1e-5).ratio < 1.0
+    # top_p 0.5 keeps exactly two tokens: the nucleus set is a tie, not exact.
+    tied = draw_margin(row, 1.0, 0.5, 0.3, 1e-5)
+    assert tied.ratio < 1.0 and tied.decision.startswith("nucleus")

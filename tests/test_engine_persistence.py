@@ -36,9 +36,20 @@ def test_resumed_conversation_continues_byte_identically(tmp_path: Path) -> None
     assert "prefix 8/10" in resumed.stderr
     uninterrupted = run_engine([first, follow], model=_model())
     assert _data(resumed, 2) == _data(uninterrupted, 2)
-    assert (
-        tmp_path / ".coli_kv"
-    ).stat().st_size == HEADER_SIZE + 8 * LAYOUT.record_size + 0 * 0 or True
+    # The resumed engine appended to the file the first run left (spec/protocol.md 4.3: a slot
+    # holds what it forwarded, and a reused prefix is never rewritten). Run 1 committed its
+    # 4 prompt tokens + 4 of its 5 answer tokens (the last one is sampled, never forwarded) = 8;
+    # run 2 reused those 8, forwarded the 2 new prompt tokens and 5 of its 6 answer tokens:
+    # 8 + 2 + 5 = 15 records, the follow-up prompt followed by its forwarded answer.
+    answer2 = [int(f.payload or b"0") for f in resumed.for_id(2) if f.kind == "DATA"]
+    assert len(answer2) == 6
+    data = (tmp_path / ".coli_kv").read_bytes()
+    assert struct.unpack_from("<i", data, 32)[0] == 15
+    assert len(data) == HEADER_SIZE + 15 * LAYOUT.record_size
+    tokens = [
+        struct.unpack_from("<i", data, HEADER_SIZE + i * LAYOUT.record_size)[0] for i in range(15)
+    ]
+    assert tokens == [3, 4, 5, 6, *answer[:-1], 9, 10, *answer2[:-1]]
 
 
 def test_file_layout_is_colikv1(tmp_path: Path) -> None:

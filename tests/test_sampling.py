@@ -307,7 +307,12 @@ def _golden_row() -> np.ndarray:
 
 
 def test_sampled_sequences_snapshot(snapshot_json: object) -> None:
-    """Golden draws: another engine's sampler must produce these ids for these seeds."""
+    """Golden draws: another engine's sampler must produce these ids for these seeds.
+
+    Exact, as is the tails snapshot below: the row is a formula rounded to float32 and the
+    sampler's arithmetic is elementwise or a sequential sum, with no BLAS reduction whose
+    order a CPU could change (spec/model.md §15, kind (a)).
+    """
     row = _golden_row()
     golden: dict[str, list[int]] = {}
     for seed in (1, 42):

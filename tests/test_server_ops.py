@@ -72,7 +72,10 @@ def test_openai_sdk_completions_and_errors(server: LiveServer) -> None:
     assert "".join(c.choices[0].text for c in streamed if c.choices) == "Héllo"
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=M, messages=[], max_tokens=3)
-    assert bad.value.code == "invalid_value" or bad.value.body is not None
+    # spec/http.md error table: an empty `messages` names the param, with a null code.
+    assert bad.value.code is None and bad.value.param == "messages"
+    assert bad.value.body == {"message": "`messages` must be a non-empty array.",
+                              "type": "invalid_request_error", "param": "messages", "code": None}
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user",
                                                                 "content": "x"}])

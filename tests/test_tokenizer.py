@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tokenizers
 from colibri.reference import Tokenizer
 from colibri.reference.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE, bytes_to_chars
 from colibri.reference.pretokenize import (
@@ -25,8 +26,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from colibri.resources import fixtures_dir
-
-tokenizers = pytest.importorskip("tokenizers")
 
 FIXTURE = fixtures_dir() / "tokenizer" / "tokenizer.json"
 GLM5_ADDED = (

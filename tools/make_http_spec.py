@@ -56,20 +56,28 @@ TOOL_CALL = obj({
     "function": obj({"name": STR, "arguments": STR}),
 })
 
-TOP_LOGPROB = obj({"token": STR, "logprob": NUM_OR_NULL,
+# Sameness (spec/model.md §15): `x-colibri-sameness` names the fields that two correct
+# engines may print differently. "logprob": a kind-(b) number (the engine's %.6f logprob,
+# compared within the model's tolerance); "ranking": a top-k table, compared tie-aware. Every
+# field without it is kind (a), exact. colibri.conformance.golden_compare reads these marks.
+LOGPROB: Schema = {**NUM_OR_NULL, "x-colibri-sameness": "logprob"}
+
+TOP_LOGPROB = obj({"token": STR, "logprob": LOGPROB,
                    "bytes": {"type": ["array", "null"], "items": INT}})
 
 CHAT_LOGPROBS = {"oneOf": [NULL, obj({
     "content": {"type": "array", "items": obj({
-        "token": STR, "logprob": NUM_OR_NULL, "bytes": {"type": "array", "items": INT},
-        "top_logprobs": {"type": "array", "items": TOP_LOGPROB}})},
+        "token": STR, "logprob": LOGPROB, "bytes": {"type": "array", "items": INT},
+        "top_logprobs": {"type": "array", "items": TOP_LOGPROB,
+                         "x-colibri-sameness": "ranking"}})},
     "refusal": NULL})]}
 
 LEGACY_LOGPROBS = {"oneOf": [NULL, obj({
     "tokens": {"type": "array", "items": STR},
-    "token_logprobs": {"type": "array", "items": NUM_OR_NULL},
+    "token_logprobs": {"type": "array", "items": LOGPROB},
     "top_logprobs": {"type": "array", "items": {"type": ["object", "null"],
-                                                  "additionalProperties": NUM_OR_NULL}},
+                                                  "additionalProperties": LOGPROB,
+                                                  "x-colibri-sameness": "ranking"}},
     "text_offset": {"type": "array", "items": INT}})]}
 
 FINISH = enum("stop", "length", "tool_calls")

@@ -34,6 +34,24 @@ MUTANTS = {
     "empty_prompt_code": "answers EMPTY_PROMPT as BAD_REQUEST",
     "tail_on_plain_data": "adds a logprob tail to DATA of requests that did not ask",
     "stat_format": "prints the startup STAT with one decimal for rss",
+    # Invariants of what fields mean together (spec/cases/protocol/INVARIANTS.md), one or
+    # more per class: length vs dimension, sum vs total, count vs frames, ordering, range,
+    # monotonic sequence, cross-frame within a turn, across turns.
+    "emap_short": "EMAP carries one expert byte fewer than rows x cols",
+    "tiers_miscount": "TIERS counts one RAM expert more than EMAP holds",
+    "prof_miscount": "PROF counts one completion token more than DONE",
+    "length_flag_lies": "DONE says length_limited 0 for a turn that reached its maximum",
+    "drop_second_data": "never sends a request's second DATA frame (DONE still counts it)",
+    "caps_slots_lie": "CAPS announces one KV slot more than the engine has",
+    "topk_unsorted": "writes TOPK entries by ascending logprob",
+    "block_out_of_order": "writes PROF before PERF in the turn-end block",
+    "hit_pct_over_100": "reports DONE's hit % as 250.0",
+    "heat_decays": "clears the heat bits of every EMAP after the first turn's",
+    "echo_payload_shift": "ECHO position p carries the payload of position p-1",
+    "accept_counts_prefill": "ACCEPT and DONE count only the tokens a warm slot prefills",
+    "heat_forgotten": "the handshake EMAP shows no heat (usage history not restored)",
+    "stop_stray_error": "answers STOP with ERROR 0 BAD_REQUEST and keeps decoding",
+    "stop_ignored": "ignores STOP: the request decodes to its natural end",
 }
 
 _SUBMIT = re.compile(
@@ -54,6 +72,12 @@ class Proxy:
         self.logprob_ids: set[int] = set()
         self.last_data: dict[int, Frame] = {}
         self.perturbed: set[int] = set()
+        self.data_seen: dict[int, int] = {}
+        self.emaps_seen = 0
+        self.held_perf = b""
+        self.echo_before: dict[int, bytes] = {}
+        self.slot_prompts: dict[int, list[bytes]] = {}
+        self.reused: dict[int, int] = {}  # request id -> prompt tokens a warm slot kept
 
     # -- server -> engine ------------------------------------------------------------------
     def pump_input(self) -> None:
@@ -80,6 +104,10 @@ class Proxy:
                 if match is None:
                     if self.mutant == "stop_as_cancel" and line.startswith(b"STOP "):
                         line = b"CANCEL " + line[5:]
+                    if self.mutant == "stop_stray_error" and line.startswith(b"STOP "):
+                        line += b" "  # malformed: ERROR 0 BAD_REQUEST, the request goes on
+                    if self.mutant == "stop_ignored" and line.startswith(b"STOP "):
+                        continue
                     sink.write(line + b"\n")
                     continue
                 size = int(match.group(3)) + int((match.group(7) or b" 0").strip())
@@ -95,6 +123,10 @@ class Proxy:
                     sink.write(b"SUBMIT refused-values\n" + body)
                     continue
                 self.slot_uses[slot] = self.slot_uses.get(slot, 0) + 1
+                ids = body[: int(match.group(3))].split()
+                kept = _common_prefix(self.slot_prompts.get(slot, []), ids)
+                self.reused[rid] = min(kept, len(ids) - 1)
+                self.slot_prompts[slot] = ids
                 if self.slot_uses[slot] > 1:
                     self.warm_ids.add(rid)
                 sink.write(line + b"\n" + body)
@@ -153,7 +185,60 @@ class Proxy:
             return " ".join(fields).encode() + b"\n"
         if f.kind == "DATA" and rid is not None:
             self.last_data[rid] = f
-        return f.wire()
+        mutated = self.mutate_meaning(f)
+        return f.wire() if mutated is None else mutated
+
+    def mutate_meaning(self, f: Frame) -> bytes | None:
+        """The mutants of invariants.py: grammar stays valid, the meaning breaks."""
+        m, rid, fields = self.mutant, f.request_id, f.fields
+        if f.kind == "EMAP":
+            self.emaps_seen += 1
+            if m == "emap_short":
+                fields[3] = fields[3][:-2]
+            elif (m == "heat_decays" and self.emaps_seen > 2) or (
+                m == "heat_forgotten" and self.emaps_seen == 1
+            ):
+                fields[3] = bytes(b & 0xC0 for b in bytes.fromhex(fields[3])).hex()
+            else:
+                return None
+            return _line(fields)
+        if m == "tiers_miscount" and f.kind == "TIERS":
+            fields[2] = str(int(fields[2]) + 1)
+            return _line(fields)
+        if m == "prof_miscount" and f.kind == "PROF":
+            fields[3] = str(int(fields[3]) + 1)
+            return _line(fields)
+        if m == "length_flag_lies" and f.kind == "DONE" and fields[-1] == "1":
+            fields[-1] = "0"
+            return _line(fields)
+        if m == "drop_second_data" and f.kind == "DATA" and rid is not None:
+            self.data_seen[rid] = self.data_seen.get(rid, 0) + 1
+            return b"" if self.data_seen[rid] == 2 else None
+        if m == "caps_slots_lie" and f.kind == "CAPS":
+            return _line(
+                [f"slots={int(t[6:]) + 1}" if t.startswith("slots=") else t for t in fields]
+            )
+        if m == "topk_unsorted" and f.kind == "TOPK":
+            pairs = [fields[i : i + 2] for i in range(3, len(fields), 2)]
+            return _line(fields[:3] + [x for pair in reversed(pairs) for x in pair])
+        if m == "block_out_of_order" and f.kind == "PERF":
+            self.held_perf = f.wire()
+            return b""
+        if m == "block_out_of_order" and f.kind == "PROF":
+            held, self.held_perf = self.held_perf, b""
+            return f.wire() + held
+        if m == "hit_pct_over_100" and f.kind == "DONE":
+            fields[5] = "250.0"
+            return _line(fields)
+        if m == "echo_payload_shift" and f.kind == "ECHO" and rid is not None:
+            before = self.echo_before.get(rid)
+            self.echo_before[rid] = f.payload or b""
+            return None if fields[3] == "0" or before is None else _with_payload(f, before)
+        if m == "accept_counts_prefill" and f.kind in ("ACCEPT", "DONE") and rid is not None:
+            at = 2 if f.kind == "ACCEPT" else 7
+            fields[at] = str(int(fields[at]) - self.reused.get(rid, 0))
+            return _line(fields)
+        return None
 
     def pump_output(self) -> None:
         stream = self.engine.stdout
@@ -191,6 +276,17 @@ def _with_payload(frame: Frame, payload: bytes) -> bytes:
     fields = frame.fields
     fields[2] = str(len(payload))
     return " ".join(fields).encode() + b"\n" + payload + b"\n"
+
+
+def _line(fields: list[str]) -> bytes:
+    return " ".join(fields).encode() + b"\n"
+
+
+def _common_prefix(a: list[bytes], b: list[bytes]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _reversed_run(frames: list[Frame]) -> list[Frame]:

@@ -1,0 +1,127 @@
+"""The invariant checks on hand-made transcripts: each finds what it relates, fails when it
+finds nothing to look at, and fails on the one field that breaks it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from colibri.conformance.frames import READY, Frame, FrameSplitter
+from colibri.conformance.invariants import INVARIANTS, _hits, check_invariant
+from colibri.conformance.outcome import CheckFailure, NotApplicable
+from colibri.conformance.prompts import Payload, PromptCodec
+from colibri.conformance.protocol_checks import SessionView
+
+CODEC = PromptCodec(ids_mode=True, vocab=64, oracle={})
+CAPS = {"proto": 1, "topk": 1, "tokenizer": 0, "slots": 2, "ctx": 256, "vocab": 64}
+
+
+def block(rid: int, prompt: int, emitted: int, hits: str = "0300") -> str:
+    return (
+        "HWINFO 2 16.0 8.0 0 0.0 cpu|\nGPUS 0\nTIERS 0 16 0 0.00 0.01\n"
+        f"EMAP 2 8 {'41' * 16}\nHITS 2 8 {hits}\nENTROPY 1.000 0.500\n"
+        f"PERF {rid} 0.1 0.0 0.0 0.0 0.0 0.0 0.0\n"
+        f"PROF 0.100 {prompt} {emitted} 0.000 0.000 0.000 0.000 0.000 3 1.000 2.000 0 0 0 "
+        f"1.000 0.000 1\n"
+        f"DONE {rid} STAT {emitted} 10.00 100.0 0.10 {prompt} 1\n"
+    )
+
+
+TURN = (
+    "ACCEPT 1 2\nECHO 1 2 0 nan 0\n 5\nECHO 1 2 1 -0.500000 1 6 -0.500000\n 6\n"
+    "DATA 1 2 -0.100000 1 7 -0.100000\n 7\n"
+    "TOPK 1 5 -0.100000 2037 -1.000000 2031 -2.000000 2032 -2.000000 2033 -3.000000 2034\n"
+    "DATA 1 2 -0.200000 1 8 -0.200000\n 8\n"
+    "TOPK 1 5 -0.200000 2038 -1.000000 2031 -2.000000 2032 -2.000000 2033 -3.000000 2034\n"
+)
+
+
+def view(
+    *runs: str, config: dict[str, Any] | None = None, state_dir: Path | None = None
+) -> SessionView:
+    """A session of one engine process per text (a restart starts a new frame reader)."""
+    frames: list[Frame] = []
+    for text in runs:
+        splitter = FrameSplitter()
+        frames += splitter.feed(READY + b"\n" + text.encode())
+        assert not splitter.finish()
+    requests: dict[int, dict[str, Any]] = {
+        1: {"slot": 0, "max_tokens": 2, "temperature": 0.0, "ext": {"logprobs": 1}}
+    }
+    return SessionView(
+        "main",
+        frames,
+        [],
+        True,
+        {1: Payload(b"5 6", 2, True)},
+        state_dir,
+        requests,
+        config or {},
+        dict(CAPS),
+    )
+
+
+GOOD = TURN + block(1, 2, 2, "0300")
+WIRE_INVARIANTS = sorted(set(INVARIANTS) - {"heat-restored", "state-history", "caps-agree"})
+
+
+@pytest.mark.parametrize("name", WIRE_INVARIANTS)
+def test_good_transcript_passes(name: str) -> None:
+    check_invariant(view(GOOD + block(1, 2, 2).replace("ACCEPT", "")), {"name": name}, CODEC)
+
+
+@pytest.mark.parametrize("name", sorted(set(INVARIANTS) - {"caps-agree"}))
+def test_nothing_to_check_is_a_failure(name: str) -> None:
+    with pytest.raises((CheckFailure, NotApplicable)):
+        check_invariant(view(""), {"name": name}, CODEC)
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new"),
+    [
+        ("telemetry-dimensions", "HITS 2 8 0300", "HITS 2 8 03"),
+        ("telemetry-dimensions", "ENTROPY 1.000 0.500", "ENTROPY 1.000"),
+        ("tiers-match-emap", "TIERS 0 16 0", "TIERS 1 15 0"),
+        ("turn-accounting", "PROF 0.100 2 2", "PROF 0.100 3 2"),
+        ("length-limited", "0.10 2 1\n", "0.10 2 0\n"),
+        ("value-ranges", "HWINFO 2 16.0 8.0", "HWINFO 2 8.0 16.0"),
+        ("value-ranges", "1.000 2.000 0 0 0", "3.000 2.000 0 0 0"),
+        ("topk-table", "-2.000000 2032 -2.000000 2033", "-2.000000 2033 -2.000000 2032"),
+        ("topk-table", "TOPK 1 5 -0.100000 2037", "TOPK 1 5 -0.100000 2036"),
+        ("token-payloads", "ECHO 1 2 1 -0.500000 1 6 -0.500000\n 6", "ECHO 1 2 1 -0.5 0\n 9"),
+        ("chosen-in-table", "DATA 1 2 -0.100000 1 7 -0.100000", "DATA 1 2 -0.1 1 7 -0.100000"),
+        ("chosen-in-table", "DATA 1 2 -0.100000 1 7 -0.100000", "DATA 1 2 -0.100000 1 9 -0.05"),
+    ],
+)
+def test_one_broken_field_fails(name: str, old: str, new: str) -> None:
+    assert old in GOOD
+    with pytest.raises(CheckFailure):
+        check_invariant(view(GOOD.replace(old, new, 1)), {"name": name}, CODEC)
+
+
+def test_heat_that_falls_or_stays_cold_fails() -> None:
+    second = block(1, 2, 2).replace("ACCEPT", "")
+    with pytest.raises(CheckFailure, match="heat fell"):
+        check_invariant(
+            view(GOOD + second.replace("41" * 16, "40" * 16)), {"name": "heat-monotonic"}, CODEC
+        )
+    cold = GOOD.replace("41" * 16, "40" + "41" * 15)
+    with pytest.raises(CheckFailure, match="cold"):
+        check_invariant(view(cold + second), {"name": "heat-monotonic"}, CODEC)
+
+
+def test_heat_restored_compares_across_ready(tmp_path: Path) -> None:
+    handshake = "STAT 0 0.00 0.0 0.10\nEMAP 2 8 "
+    ok = view(GOOD, handshake + "41" * 16 + "\n", config={"persist": True}, state_dir=tmp_path)
+    check_invariant(ok, {"name": "heat-restored"}, CODEC)
+    lost = view(GOOD, handshake + "40" * 16 + "\n", config={"persist": True}, state_dir=tmp_path)
+    with pytest.raises(CheckFailure, match="after the restart"):
+        check_invariant(lost, {"name": "heat-restored"}, CODEC)
+
+
+def test_hits_padding_bits_must_be_zero() -> None:
+    frames = FrameSplitter().feed(READY + b"\nHITS 1 3 07\nHITS 1 3 08\n")
+    assert _hits(frames[1], None) == {0, 1, 2}
+    with pytest.raises(CheckFailure, match="padding"):
+        _hits(frames[2], None)
