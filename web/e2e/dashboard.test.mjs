@@ -85,6 +85,10 @@ describe("colibri dashboard", () => {
     await page.waitForSelector("[data-testid=key-prompt]");
     assert.match(await page.textContent("[data-testid=key-prompt]"), /Invalid or missing API key\./);
     await shoot("key-prompt-desktop");
+    assert.deepEqual(await axeSerious(page), [], "axe on the key prompt");
+    await page.setViewportSize(PHONE);
+    await shoot("key-prompt-phone");
+    await page.setViewportSize(DESKTOP);
     await enterKey("wrong-key");
     await page.waitForSelector("text=That key was refused");
     assert.ok(await page.isVisible("[data-testid=key-prompt]"));
