@@ -7,5 +7,5 @@ export default defineConfig({
   // Served by `colibri serve` at `/`; the SPA fallback answers every extension-less path.
   base: "/",
   build: { outDir: "dist", emptyOutDir: true, sourcemap: false },
-  test: { include: ["src/**/*.test.ts"], environment: "node" },
+  test: { include: ["src/**/*.test.ts", "src/**/*.test.tsx"], environment: "node" },
 });
