@@ -1,7 +1,7 @@
 // The dashboard end to end: real `colibri serve` on the embedded default model, real
 // headless Chromium. Tests run in order and share one server and one page.
 import assert from "node:assert/strict";
-import { mkdirSync, readFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { ARTIFACTS, axeSerious, launchBrowser, startServer } from "./harness.mjs";
@@ -59,6 +59,8 @@ async function waitForReplyDone() {
 }
 
 before(async () => {
+  // Each run's screenshots replace the last run's, so the folder shows one run.
+  rmSync(ARTIFACTS, { recursive: true, force: true });
   mkdirSync(ARTIFACTS, { recursive: true });
   server = await startServer({ apiKey: KEY });
   browser = await launchBrowser();
