@@ -363,8 +363,14 @@ export async function streamChat(
   if (!res.body) throw new ApiError("The server sent no stream body.", { kind: "malformed" });
   let done = false;
   const frames = readSSE(res.body);
+  // A network read can hold thousands of frames; give the page a turn every few ms of parsing.
+  let sliceStart = Date.now();
   try {
     for (;;) {
+      if (Date.now() - sliceStart > 16) {
+        await new Promise((r) => setTimeout(r, 0));
+        sliceStart = Date.now();
+      }
       const next = await frames.next();
       if (next.done) break;
       const data = next.value.data;
