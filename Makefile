@@ -11,7 +11,7 @@ PY     := $(BIN)/python
 HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
-.PHONY: serve test lint typecheck pytest webtest build oracle-check clean
+.PHONY: serve test lint typecheck pytest webtest build oracle-deps oracle-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,9 +77,23 @@ webtest: $(VENV)/.stamp-runtime build
 
 test: lint typecheck pytest webtest
 
-# Regenerate every oracle fixture with torch + transformers and fail if a committed byte differs.
-oracle-check: $(VENV)/.stamp-test
+# The oracle extra. torch comes only as the CPU wheel on this machine's disk: pip's configured
+# find-links (`pip config list`, PIP_FIND_LINKS) with --no-index, so no index is ever asked and
+# a CUDA build cannot be pulled; with torch in place, the rest of the extra comes from the index.
+$(VENV)/.stamp-oracle: pyproject.toml $(VENV)/.stamp-test
+	@$(PY) -m pip install --quiet --no-index --no-deps 'torch==2.13.0' || { \
+	  echo "make: no local torch==2.13.0 wheel on pip's find-links; not installing one from an index (it could be a CUDA build)" >&2; \
+	  exit 1; }
+	@$(PY) -c 'import sys, torch; sys.exit(f"make: torch {torch.__version__} is a CUDA build; the oracle needs the CPU wheel" if torch.version.cuda else 0)'
 	$(PY) -m pip install --quiet -e '.[oracle]'
+	touch $@
+
+oracle-deps: $(VENV)/.stamp-oracle
+
+# Regenerate every oracle fixture with torch + transformers and compare it with the committed
+# files: weights, configs, tokenizers and ids byte for byte, logits and margins within the
+# kind-(b) tolerance (spec/model.md §15; fixtures/check.py says which is which).
+oracle-check: $(VENV)/.stamp-oracle
 	$(PY) -m colibri.fixtures.check
 
 clean:

@@ -35,8 +35,10 @@ import numpy as np
 
 #: float32 unit roundoff.
 UNIT_ROUNDOFF = 2.0**-24
-#: How many random-walk rounding errors the tolerance admits (spec/model.md §15).
-SAFETY_FACTOR = 16.0
+#: How many random-walk rounding errors the tolerance admits: 3x the worst measured (2.68, on
+#: every fixture and OpenBLAS kernel exercised; spec/DEVIATIONS.md, "Sameness tolerances")
+#: and small enough that every wrong constant of tests/test_oracle_perturbations.py fails.
+SAFETY_FACTOR = 8.0
 
 # config.json keys whose value is the length of a dot product in the forward pass, and the
 # products of keys that are (the attention output projection reads all heads' values).

@@ -14,7 +14,9 @@ from colibri.reference.safetensors import read_all, write_safetensors
 
 from colibri.resources import fixture_model_dir
 
-ORACLE_FIXTURES = ("glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny", "glm5-tiny-mtp")
+ORACLE_FIXTURES = (
+    "glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny", "glm5-tiny-mtp", "glm5-chat-tiny",
+)
 
 
 @cache

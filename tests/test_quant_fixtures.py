@@ -10,6 +10,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from colibri.conformance.sameness import Tolerance, max_excess
 from colibri.reference import load_model
 from colibri.reference.quant import Fmt
 from colibri.reference.quant.container import QuantContainer
@@ -28,7 +29,6 @@ FIXTURES = {
     "glm5-tiny-e8": {Fmt.E8_IQ3},
     "glm5-tiny-fp8": {Fmt.FP8_E4M3_B128},
 }
-LOGIT_TOLERANCE = 1e-4
 
 
 def expert_shapes(path: Path) -> dict[str, tuple[int, int]]:
@@ -50,7 +50,8 @@ def test_quantized_fixture_matches_the_oracle(name: str) -> None:
     full = expected["full_ids"]
     logits = model.forward(full)
     reference = np.load(path / "oracle_logits.npy")
-    assert float(np.max(np.abs(logits - reference))) <= LOGIT_TOLERANCE
+    tolerance = Tolerance.for_model_dir(path, positions=len(full))  # spec/model.md §15
+    assert max_excess(logits, reference, tolerance.logit) <= 0
     assert [int(i) for i in np.argmax(logits, axis=-1)] == expected["tf_pred"]
     prompt = expected["prompt_ids"]
     assert greedy(model, prompt, len(full) - len(prompt)) == full
