@@ -1,5 +1,6 @@
 # make serve  - set up .venv and serve the embedded default model on http://127.0.0.1:8000
-# make test   - set up .venv and run ruff, mypy --strict and the whole pytest suite
+# make test   - set up .venv and run ruff, mypy --strict, the whole pytest suite and the web
+#               dashboard's tests (vitest; the browser suite when Chromium is installed)
 #
 # Stamps under .venv make a second run skip installation when pyproject.toml is unchanged.
 
@@ -10,7 +11,7 @@ PY     := $(BIN)/python
 HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
-.PHONY: serve test lint typecheck pytest build oracle-deps oracle-check clean
+.PHONY: serve test lint typecheck pytest webtest build oracle-deps oracle-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +34,8 @@ build:
 	  else echo "make: npm not found; skipping the web dashboard build"; fi; \
 	fi
 
-web/dist/index.html: $(shell find web/src web/index.html web/package.json -type f 2>/dev/null)
+web/dist/index.html: $(shell find web/src web/index.html web/package.json web/package-lock.json \
+                       web/vite.config.ts web/tsconfig.json -type f 2>/dev/null)
 	cd web && npm ci --no-audit --no-fund --silent && npm run build --silent
 
 serve: $(VENV)/.stamp-runtime build
@@ -49,7 +51,31 @@ typecheck: $(VENV)/.stamp-test
 pytest: $(VENV)/.stamp-test build
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+# The dashboard: vitest unit tests, then the browser suite (web/e2e) against a real
+# `colibri serve` in headless Chromium. No Chromium means a loud skip, never a silent pass.
+CHROMIUM ?= $(shell command -v chromium 2>/dev/null)
+
+webtest: $(VENV)/.stamp-runtime build
+	@set -e; \
+	if [ ! -f web/package.json ]; then exit 0; fi; \
+	if ! command -v npm >/dev/null 2>&1; then \
+	  echo "########################################################################"; \
+	  echo "## make webtest: npm not found -- SKIPPED the web dashboard tests     ##"; \
+	  echo "########################################################################"; \
+	  exit 0; \
+	fi; \
+	cd web; [ -d node_modules ] || npm ci --no-audit --no-fund --silent; \
+	npx vitest run; \
+	if [ -n "$(CHROMIUM)" ]; then \
+	  CHROMIUM="$(CHROMIUM)" COLIBRI_BIN="$(CURDIR)/$(BIN)/colibri" npm run --silent e2e; \
+	else \
+	  echo "########################################################################"; \
+	  echo "## make webtest: chromium not found -- SKIPPED the browser e2e tests  ##"; \
+	  echo "## (apt-get install -y chromium; .ci/run installs it)                 ##"; \
+	  echo "########################################################################"; \
+	fi
+
+test: lint typecheck pytest webtest
 
 # The oracle extra. torch comes only as the CPU wheel on this machine's disk: pip's configured
 # find-links (`pip config list`, PIP_FIND_LINKS) with --no-index, so no index is ever asked and
@@ -71,4 +97,4 @@ oracle-check: $(VENV)/.stamp-oracle
 	$(PY) -m colibri.fixtures.check
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache web/dist web/test-artifacts

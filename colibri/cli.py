@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.convert",
     "colibri.commands.bench",
     "colibri.commands.serve",
+    "colibri.commands.web",
     "colibri.commands.engine",
     "colibri.commands.chat",
     "colibri.commands.conformance",

@@ -25,6 +25,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Serve the OpenAI- and Anthropic-compatible HTTP API (spec/http.md). "
                     "Without --model the embedded default model is served by the reference "
                     "engine on 127.0.0.1:8000.")
+    add_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The serve flags; `colibri web` takes the same ones."""
     parser.add_argument("--model", default=os.environ.get("COLI_MODEL"),
                         help="model directory (env COLI_MODEL; default: embedded model)")
     engine = parser.add_mutually_exclusive_group()
@@ -49,7 +55,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="exact origin to allow (repeat; '+origin' appends to defaults)")
     parser.add_argument("--allowed-host", action="append", default=[],
                         help="extra Host header to accept (repeat; env COLI_ALLOWED_HOSTS)")
-    parser.set_defaults(handler=run)
 
 
 def cors_origins(values: list[str]) -> tuple[str, ...]:

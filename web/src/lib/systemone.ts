@@ -1,0 +1,71 @@
+/**
+ * System One (`POST /v1/systemone`): closed-set answers. The request is
+ * `{model, state, question, options}`; the reply `{answer, entropy, choices:[{option, p,
+ * logprob, mean_logprob, tokens}], usage}` (the shape colibri's dashboard tests pin).
+ */
+
+export interface SystemOneChoice {
+  option: string;
+  p: number;
+  logprob?: number;
+  mean_logprob?: number;
+  tokens?: number;
+}
+
+export interface SystemOneReply {
+  answer: string;
+  entropy?: number;
+  normalize?: unknown;
+  choices: SystemOneChoice[];
+  usage?: { prompt_tokens?: number; completion_tokens?: number; total_tokens?: number };
+}
+
+/** Normalised entropy at or above which the page says the model is unsure. */
+export const UNSURE_AT = 0.5;
+
+export interface SystemOneView {
+  answer: string;
+  choices: SystemOneChoice[];
+  /** Entropy of the option distribution, in bits, computed here from `p`. */
+  entropyBits: number;
+  /** Entropy / log2(n options): 0 certain, 1 uniform. */
+  normalised: number;
+  unsure: boolean;
+  serverEntropy: number | null;
+}
+
+export function parseOptions(text: string): string[] {
+  const seen = new Set<string>();
+  const out: string[] = [];
+  for (const line of text.split("\n")) {
+    const v = line.trim();
+    if (v && !seen.has(v)) {
+      seen.add(v);
+      out.push(v);
+    }
+  }
+  return out;
+}
+
+export function view(reply: SystemOneReply): SystemOneView {
+  const choices = (Array.isArray(reply.choices) ? reply.choices : [])
+    .filter((c) => typeof c?.option === "string" && typeof c.p === "number" && Number.isFinite(c.p))
+    .slice()
+    .sort((a, b) => b.p - a.p);
+  const total = choices.reduce((a, c) => a + Math.max(0, c.p), 0);
+  let h = 0;
+  for (const c of choices) {
+    const p = total > 0 ? Math.max(0, c.p) / total : 0;
+    if (p > 0) h -= p * Math.log2(p);
+  }
+  const n = choices.length;
+  const normalised = n > 1 ? h / Math.log2(n) : 0;
+  return {
+    answer: typeof reply.answer === "string" ? reply.answer : (choices[0]?.option ?? ""),
+    choices,
+    entropyBits: h,
+    normalised,
+    unsure: n > 1 && normalised >= UNSURE_AT,
+    serverEntropy: typeof reply.entropy === "number" ? reply.entropy : null,
+  };
+}
