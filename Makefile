@@ -28,7 +28,10 @@ $(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.stamp-runtime
 
 # Compiled pieces (accelerated engine, web assets) are built here once they exist.
-build:
+build: $(VENV)/.stamp-runtime
+	@if ls accelerated/csrc/*.c accelerated/csrc/*/*.c >/dev/null 2>&1; then \
+	  $(PY) -m colibri.accelerated.native_build; \
+	fi
 	@if [ -f web/package.json ]; then \
 	  if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory web/dist/index.html; \
 	  else echo "make: npm not found; skipping the web dashboard build"; fi; \
