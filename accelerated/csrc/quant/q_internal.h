@@ -1,0 +1,48 @@
+/* Shared between the quantized-kernel sources: a validated view of one quantized matrix. */
+#ifndef COLI_Q_INTERNAL_H
+#define COLI_Q_INTERNAL_H
+
+#include <stdint.h>
+
+#include "quant/coli_quant.h"
+
+/* Columns decoded onto the stack at a time (a chunk never crosses a scale group). */
+#define COLI_Q_CHUNK 256
+/* Activation rows accumulated per pass over a weight row (more rows: another pass). */
+#define COLI_Q_TILE 16
+
+#define COLI_Q_E8_BLOCK 256
+#define COLI_Q_E8_BLOCK_BYTES 98
+#define COLI_Q_INT3_GROUP 64
+#define COLI_Q_INT3_GROUP_BYTES 24
+#define COLI_Q_FP8_BLOCK 128
+
+typedef struct qlayout qlayout;
+
+/* Decode columns [col, col + n) of one row (the row's packed bytes) to unscaled floats. */
+typedef void (*q_decode_fn)(const uint8_t *row, int64_t col, int n, float *out);
+
+struct qlayout {
+    int fmt;
+    int64_t out_features;
+    int64_t in_features;
+    int64_t row_bytes;      /* packed bytes of one output row */
+    int64_t group;          /* columns per scale group */
+    int64_t groups_per_row; /* scale groups along a row (fp8: 128-column blocks) */
+    const uint8_t *packed;
+    const float *scales;
+    q_decode_fn decode;
+};
+
+/* Checks sizes and fills *L (q_layout.c). */
+int q_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
+                  int64_t packed_len, const float *scales, int64_t n_scales,
+                  int64_t out_features, int64_t in_features);
+
+/* The multiplier of scale group g of output row o. */
+float q_group_scale(const qlayout *L, int64_t o, int64_t g);
+
+/* fmt6's fp16 super-scale as colibri decodes it (subnormals as 2^-14 (1 + m/1024)). */
+float q_e8_half(uint16_t h);
+
+#endif
