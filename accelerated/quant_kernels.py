@@ -444,6 +444,18 @@ def render_tables_header() -> str:
     lines += [
         "};",
         "",
+        "/* The same grid in weight units (halved), as the e8 decoder multiplies it. */",
+        "static const float coli_q_iq3_gridf[256][4] = {",
+    ]
+    for i in range(0, 256, 4):
+        cells = " ".join(
+            "{" + ", ".join(f"{v * 0.5!r}f" for v in grid[j]) + "},"
+            for j in range(i, i + 4)
+        )
+        lines.append("    " + cells)
+    lines += [
+        "};",
+        "",
         "/* OCP e4m3fn byte -> float (0x7f and 0xff are NaN; the loader refuses them). */",
         "static const float coli_q_e4m3_lut[256] = {",
     ]

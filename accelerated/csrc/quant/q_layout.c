@@ -32,6 +32,66 @@ float q_e8_half(uint16_t h) {
     return f;
 }
 
+/* Byte -> decoded values tables, built by the preprocessor (no start-up code, no data file). */
+#define Q_REP4(M, b) M(b) M((b) + 1) M((b) + 2) M((b) + 3)
+#define Q_REP16(M, b) Q_REP4(M, b) Q_REP4(M, (b) + 4) Q_REP4(M, (b) + 8) Q_REP4(M, (b) + 12)
+#define Q_REP64(M, b) Q_REP16(M, b) Q_REP16(M, (b) + 16) Q_REP16(M, (b) + 32) Q_REP16(M, (b) + 48)
+#define Q_REP256(M) Q_REP64(M, 0) Q_REP64(M, 64) Q_REP64(M, 128) Q_REP64(M, 192)
+
+#define Q_FIELD(b, shift, mask, bias) (float)((((b) >> (shift)) & (mask)) - (bias))
+#define Q_INT4(b) {Q_FIELD(b, 0, 15, 8), Q_FIELD(b, 4, 15, 8)},
+#define Q_INT2(b) {Q_FIELD(b, 0, 3, 2), Q_FIELD(b, 2, 3, 2), Q_FIELD(b, 4, 3, 2), Q_FIELD(b, 6, 3, 2)},
+#define Q_LOW2(b) {Q_FIELD(b, 0, 3, 0), Q_FIELD(b, 2, 3, 0), Q_FIELD(b, 4, 3, 0), Q_FIELD(b, 6, 3, 0)},
+#define Q_HIGH1(b)                                                                                \
+    {Q_FIELD(b, 0, 1, 0) * 4, Q_FIELD(b, 1, 1, 0) * 4, Q_FIELD(b, 2, 1, 0) * 4,                    \
+     Q_FIELD(b, 3, 1, 0) * 4, Q_FIELD(b, 4, 1, 0) * 4, Q_FIELD(b, 5, 1, 0) * 4,                    \
+     Q_FIELD(b, 6, 1, 0) * 4, Q_FIELD(b, 7, 1, 0) * 4},
+#define Q_SIGN(b)                                                                                 \
+    {1 - 2 * Q_FIELD(b, 0, 1, 0), 1 - 2 * Q_FIELD(b, 1, 1, 0), 1 - 2 * Q_FIELD(b, 2, 1, 0),       \
+     1 - 2 * Q_FIELD(b, 3, 1, 0), 1 - 2 * Q_FIELD(b, 4, 1, 0), 1 - 2 * Q_FIELD(b, 5, 1, 0),       \
+     1 - 2 * Q_FIELD(b, 6, 1, 0), 1 - 2 * Q_FIELD(b, 7, 1, 0)},
+
+static const float LUT_INT4[256][2] = {Q_REP256(Q_INT4)};  /* q = u - 8 per nibble */
+static const float LUT_INT2[256][4] = {Q_REP256(Q_INT2)};  /* q = u - 2 per 2-bit field */
+static const float LUT_LOW2[256][4] = {Q_REP256(Q_LOW2)};  /* int3 low plane, unbiased */
+static const float LUT_HIGH1[256][8] = {Q_REP256(Q_HIGH1)}; /* int3 high plane: bit * 4 */
+static const float LUT_SIGN[256][8] = {Q_REP256(Q_SIGN)};  /* e8: bit set -> -1 */
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+static void decode_int8(const uint8_t *row, int64_t col, int n, float *out) {
+    const uint8_t *q = row + col;
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)(q + j));
+        _mm256_storeu_ps(out + j, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+    }
+    for (; j < n; j++) out[j] = (float)(int8_t)q[j];
+}
+
+/* 16 bytes -> 32 nibbles in column order, minus 8, as 4 x 8 floats. */
+static void decode_int4(const uint8_t *row, int64_t col, int n, float *out) {
+    const uint8_t *b = row + col / 2;
+    const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    int j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + j / 2));
+        __m128i lo = _mm_and_si128(v, mask);
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+        __m128i c0 = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), eight);
+        __m128i c1 = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), eight);
+        _mm256_storeu_ps(out + j, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0)));
+        _mm256_storeu_ps(out + j + 8,
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8))));
+        _mm256_storeu_ps(out + j + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1)));
+        _mm256_storeu_ps(out + j + 24,
+                         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8))));
+    }
+    for (; j + 2 <= n; j += 2) memcpy(out + j, LUT_INT4[b[j / 2]], 2 * sizeof(float));
+    if (j < n) out[j] = LUT_INT4[b[j / 2]][0];
+}
+#else
 static void decode_int8(const uint8_t *row, int64_t col, int n, float *out) {
     const int8_t *q = (const int8_t *)(row + col);
     for (int j = 0; j < n; j++) out[j] = (float)q[j];
@@ -40,27 +100,26 @@ static void decode_int8(const uint8_t *row, int64_t col, int n, float *out) {
 /* col is even: chunks start at multiples of 8. */
 static void decode_int4(const uint8_t *row, int64_t col, int n, float *out) {
     const uint8_t *b = row + col / 2;
-    int pairs = n / 2;
-    for (int k = 0; k < pairs; k++) {
-        out[2 * k] = (float)((int)(b[k] & 0x0F) - 8);
-        out[2 * k + 1] = (float)((int)(b[k] >> 4) - 8);
-    }
-    if (n & 1) out[n - 1] = (float)((int)(b[pairs] & 0x0F) - 8);
+    int j = 0;
+    for (; j + 2 <= n; j += 2) memcpy(out + j, LUT_INT4[b[j / 2]], 2 * sizeof(float));
+    if (j < n) out[j] = LUT_INT4[b[j / 2]][0];
 }
+#endif
 
 static void decode_int2(const uint8_t *row, int64_t col, int n, float *out) {
     const uint8_t *b = row + col / 4;
-    for (int j = 0; j < n; j++) out[j] = (float)((int)((b[j >> 2] >> ((j & 3) * 2)) & 3) - 2);
+    int j = 0;
+    for (; j + 4 <= n; j += 4) memcpy(out + j, LUT_INT2[b[j / 4]], 4 * sizeof(float));
+    for (int k = 0; j + k < n; k++) out[j + k] = LUT_INT2[b[j / 4]][k];
 }
 
-/* A chunk is exactly one 64-column group (or its short tail). */
+/* A chunk is exactly one 64-column group (or its short tail): q = low + 4 * high - 4. */
 static void decode_int3(const uint8_t *row, int64_t col, int n, float *out) {
     const uint8_t *g = row + (col / COLI_Q_INT3_GROUP) * COLI_Q_INT3_GROUP_BYTES;
-    for (int k = 0; k < n; k++) {
-        int low = (g[k >> 2] >> ((k & 3) * 2)) & 3;
-        int high = (g[16 + (k >> 3)] >> (k & 7)) & 1;
-        out[k] = (float)((low | (high << 2)) - 4);
-    }
+    float low[COLI_Q_INT3_GROUP], high[COLI_Q_INT3_GROUP];
+    for (int k = 0; k < 16; k++) memcpy(low + 4 * k, LUT_LOW2[g[k]], 4 * sizeof(float));
+    for (int k = 0; k < 8; k++) memcpy(high + 8 * k, LUT_HIGH1[g[16 + k]], 8 * sizeof(float));
+    for (int k = 0; k < n; k++) out[k] = (low[k] + high[k]) - 4.0f;
 }
 
 static void decode_fp8(const uint8_t *row, int64_t col, int n, float *out) {
@@ -80,10 +139,13 @@ static void decode_e8(const uint8_t *row, int64_t col, int n, float *out) {
         uint32_t par = seven ^ (seven >> 4);
         par ^= par >> 2;
         par ^= par >> 1;
-        uint32_t signs = seven | ((par & 1) << 7);
-        for (int j = 0; j < 8; j++) {
-            float mag = (float)coli_q_iq3_grid[idx[2 * l + (j >> 2)]][j & 3] * 0.5f;
-            out[8 * l + j] = ((signs >> j) & 1) ? -mag : mag;
+        const float *sign = LUT_SIGN[seven | ((par & 1) << 7)];
+        const float *g0 = coli_q_iq3_gridf[idx[2 * l]];
+        const float *g1 = coli_q_iq3_gridf[idx[2 * l + 1]];
+        float *o = out + 8 * l;
+        for (int j = 0; j < 4; j++) {
+            o[j] = g0[j] * sign[j];
+            o[4 + j] = g1[j] * sign[4 + j];
         }
     }
 }
