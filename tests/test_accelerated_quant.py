@@ -388,3 +388,19 @@ def test_the_bound_catches_one_wrong_weight():
     with pytest.raises(AssertionError, match="bound"):
         assert_close(y, deq, x)
     assert_close(np.delete(y, 5, axis=1), np.delete(deq, 5, axis=0), x)
+
+
+def test_bench_section_reports_every_format_side_by_side():
+    from colibri.benchmarks import BenchOptions, load_sections
+
+    section = load_sections()["quant-kernels"]
+    report = section.run(BenchOptions(extra={"quant_shape": (8, 256), "quant_repeats": 1}))
+    assert report["shape"] == [8, 256]
+    assert set(report["formats"]) == {
+        "int8-row", "int4-row", "int4-grouped-64", "int4-grouped-128", "int3-g64",
+        "int2-row", "fp8-e4m3-b128", "e8-iq3-lattice",
+    }
+    for entry in report["formats"].values():
+        assert entry["packed_bytes"] > 0 and "numpy_gbps" in entry
+        for variant in report["variants"]:
+            assert set(entry[variant]) == {"fused_ms", "fused_gbps", "speedup_vs_numpy"}

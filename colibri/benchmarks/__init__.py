@@ -20,6 +20,7 @@ from typing import Any
 SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.reference_decode",
     "colibri.benchmarks.quant_formats",
+    "colibri.benchmarks.quant_kernels",
     "colibri.benchmarks.engine_slots",
     "colibri.benchmarks.server_stream",
 )

@@ -10,10 +10,14 @@
  * thread split, so a row's result is byte-identical alone or batched):
  *   - every scale group g of row o (the whole row for the *-row formats, gs columns for
  *     int4-grouped, 64 for int3-g64, 128 for fp8, one 32-weight sub-block for e8) is summed
- *     into 8 lane partials: lane l takes the columns i = l (mod 8) of the group, ascending,
+ *     into 32 lane partials: lane l takes the columns i = l (mod 32) of the group, ascending,
  *     p[l] += q[i] * x[i], with q the unscaled decoded value;
- *   - after each group, t[l] += s_g * p[l] (s_g that group's scale) and p restarts at 0;
- *   - y = ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)).
+ *   - after each group, t[l] += s_g * p[l] for all 32 lanes (s_g that group's scale) and p
+ *     restarts at 0;
+ *   - u[l] = (t[l] + t[l+8]) + (t[l+16] + t[l+24]) for l < 8, then
+ *     y = ((u0 + u4) + (u2 + u6)) + ((u1 + u5) + (u3 + u7)).
+ * Whether a chunk's weights pass through a stack buffer or stay in registers (the avx2
+ * build's fused int8/int4/fp8 path, taken for small batches) changes no operation.
  * The avx2 build contracts each multiply-add into one FMA, the generic build rounds twice:
  * the two variants agree within kind-(b) tolerance, each is deterministic (kind c).
  *

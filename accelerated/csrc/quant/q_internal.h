@@ -22,6 +22,24 @@ typedef struct qlayout qlayout;
 /* Decode columns [col, col + n) of one row (the row's packed bytes) to unscaled floats. */
 typedef void (*q_decode_fn)(const uint8_t *row, int64_t col, int n, float *out);
 
+/* Decode-and-accumulate columns [col, col + n) of one row into the 32 lane partials p with x
+ * the activations of those columns, whole 8-column vectors only; returns how many columns it
+ * did (the caller finishes a short tail through the decoder). Same operations as decoding
+ * into a buffer and calling the lane dot: only the weights' trip through memory differs. */
+typedef int (*q_fused_fn)(const uint8_t *row, int64_t col, int n, const float *x, float *p);
+
+/* A whole output row for one activation row: t (32 lanes, zeroed by the caller) receives the
+ * scaled group partials exactly as the chunked path computes them. Only for layouts whose
+ * groups are multiples of 32 columns (every format but int4-grouped 16/48 and int3/int2/e8). */
+typedef void (*q_fused_row_fn)(const qlayout *L, int64_t o, const float *x, float *t);
+
+/* The fused paths of a format in this build, or NULL (q_fused.c). */
+q_fused_fn q_fused_for(int fmt);
+q_fused_row_fn q_fused_row_for(int fmt, int64_t group);
+
+/* The lane dot of the buffered path (q_matmul.c): p[(col + j) % 32] += w[j] * x[j]. */
+void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p);
+
 struct qlayout {
     int fmt;
     int64_t out_features;
@@ -32,6 +50,8 @@ struct qlayout {
     const uint8_t *packed;
     const float *scales;
     q_decode_fn decode;
+    q_fused_fn fused;
+    q_fused_row_fn fused_row;
 };
 
 /* Checks sizes and fills *L (q_layout.c). */

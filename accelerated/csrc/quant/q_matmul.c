@@ -6,77 +6,143 @@
 
 #include "quant/q_internal.h"
 
+#define LANES 32
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-/* p[l] += w[j+l] * x[j+l] over the chunk, one FMA per lane step; a short tail is masked. */
-static void lanes_dot(const float *w, const float *x, int n, float *p) {
-    __m256 acc = _mm256_loadu_ps(p);
+/* p[(col + j) % 32] += w[j] * x[j] for j < n, one FMA per lane; `col % 32` is a multiple of 8
+ * (chunks start on 8-column boundaries), so vector v of the chunk feeds lanes 8v'..8v'+7 with
+ * v' = (col / 8 + v) % 4. Four independent accumulators keep the FMA pipes busy. */
+void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
+    int v = (int)((col / 8) & 3);
     int j = 0;
-    for (; j + 8 <= n; j += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), acc);
-    if (j < n) {
-        int t = n - j;
-        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(t), lane);
-        acc = _mm256_fmadd_ps(_mm256_maskload_ps(w + j, mask), _mm256_maskload_ps(x + j, mask),
-                              acc);
+    for (; v != 0 && j + 8 <= n; j += 8, v = (v + 1) & 3)
+        _mm256_storeu_ps(p + 8 * v, _mm256_fmadd_ps(_mm256_loadu_ps(w + j),
+                                                     _mm256_loadu_ps(x + j),
+                                                     _mm256_loadu_ps(p + 8 * v)));
+    if (v == 0 && j + 32 <= n) {
+        __m256 a0 = _mm256_loadu_ps(p), a1 = _mm256_loadu_ps(p + 8);
+        __m256 a2 = _mm256_loadu_ps(p + 16), a3 = _mm256_loadu_ps(p + 24);
+        for (; j + 32 <= n; j += 32) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 8), _mm256_loadu_ps(x + j + 8), a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 16), _mm256_loadu_ps(x + j + 16), a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + j + 24), _mm256_loadu_ps(x + j + 24), a3);
+        }
+        _mm256_storeu_ps(p, a0);
+        _mm256_storeu_ps(p + 8, a1);
+        _mm256_storeu_ps(p + 16, a2);
+        _mm256_storeu_ps(p + 24, a3);
     }
-    _mm256_storeu_ps(p, acc);
+    for (; j + 8 <= n; j += 8, v = (v + 1) & 3)
+        _mm256_storeu_ps(p + 8 * v, _mm256_fmadd_ps(_mm256_loadu_ps(w + j),
+                                                     _mm256_loadu_ps(x + j),
+                                                     _mm256_loadu_ps(p + 8 * v)));
+    if (j < n) {
+        __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lane);
+        _mm256_storeu_ps(p + 8 * v, _mm256_fmadd_ps(_mm256_maskload_ps(w + j, mask),
+                                                     _mm256_maskload_ps(x + j, mask),
+                                                     _mm256_loadu_ps(p + 8 * v)));
+    }
 }
 
 /* t[l] += s * p[l]; p[l] = 0 */
 static void lanes_scale(float s, float *p, float *t) {
-    _mm256_storeu_ps(t, _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_loadu_ps(p),
-                                        _mm256_loadu_ps(t)));
-    _mm256_storeu_ps(p, _mm256_setzero_ps());
+    __m256 sv = _mm256_set1_ps(s);
+    for (int k = 0; k < LANES; k += 8) {
+        _mm256_storeu_ps(t + k, _mm256_fmadd_ps(sv, _mm256_loadu_ps(p + k),
+                                                _mm256_loadu_ps(t + k)));
+        _mm256_storeu_ps(p + k, _mm256_setzero_ps());
+    }
 }
 #else
-static void lanes_dot(const float *w, const float *x, int n, float *p) {
+/* The same lanes and order as the avx2 version, two roundings per step. */
+static void lane_step(const float *w, const float *x, float *q) {
+    for (int l = 0; l < 8; l++) q[l] += w[l] * x[l];
+}
+
+void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
+    int v = (int)((col / 8) & 3);
     int j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) p[l] += w[j + l] * x[j + l];
-    for (int l = 0; j + l < n; l++) p[l] += w[j + l] * x[j + l];
+    for (; v != 0 && j + 8 <= n; j += 8, v = (v + 1) & 3) lane_step(w + j, x + j, p + 8 * v);
+    if (v == 0 && j + 32 <= n) {
+        float a[LANES];
+        memcpy(a, p, sizeof a);
+        for (; j + 32 <= n; j += 32)
+            for (int l = 0; l < LANES; l++) a[l] += w[j + l] * x[j + l];
+        memcpy(p, a, sizeof a);
+    }
+    for (; j + 8 <= n; j += 8, v = (v + 1) & 3) lane_step(w + j, x + j, p + 8 * v);
+    for (int l = 0; j + l < n; l++) p[8 * v + l] += w[j + l] * x[j + l];
 }
 
 static void lanes_scale(float s, float *p, float *t) {
-    for (int l = 0; l < 8; l++) {
+    for (int l = 0; l < LANES; l++) {
         t[l] += s * p[l];
         p[l] = 0.0f;
     }
 }
 #endif
 
+/* ((t[0:8] + t[8:16]) + (t[16:24] + t[24:32])) lane-wise, then the 8-lane tree. */
 static float lanes_sum(const float *t) {
-    return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    float u[8];
+    for (int l = 0; l < 8; l++) u[l] = (t[l] + t[8 + l]) + (t[16 + l] + t[24 + l]);
+    return ((u[0] + u[4]) + (u[2] + u[6])) + ((u[1] + u[5]) + (u[3] + u[7]));
 }
+
+/* Batches up to this many rows re-decode each weight vector per row in registers (the fused
+ * path); larger ones decode a chunk once into the stack buffer and share it. */
+#define FUSED_MAX_ROWS 4
 
 static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride, float *y,
                 int64_t y_stride, int64_t o0, int64_t o1) {
     const int64_t I = L->in_features;
     const int64_t G = L->group;
     float buf[COLI_Q_CHUNK];
-    float p[COLI_Q_TILE][8];
-    float t[COLI_Q_TILE][8];
+    float p[COLI_Q_TILE][LANES];
+    float t[COLI_Q_TILE][LANES];
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *row = L->packed + o * L->row_bytes;
         for (int64_t r0 = 0; r0 < n_rows; r0 += COLI_Q_TILE) {
             int nr = (int)(n_rows - r0 < COLI_Q_TILE ? n_rows - r0 : COLI_Q_TILE);
-            memset(p, 0, sizeof p);
+            int fused = L->fused != NULL && nr <= FUSED_MAX_ROWS;
+            const float *xr = x + r0 * x_stride;
             memset(t, 0, sizeof t);
-            int64_t col = 0;
+            if (fused && L->fused_row != NULL) {
+                for (int r = 0; r < nr; r++) {
+                    L->fused_row(L, o, xr + r * x_stride, t[r]);
+                    y[(r0 + r) * y_stride + o] = lanes_sum(t[r]);
+                }
+                continue;
+            }
+            memset(p, 0, sizeof p);
+            int64_t g = 0, group_end = G < I ? G : I, col = 0;
             while (col < I) {
-                int64_t g = col / G;
-                int64_t group_end = (g + 1) * G < I ? (g + 1) * G : I;
                 int64_t n = group_end - col;
                 if (n > COLI_Q_CHUNK) n = COLI_Q_CHUNK;
-                L->decode(row, col, (int)n, buf);
-                for (int r = 0; r < nr; r++)
-                    lanes_dot(buf, x + (r0 + r) * x_stride + col, (int)n, p[r]);
+                if (fused) {
+                    for (int r = 0; r < nr; r++) {
+                        const float *xc = xr + r * x_stride + col;
+                        int done = L->fused(row, col, (int)n, xc, p[r]);
+                        if (done < n) {
+                            L->decode(row, col + done, (int)n - done, buf);
+                            q_lanes_dot(buf, xc + done, (int)n - done, col + done, p[r]);
+                        }
+                    }
+                } else {
+                    L->decode(row, col, (int)n, buf);
+                    for (int r = 0; r < nr; r++)
+                        q_lanes_dot(buf, xr + r * x_stride + col, (int)n, col, p[r]);
+                }
                 col += n;
                 if (col == group_end) {
                     float s = q_group_scale(L, o, g);
                     for (int r = 0; r < nr; r++) lanes_scale(s, p[r], t[r]);
+                    g++;
+                    group_end = group_end + G < I ? group_end + G : I;
                 }
             }
             for (int r = 0; r < nr; r++) y[(r0 + r) * y_stride + o] = lanes_sum(t[r]);

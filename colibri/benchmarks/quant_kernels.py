@@ -1,0 +1,123 @@
+"""Bench section ``quant-kernels``: the fused dequantize-and-dot kernels per expert format.
+
+For each format, one ``[out, in]`` matrix of random weights (the bench model's expert shape
+when ``--model`` gives one, else 2048 x 2048) is quantized once; then, alone in this process
+and one thread, the best of ``repeats`` runs of:
+
+* ``fused``: ``colibri.accelerated.quant_kernels.qmatmul`` on a batch of ``rows`` activation
+  rows (1 = decode), reported as packed GB/s (payload + ``.qs`` bytes read per second) and ms;
+* ``numpy``: what the reference does on a cache miss, ``dequantize`` then ``x @ W.T``;
+* ``speedup``: numpy time / fused time, measured side by side in the same run.
+
+Both library variants are measured when the CPU runs avx2 (``generic`` is the portable
+fallback). Only a benchmark: no test times anything.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from colibri.benchmarks import BenchOptions, Section, register
+
+FORMATS: tuple[tuple[str, dict[str, int]], ...] = (
+    ("int8-row", {}),
+    ("int4-row", {}),
+    ("int4-grouped", {"group_size": 64}),
+    ("int4-grouped", {"group_size": 128}),
+    ("int3-g64", {}),
+    ("int2-row", {}),
+    ("fp8-e4m3-b128", {}),
+    ("e8-iq3-lattice", {}),
+)
+
+
+def _best(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _shape(options: BenchOptions) -> tuple[int, int]:
+    if "quant_shape" in options.extra:
+        out_f, in_f = options.extra["quant_shape"]
+        return int(out_f), int(in_f)
+    if options.model is not None and (options.model / "config.json").is_file():
+        cfg = json.loads((options.model / "config.json").read_text(encoding="utf-8"))
+        inter, hidden = int(cfg["moe_intermediate_size"]), int(cfg["hidden_size"])
+        if hidden % 256 == 0:
+            return inter, hidden
+    return 2048, 2048
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    try:
+        from colibri.accelerated.native import LibraryNotBuilt, supported_variants
+        from colibri.accelerated.native_build import DEFAULT_OUT, LIBRARY_NAME
+        from colibri.accelerated.quant_kernels import QuantKernels, quant_matrix
+    except ImportError as exc:  # pragma: no cover - a partial install
+        return {"skipped": f"accelerated package unavailable: {exc}"}
+    from colibri.reference.quant import dequantize, quantize
+
+    libs: dict[str, QuantKernels] = {}
+    for variant in supported_variants():
+        path = DEFAULT_OUT / variant / LIBRARY_NAME
+        if path.is_file():
+            libs[variant] = QuantKernels.from_path(path)
+    if not libs:
+        return {"skipped": str(LibraryNotBuilt("the C library is not built: run `make build`"))}
+    rows = int(options.extra.get("quant_rows", 1))
+    repeats = int(options.extra.get("quant_repeats", 10))
+    out_f, in_f = _shape(options)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((out_f, in_f)).astype(np.float32) * np.float32(0.02)
+    x = rng.standard_normal((rows, in_f)).astype(np.float32)
+    results: dict[str, Any] = {}
+    for fmt, kw in FORMATS:
+        label = fmt + (f"-{kw['group_size']}" if kw else "")
+        payload, scales = quantize(fmt, w, **kw)
+        nbytes = int(payload.nbytes + scales.nbytes)
+        gs = kw.get("group_size")
+        def numpy_path(fmt: str = fmt, payload: Any = payload, scales: Any = scales,
+                       gs: int | None = gs) -> object:
+            return x @ dequantize(fmt, payload, scales, (out_f, in_f), group_size=gs).T
+
+        numpy_s = _best(numpy_path, max(2, repeats // 4))
+        entry: dict[str, Any] = {
+            "packed_bytes": nbytes,
+            "numpy_ms": round(numpy_s * 1e3, 3),
+            "numpy_gbps": round(nbytes / numpy_s / 1e9, 3),
+        }
+        for variant, k in libs.items():
+            m = quant_matrix(fmt, payload, scales, (out_f, in_f), group_size=gs, lib=k)
+            out = np.empty((rows, out_f), dtype=np.float32)
+            k.matmul(m, x, out=out)  # warm the pages and caches
+            fused = _best(lambda k=k, m=m, out=out: k.matmul(m, x, out=out), repeats)
+            entry[variant] = {
+                "fused_ms": round(fused * 1e3, 3),
+                "fused_gbps": round(nbytes / fused / 1e9, 3),
+                "speedup_vs_numpy": round(numpy_s / fused, 2),
+            }
+        results[label] = entry
+    return {
+        "shape": [out_f, in_f],
+        "rows": rows,
+        "threads": 1,
+        "variants": list(libs),
+        "formats": results,
+    }
+
+
+register(Section(
+    name="quant-kernels",
+    engines=("accelerated",),
+    description="fused dequantize-and-dot per expert format: GB/s vs numpy dequantize+matmul",
+    run=run,
+))
