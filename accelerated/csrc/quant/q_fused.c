@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "quant/coli_quant_tables.h"
+
 static inline __m256 dec8_int8(const uint8_t *row, int64_t c) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + c))));
 }
@@ -49,6 +51,38 @@ static inline void dec32_int4(const uint8_t *row, int64_t c, __m256 w[4]) {
     w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)));
     w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1));
     w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8)));
+}
+
+/* Eight 2-bit fields of a 16-bit word, field k at bits 2k, as int32 lanes. */
+static inline __m256i fields2(uint32_t word) {
+    __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts),
+                            _mm256_set1_epi32(3));
+}
+
+/* int2: bytes 2k, 2k+1 of the block hold columns 8k..8k+7; q = u - 2. */
+static inline void dec32_int2(const uint8_t *row, int64_t c, __m256 w[4]) {
+    const uint8_t *b = row + c / 4;
+    for (int k = 0; k < 4; k++) {
+        __m256i u = fields2((uint32_t)b[2 * k] | ((uint32_t)b[2 * k + 1] << 8));
+        w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(2)));
+    }
+}
+
+/* int3: columns c..c+31 of a 64-column group (c % 64 is 0 or 32): low plane bytes hold 4
+ * elements each, high plane bytes 8; q = (low | high << 2) - 4. */
+static inline void dec32_int3(const uint8_t *row, int64_t c, __m256 w[4]) {
+    const uint8_t *g = row + (c / 64) * 24;
+    int e0 = (int)(c % 64);
+    __m256i bits = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int k = 0; k < 4; k++) {
+        int e = e0 + 8 * k;
+        __m256i low = fields2((uint32_t)g[e / 4] | ((uint32_t)g[e / 4 + 1] << 8));
+        __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(g[16 + e / 8]), bits),
+                                        _mm256_set1_epi32(1));
+        __m256i u = _mm256_or_si256(low, _mm256_slli_epi32(high, 2));
+        w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(4)));
+    }
 }
 
 #define Q_DEC32_BY_8(NAME, DEC)                                                              \
@@ -154,7 +188,101 @@ Q_DEFINE_FUSED_ROW(fused_row_int8, dec32_int8, fused_int8)
 Q_DEFINE_FUSED_ROW(fused_row_int4, dec32_int4, fused_int4)
 Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
 
+/* The int2/int3 row paths: groups are whole 32-column blocks except a row's short tail,
+ * which goes through the buffered decoder exactly as in the chunked path. */
+#define Q_DEFINE_BITS_ROW(NAME, DEC32)                                                        \
+    static void NAME(const qlayout *L, int64_t o, const float *x, float *t) {                 \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                           \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                __m256 w[4];                                                                  \
+                DEC32(row, c, w);                                                             \
+                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + c), a0);                       \
+                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + c + 8), a1);                   \
+                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + c + 16), a2);                  \
+                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + c + 24), a3);                  \
+            }                                                                                 \
+            if (c < end) {                                                                    \
+                float p[32], buf[32];                                                         \
+                _mm256_storeu_ps(p, a0);                                                      \
+                _mm256_storeu_ps(p + 8, a1);                                                  \
+                _mm256_storeu_ps(p + 16, a2);                                                 \
+                _mm256_storeu_ps(p + 24, a3);                                                 \
+                L->decode(row, c, (int)(end - c), buf);                                       \
+                q_lanes_dot(buf, x + c, (int)(end - c), c, p);                                \
+                a0 = _mm256_loadu_ps(p);                                                      \
+                a1 = _mm256_loadu_ps(p + 8);                                                  \
+                a2 = _mm256_loadu_ps(p + 16);                                                 \
+                a3 = _mm256_loadu_ps(p + 24);                                                 \
+            }                                                                                 \
+            __m256 s = _mm256_set1_ps(srow[g]);                                               \
+            t0 = _mm256_fmadd_ps(s, a0, t0);                                                  \
+            t1 = _mm256_fmadd_ps(s, a1, t1);                                                  \
+            t2 = _mm256_fmadd_ps(s, a2, t2);                                                  \
+            t3 = _mm256_fmadd_ps(s, a3, t3);                                                  \
+        }                                                                                     \
+        _mm256_storeu_ps(t, t0);                                                              \
+        _mm256_storeu_ps(t + 8, t1);                                                          \
+        _mm256_storeu_ps(t + 16, t2);                                                         \
+        _mm256_storeu_ps(t + 24, t3);                                                         \
+    }
+
+Q_DEFINE_BITS_ROW(fused_row_int2, dec32_int2)
+Q_DEFINE_BITS_ROW(fused_row_int3, dec32_int3)
+
+/* e8: each 32-weight sub-block is one group; w = grid/2 with the sign bit flipped where set
+ * (bit-identical to the buffered decoder's multiply by -1), its scale db from d and code. */
+static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) {
+    const uint8_t *row = L->packed + o * L->row_bytes;
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i sign_bit = _mm256_set1_epi32((int)0x80000000u);
+    __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+    for (int64_t b = 0; b < L->in_features / 256; b++) {
+        const uint8_t *blk = row + b * 98;
+        float d = q_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const float *xc = x + b * 256 + ib * 32;
+            const uint8_t *idx = blk + 8 * ib;
+            uint32_t word;
+            memcpy(&word, blk + 64 + 4 * ib, sizeof word);
+            __m256 a[4];
+            for (int l = 0; l < 4; l++) {
+                uint32_t seven = (word >> (7 * l)) & 0x7F;
+                uint32_t par = seven ^ (seven >> 4);
+                par ^= par >> 2;
+                par ^= par >> 1;
+                __m256i signs = _mm256_set1_epi32((int)(seven | ((par & 1) << 7)));
+                __m256i neg = _mm256_cmpeq_epi32(_mm256_and_si256(signs, bit), bit);
+                __m256 mag = _mm256_insertf128_ps(
+                    _mm256_castps128_ps256(_mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l]])),
+                    _mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l + 1]]), 1);
+                __m256 w = _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
+                a[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + 8 * l), _mm256_setzero_ps());
+            }
+            uint32_t code = word >> 28;
+            __m256 s = _mm256_set1_ps((d * (0.5f + (float)code)) * 0.5f);
+            t0 = _mm256_fmadd_ps(s, a[0], t0);
+            t1 = _mm256_fmadd_ps(s, a[1], t1);
+            t2 = _mm256_fmadd_ps(s, a[2], t2);
+            t3 = _mm256_fmadd_ps(s, a[3], t3);
+        }
+    }
+    _mm256_storeu_ps(t, t0);
+    _mm256_storeu_ps(t + 8, t1);
+    _mm256_storeu_ps(t + 16, t2);
+    _mm256_storeu_ps(t + 24, t3);
+}
+
 q_fused_row_fn q_fused_row_for(int fmt, int64_t group) {
+    if (fmt == COLI_Q_INT2_ROW) return fused_row_int2;
+    if (fmt == COLI_Q_INT3_G64) return fused_row_int3;
+    if (fmt == COLI_Q_E8_IQ3) return fused_row_e8;
     if (group % 32 != 0 && fmt != COLI_Q_INT8_ROW && fmt != COLI_Q_INT4_ROW) return NULL;
     switch (fmt) {
     case COLI_Q_INT8_ROW: return fused_row_int8;

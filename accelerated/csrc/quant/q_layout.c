@@ -113,13 +113,14 @@ static void decode_int2(const uint8_t *row, int64_t col, int n, float *out) {
     for (int k = 0; j + k < n; k++) out[j + k] = LUT_INT2[b[j / 4]][k];
 }
 
-/* A chunk is exactly one 64-column group (or its short tail): q = low + 4 * high - 4. */
+/* Columns within one 64-column group: q = low + 4 * high - 4. */
 static void decode_int3(const uint8_t *row, int64_t col, int n, float *out) {
     const uint8_t *g = row + (col / COLI_Q_INT3_GROUP) * COLI_Q_INT3_GROUP_BYTES;
+    int e0 = (int)(col % COLI_Q_INT3_GROUP);
     float low[COLI_Q_INT3_GROUP], high[COLI_Q_INT3_GROUP];
     for (int k = 0; k < 16; k++) memcpy(low + 4 * k, LUT_LOW2[g[k]], 4 * sizeof(float));
     for (int k = 0; k < 8; k++) memcpy(high + 8 * k, LUT_HIGH1[g[16 + k]], 8 * sizeof(float));
-    for (int k = 0; k < n; k++) out[k] = (low[k] + high[k]) - 4.0f;
+    for (int k = 0; k < n; k++) out[k] = (low[e0 + k] + high[e0 + k]) - 4.0f;
 }
 
 static void decode_fp8(const uint8_t *row, int64_t col, int n, float *out) {

@@ -108,7 +108,7 @@ static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stri
         const uint8_t *row = L->packed + o * L->row_bytes;
         for (int64_t r0 = 0; r0 < n_rows; r0 += COLI_Q_TILE) {
             int nr = (int)(n_rows - r0 < COLI_Q_TILE ? n_rows - r0 : COLI_Q_TILE);
-            int fused = L->fused != NULL && nr <= FUSED_MAX_ROWS;
+            int fused = (L->fused != NULL || L->fused_row != NULL) && nr <= FUSED_MAX_ROWS;
             const float *xr = x + r0 * x_stride;
             memset(t, 0, sizeof t);
             if (fused && L->fused_row != NULL) {
@@ -123,7 +123,7 @@ static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stri
             while (col < I) {
                 int64_t n = group_end - col;
                 if (n > COLI_Q_CHUNK) n = COLI_Q_CHUNK;
-                if (fused) {
+                if (fused && L->fused != NULL) {
                     for (int r = 0; r < nr; r++) {
                         const float *xc = xr + r * x_stride + col;
                         int done = L->fused(row, col, (int)n, xc, p[r]);
