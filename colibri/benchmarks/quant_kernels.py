@@ -18,21 +18,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
 
-FORMATS: tuple[tuple[str, dict[str, int]], ...] = (
-    ("int8-row", {}),
-    ("int4-row", {}),
-    ("int4-grouped", {"group_size": 64}),
-    ("int4-grouped", {"group_size": 128}),
-    ("int3-g64", {}),
-    ("int2-row", {}),
-    ("fp8-e4m3-b128", {}),
-    ("e8-iq3-lattice", {}),
+#: (format, int4-grouped group size or None)
+FORMATS: tuple[tuple[str, int | None], ...] = (
+    ("int8-row", None),
+    ("int4-row", None),
+    ("int4-grouped", 64),
+    ("int4-grouped", 128),
+    ("int3-g64", None),
+    ("int2-row", None),
+    ("fp8-e4m3-b128", None),
+    ("e8-iq3-lattice", None),
 )
 
 
@@ -80,11 +82,11 @@ def run(options: BenchOptions) -> dict[str, Any]:
     w = rng.standard_normal((out_f, in_f)).astype(np.float32) * np.float32(0.02)
     x = rng.standard_normal((rows, in_f)).astype(np.float32)
     results: dict[str, Any] = {}
-    for fmt, kw in FORMATS:
-        label = fmt + (f"-{kw['group_size']}" if kw else "")
-        payload, scales = quantize(fmt, w, **kw)
+    for fmt, gs in FORMATS:
+        label = fmt if gs is None else f"{fmt}-{gs}"
+        payload, scales = quantize(fmt, w) if gs is None else quantize(fmt, w, group_size=gs)
         nbytes = int(payload.nbytes + scales.nbytes)
-        gs = kw.get("group_size")
+
         def numpy_path(fmt: str = fmt, payload: Any = payload, scales: Any = scales,
                        gs: int | None = gs) -> object:
             return x @ dequantize(fmt, payload, scales, (out_f, in_f), group_size=gs).T
@@ -99,7 +101,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
             m = quant_matrix(fmt, payload, scales, (out_f, in_f), group_size=gs, lib=k)
             out = np.empty((rows, out_f), dtype=np.float32)
             k.matmul(m, x, out=out)  # warm the pages and caches
-            fused = _best(lambda k=k, m=m, out=out: k.matmul(m, x, out=out), repeats)
+            fused = _best(partial(k.matmul, m, x, out=out), repeats)
             entry[variant] = {
                 "fused_ms": round(fused * 1e3, 3),
                 "fused_gbps": round(nbytes / fused / 1e9, 3),
