@@ -16,16 +16,15 @@ static inline __m256 dec8_int8(const uint8_t *row, int64_t c) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + c))));
 }
 
-/* 4 bytes -> 8 nibbles in column order (low nibble first), minus 8. */
+/* 4 bytes -> 8 nibbles in column order (nibble k of the little-endian word is column c + k),
+ * minus 8: one broadcast load and a variable shift, no shuffle. */
 static inline __m256 dec8_int4(const uint8_t *row, int64_t c) {
     int32_t word;
     memcpy(&word, row + c / 2, sizeof word);
-    __m128i v = _mm_cvtsi32_si128(word);
-    __m128i mask = _mm_set1_epi8(0x0F);
-    __m128i lo = _mm_and_si128(v, mask);
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    __m128i u = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(u));
+    __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    __m256i u = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts),
+                                 _mm256_set1_epi32(0x0F));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(8)));
 }
 
 /* e4m3fn by bit placement: the 7 magnitude bits shifted to f32's exponent/mantissa position
@@ -39,19 +38,11 @@ static inline __m256 dec8_fp8(const uint8_t *row, int64_t c) {
     return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
 }
 
-/* 32 columns at once: int4 unpacks one 16-byte load; the others are four 8-column decodes. */
-static inline void dec32_int4(const uint8_t *row, int64_t c, __m256 w[4]) {
-    __m128i v = _mm_loadu_si128((const __m128i *)(row + c / 2));
-    __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-    __m128i lo = _mm_and_si128(v, mask);
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    __m128i c0 = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), eight);
-    __m128i c1 = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), eight);
-    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0));
-    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)));
-    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1));
-    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8)));
-}
+#define Q_DEC32_BY_8(NAME, DEC)                                                              \
+    static inline void NAME(const uint8_t *row, int64_t c, __m256 w[4]) {                    \
+        for (int k = 0; k < 4; k++) w[k] = DEC(row, c + 8 * k);                              \
+    }
+Q_DEC32_BY_8(dec32_int4, dec8_int4)
 
 /* Eight 2-bit fields of a 16-bit word, field k at bits 2k, as int32 lanes. */
 static inline __m256i fields2(uint32_t word) {
@@ -85,10 +76,6 @@ static inline void dec32_int3(const uint8_t *row, int64_t c, __m256 w[4]) {
     }
 }
 
-#define Q_DEC32_BY_8(NAME, DEC)                                                              \
-    static inline void NAME(const uint8_t *row, int64_t c, __m256 w[4]) {                    \
-        for (int k = 0; k < 4; k++) w[k] = DEC(row, c + 8 * k);                              \
-    }
 Q_DEC32_BY_8(dec32_int8, dec8_int8)
 Q_DEC32_BY_8(dec32_fp8, dec8_fp8)
 

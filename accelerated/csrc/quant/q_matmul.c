@@ -14,7 +14,7 @@
 /* p[(col + j) % 32] += w[j] * x[j] for j < n, one FMA per lane; `col % 32` is a multiple of 8
  * (chunks start on 8-column boundaries), so vector v of the chunk feeds lanes 8v'..8v'+7 with
  * v' = (col / 8 + v) % 4. Four independent accumulators keep the FMA pipes busy. */
-void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
+static void lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
     int v = (int)((col / 8) & 3);
     int j = 0;
     for (; v != 0 && j + 8 <= n; j += 8, v = (v + 1) & 3)
@@ -63,7 +63,7 @@ static void lane_step(const float *w, const float *x, float *q) {
     for (int l = 0; l < 8; l++) q[l] += w[l] * x[l];
 }
 
-void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
+static void lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
     int v = (int)((col / 8) & 3);
     int j = 0;
     for (; v != 0 && j + 8 <= n; j += 8, v = (v + 1) & 3) lane_step(w + j, x + j, p + 8 * v);
@@ -85,6 +85,12 @@ static void lanes_scale(float s, float *p, float *t) {
     }
 }
 #endif
+
+/* For q_fused.c's row tails (a wrapper: the global symbol could be interposed, the static
+ * one is inlined here). */
+void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
+    lanes_dot(w, x, n, col, p);
+}
 
 /* ((t[0:8] + t[8:16]) + (t[16:24] + t[24:32])) lane-wise, then the 8-lane tree. */
 static float lanes_sum(const float *t) {
@@ -129,13 +135,13 @@ static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stri
                         int done = L->fused(row, col, (int)n, xc, p[r]);
                         if (done < n) {
                             L->decode(row, col + done, (int)n - done, buf);
-                            q_lanes_dot(buf, xc + done, (int)n - done, col + done, p[r]);
+                            lanes_dot(buf, xc + done, (int)n - done, col + done, p[r]);
                         }
                     }
                 } else {
                     L->decode(row, col, (int)n, buf);
                     for (int r = 0; r < nr; r++)
-                        q_lanes_dot(buf, xr + r * x_stride + col, (int)n, col, p[r]);
+                        lanes_dot(buf, xr + r * x_stride + col, (int)n, col, p[r]);
                 }
                 col += n;
                 if (col == group_end) {
