@@ -8,8 +8,10 @@
 
 /* Columns decoded onto the stack at a time (a chunk never crosses a scale group). */
 #define COLI_Q_CHUNK 256
-/* Activation rows accumulated per pass over a weight row (more rows: another pass). */
-#define COLI_Q_TILE 16
+/* Batched path: activation rows per pass over the weights (more rows: another pass), and
+ * output rows walked together so an activation chunk is reused from L1. */
+#define COLI_Q_ROW_TILE 8
+#define COLI_Q_OUT_BLOCK 8
 
 #define COLI_Q_E8_BLOCK 256
 #define COLI_Q_E8_BLOCK_BYTES 98

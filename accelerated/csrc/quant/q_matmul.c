@@ -103,57 +103,101 @@ static float lanes_sum(const float *t) {
  * path); larger ones decode a chunk once into the stack buffer and share it. */
 #define FUSED_MAX_ROWS 4
 
-static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride, float *y,
-                int64_t y_stride, int64_t o0, int64_t o1) {
+/* Small batches: one output row at a time, weights decoded in registers where the build and
+ * format allow. */
+static void run_small(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride,
+                      float *y, int64_t y_stride, int64_t o0, int64_t o1) {
     const int64_t I = L->in_features;
     const int64_t G = L->group;
     float buf[COLI_Q_CHUNK];
-    float p[COLI_Q_TILE][LANES];
-    float t[COLI_Q_TILE][LANES];
+    float p[FUSED_MAX_ROWS][LANES];
+    float t[FUSED_MAX_ROWS][LANES];
+    int nr = (int)n_rows;
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *row = L->packed + o * L->row_bytes;
-        for (int64_t r0 = 0; r0 < n_rows; r0 += COLI_Q_TILE) {
-            int nr = (int)(n_rows - r0 < COLI_Q_TILE ? n_rows - r0 : COLI_Q_TILE);
-            int fused = (L->fused != NULL || L->fused_row != NULL) && nr <= FUSED_MAX_ROWS;
-            const float *xr = x + r0 * x_stride;
-            memset(t, 0, sizeof t);
-            if (fused && L->fused_row != NULL) {
-                for (int r = 0; r < nr; r++) {
-                    L->fused_row(L, o, xr + r * x_stride, t[r]);
-                    y[(r0 + r) * y_stride + o] = lanes_sum(t[r]);
-                }
-                continue;
+        memset(t, 0, sizeof t);
+        if (L->fused_row != NULL) {
+            for (int r = 0; r < nr; r++) {
+                L->fused_row(L, o, x + r * x_stride, t[r]);
+                y[r * y_stride + o] = lanes_sum(t[r]);
             }
-            memset(p, 0, sizeof p);
+            continue;
+        }
+        memset(p, 0, sizeof p);
+        int64_t g = 0, group_end = G < I ? G : I, col = 0;
+        while (col < I) {
+            int64_t n = group_end - col;
+            if (n > COLI_Q_CHUNK) n = COLI_Q_CHUNK;
+            for (int r = 0; r < nr; r++) {
+                const float *xc = x + r * x_stride + col;
+                int done = L->fused(row, col, (int)n, xc, p[r]);
+                if (done < n) {
+                    L->decode(row, col + done, (int)n - done, buf);
+                    lanes_dot(buf, xc + done, (int)n - done, col + done, p[r]);
+                }
+            }
+            col += n;
+            if (col == group_end) {
+                float s = q_group_scale(L, o, g);
+                for (int r = 0; r < nr; r++) lanes_scale(s, p[r], t[r]);
+                g++;
+                group_end = group_end + G < I ? group_end + G : I;
+            }
+        }
+        for (int r = 0; r < nr; r++) y[r * y_stride + o] = lanes_sum(t[r]);
+    }
+}
+
+/* Larger batches: a block of COLI_Q_OUT_BLOCK output rows by a tile of COLI_Q_ROW_TILE
+ * activation rows, walked chunk by chunk, so each decoded chunk serves every row of the tile
+ * and each activation chunk stays in L1 while every output row of the block uses it. */
+static void run_buffered(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride,
+                         float *y, int64_t y_stride, int64_t o0, int64_t o1) {
+    const int64_t I = L->in_features;
+    const int64_t G = L->group;
+    float buf[COLI_Q_CHUNK];
+    float p[COLI_Q_OUT_BLOCK][COLI_Q_ROW_TILE][LANES];
+    float t[COLI_Q_OUT_BLOCK][COLI_Q_ROW_TILE][LANES];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += COLI_Q_ROW_TILE) {
+        int nr = (int)(n_rows - r0 < COLI_Q_ROW_TILE ? n_rows - r0 : COLI_Q_ROW_TILE);
+        const float *xr = x + r0 * x_stride;
+        for (int64_t b0 = o0; b0 < o1; b0 += COLI_Q_OUT_BLOCK) {
+            int nb = (int)(o1 - b0 < COLI_Q_OUT_BLOCK ? o1 - b0 : COLI_Q_OUT_BLOCK);
+            for (int b = 0; b < nb; b++) {
+                memset(p[b], 0, (size_t)nr * sizeof p[b][0]);
+                memset(t[b], 0, (size_t)nr * sizeof t[b][0]);
+            }
             int64_t g = 0, group_end = G < I ? G : I, col = 0;
             while (col < I) {
                 int64_t n = group_end - col;
                 if (n > COLI_Q_CHUNK) n = COLI_Q_CHUNK;
-                if (fused && L->fused != NULL) {
-                    for (int r = 0; r < nr; r++) {
-                        const float *xc = xr + r * x_stride + col;
-                        int done = L->fused(row, col, (int)n, xc, p[r]);
-                        if (done < n) {
-                            L->decode(row, col + done, (int)n - done, buf);
-                            lanes_dot(buf, xc + done, (int)n - done, col + done, p[r]);
-                        }
-                    }
-                } else {
-                    L->decode(row, col, (int)n, buf);
+                for (int b = 0; b < nb; b++) {
+                    L->decode(L->packed + (b0 + b) * L->row_bytes, col, (int)n, buf);
                     for (int r = 0; r < nr; r++)
-                        lanes_dot(buf, xr + r * x_stride + col, (int)n, col, p[r]);
+                        lanes_dot(buf, xr + r * x_stride + col, (int)n, col, p[b][r]);
                 }
                 col += n;
                 if (col == group_end) {
-                    float s = q_group_scale(L, o, g);
-                    for (int r = 0; r < nr; r++) lanes_scale(s, p[r], t[r]);
+                    for (int b = 0; b < nb; b++) {
+                        float s = q_group_scale(L, b0 + b, g);
+                        for (int r = 0; r < nr; r++) lanes_scale(s, p[b][r], t[b][r]);
+                    }
                     g++;
                     group_end = group_end + G < I ? group_end + G : I;
                 }
             }
-            for (int r = 0; r < nr; r++) y[(r0 + r) * y_stride + o] = lanes_sum(t[r]);
+            for (int b = 0; b < nb; b++)
+                for (int r = 0; r < nr; r++) y[(r0 + r) * y_stride + b0 + b] = lanes_sum(t[b][r]);
         }
     }
+}
+
+static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride, float *y,
+                int64_t y_stride, int64_t o0, int64_t o1) {
+    if (n_rows <= FUSED_MAX_ROWS && (L->fused_row != NULL || L->fused != NULL))
+        run_small(L, x, n_rows, x_stride, y, y_stride, o0, o1);
+    else
+        run_buffered(L, x, n_rows, x_stride, y, y_stride, o0, o1);
 }
 
 int coli_q_matmul(int fmt, int group_size, const uint8_t *packed, int64_t packed_len,
