@@ -223,6 +223,76 @@ Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
 Q_DEFINE_BITS_ROW(fused_row_int2, dec32_int2)
 Q_DEFINE_BITS_ROW(fused_row_int3, dec32_int3)
 
+/* A row's last, partial 32-column block through the buffered decoder and lane dot: the same
+ * operations on the same lanes as the chunked path. */
+static void tail_block(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
+                       __m256 a[4]) {
+    float p[32], buf[32];
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(p + 8 * k, a[k]);
+    L->decode(row, c, n, buf);
+    q_lanes_dot(buf, x + c, n, c, p);
+    for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(p + 8 * k);
+}
+
+static void scale_into(float s, const __m256 a[4], float *t) {
+    __m256 sv = _mm256_set1_ps(s);
+    for (int k = 0; k < 4; k++)
+        _mm256_storeu_ps(t + 8 * k, _mm256_fmadd_ps(sv, a[k], _mm256_loadu_ps(t + 8 * k)));
+}
+
+/* Two activation rows against one weight row: each 32-column block is decoded once and fed to
+ * both rows' accumulators (per row, the operations of the one-row path). */
+#define Q_DEFINE_ROW2(NAME, DEC32)                                                            \
+    static void NAME(const qlayout *L, int64_t o, const float *x0, const float *x1,          \
+                     float *t0, float *t1) {                                                  \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                        \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                __m256 w[4];                                                                  \
+                DEC32(row, c, w);                                                             \
+                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x0 + c), a0);                      \
+                b0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x1 + c), b0);                      \
+                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x0 + c + 8), a1);                  \
+                b1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x1 + c + 8), b1);                  \
+                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x0 + c + 16), a2);                 \
+                b2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x1 + c + 16), b2);                 \
+                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x0 + c + 24), a3);                 \
+                b3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x1 + c + 24), b3);                 \
+            }                                                                                 \
+            __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};                          \
+            if (c < end) {                                                                    \
+                tail_block(L, row, c, (int)(end - c), x0, a);                                 \
+                tail_block(L, row, c, (int)(end - c), x1, b);                                 \
+            }                                                                                 \
+            scale_into(srow[g], a, t0);                                                       \
+            scale_into(srow[g], b, t1);                                                       \
+        }                                                                                     \
+    }
+
+Q_DEFINE_ROW2(fused_row2_int8, dec32_int8)
+Q_DEFINE_ROW2(fused_row2_int4, dec32_int4)
+Q_DEFINE_ROW2(fused_row2_fp8, dec32_fp8)
+Q_DEFINE_ROW2(fused_row2_int2, dec32_int2)
+Q_DEFINE_ROW2(fused_row2_int3, dec32_int3)
+
+q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group) {
+    switch (fmt) {
+    case COLI_Q_INT8_ROW: return fused_row2_int8;
+    case COLI_Q_INT4_ROW: return fused_row2_int4;
+    case COLI_Q_INT4_GROUPED: return group % 32 == 0 ? fused_row2_int4 : NULL;
+    case COLI_Q_FP8_E4M3_B128: return fused_row2_fp8;
+    case COLI_Q_INT2_ROW: return fused_row2_int2;
+    case COLI_Q_INT3_G64: return fused_row2_int3;
+    default: return NULL;
+    }
+}
+
 /* e8: each 32-weight sub-block is one group; w = grid/2 with the sign bit flipped where set
  * (bit-identical to the buffered decoder's multiply by -1), its scale db from d and code. */
 static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) {
@@ -296,6 +366,12 @@ q_fused_fn q_fused_for(int fmt) {
 }
 
 q_fused_row_fn q_fused_row_for(int fmt, int64_t group) {
+    (void)fmt;
+    (void)group;
+    return NULL;
+}
+
+q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group) {
     (void)fmt;
     (void)group;
     return NULL;

@@ -35,9 +35,15 @@ typedef int (*q_fused_fn)(const uint8_t *row, int64_t col, int n, const float *x
  * groups are multiples of 32 columns (every format but int4-grouped 16/48 and int3/int2/e8). */
 typedef void (*q_fused_row_fn)(const qlayout *L, int64_t o, const float *x, float *t);
 
+/* The same for two activation rows at once, decoding each weight block once; t0 and t1 are
+ * each row's lanes (zeroed by the caller) and get exactly the one-row results. */
+typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, const float *x1,
+                                float *t0, float *t1);
+
 /* The fused paths of a format in this build, or NULL (q_fused.c). */
 q_fused_fn q_fused_for(int fmt);
 q_fused_row_fn q_fused_row_for(int fmt, int64_t group);
+q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group);
 
 /* The lane dot of the buffered path (q_matmul.c): p[(col + j) % 32] += w[j] * x[j]. */
 void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p);
@@ -54,6 +60,7 @@ struct qlayout {
     q_decode_fn decode;
     q_fused_fn fused;
     q_fused_row_fn fused_row;
+    q_fused_row2_fn fused_row2;
 };
 
 /* Checks sizes and fills *L (q_layout.c). */

@@ -267,6 +267,7 @@ int q_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
     L->groups_per_row = ceil_div(I, L->group);
     L->fused = q_fused_for(fmt);
     L->fused_row = q_fused_row_for(fmt, L->group);
+    L->fused_row2 = q_fused_row2_for(fmt, L->group);
     return COLI_Q_OK;
 }
 

@@ -99,12 +99,32 @@ static float lanes_sum(const float *t) {
     return ((u[0] + u[4]) + (u[2] + u[6])) + ((u[1] + u[5]) + (u[3] + u[7]));
 }
 
-/* Batches up to this many rows re-decode each weight vector per row in registers (the fused
- * path); larger ones decode a chunk once into the stack buffer and share it. */
+/* Without a whole-row path (int4-grouped 16/48), batches up to this many rows still decode in
+ * registers chunk by chunk; larger ones share one decoded chunk through the stack buffer. */
 #define FUSED_MAX_ROWS 4
 
-/* Small batches: one output row at a time, weights decoded in registers where the build and
- * format allow. */
+/* Register-resident decoding, one output row at a time: rows in pairs through the two-row
+ * path (each weight block decoded once per pair), an odd last row alone. */
+static void run_rows(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride,
+                     float *y, int64_t y_stride, int64_t o0, int64_t o1) {
+    float t[COLI_Q_ROW_TILE][LANES];
+    for (int64_t o = o0; o < o1; o++) {
+        for (int64_t r0 = 0; r0 < n_rows; r0 += COLI_Q_ROW_TILE) {
+            int nr = (int)(n_rows - r0 < COLI_Q_ROW_TILE ? n_rows - r0 : COLI_Q_ROW_TILE);
+            const float *xr = x + r0 * x_stride;
+            memset(t, 0, sizeof t);
+            int r = 0;
+            if (L->fused_row2 != NULL)
+                for (; r + 2 <= nr; r += 2)
+                    L->fused_row2(L, o, xr + r * x_stride, xr + (r + 1) * x_stride, t[r],
+                                  t[r + 1]);
+            for (; r < nr; r++) L->fused_row(L, o, xr + r * x_stride, t[r]);
+            for (r = 0; r < nr; r++) y[(r0 + r) * y_stride + o] = lanes_sum(t[r]);
+        }
+    }
+}
+
+/* Small batches of a format with only the chunk-level register path. */
 static void run_small(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride,
                       float *y, int64_t y_stride, int64_t o0, int64_t o1) {
     const int64_t I = L->in_features;
@@ -116,13 +136,6 @@ static void run_small(const qlayout *L, const float *x, int64_t n_rows, int64_t 
     for (int64_t o = o0; o < o1; o++) {
         const uint8_t *row = L->packed + o * L->row_bytes;
         memset(t, 0, sizeof t);
-        if (L->fused_row != NULL) {
-            for (int r = 0; r < nr; r++) {
-                L->fused_row(L, o, x + r * x_stride, t[r]);
-                y[r * y_stride + o] = lanes_sum(t[r]);
-            }
-            continue;
-        }
         memset(p, 0, sizeof p);
         int64_t g = 0, group_end = G < I ? G : I, col = 0;
         while (col < I) {
@@ -192,9 +205,13 @@ static void run_buffered(const qlayout *L, const float *x, int64_t n_rows, int64
     }
 }
 
+/* Which path a call takes depends on the build, the format and the batch size, never on
+ * the values: every path performs the same operations per output element. */
 static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride, float *y,
                 int64_t y_stride, int64_t o0, int64_t o1) {
-    if (n_rows <= FUSED_MAX_ROWS && (L->fused_row != NULL || L->fused != NULL))
+    if (L->fused_row != NULL)
+        run_rows(L, x, n_rows, x_stride, y, y_stride, o0, o1);
+    else if (L->fused != NULL && n_rows <= FUSED_MAX_ROWS)
         run_small(L, x, n_rows, x_stride, y, y_stride, o0, o1);
     else
         run_buffered(L, x, n_rows, x_stride, y, y_stride, o0, o1);
