@@ -47,6 +47,7 @@ import numpy.typing as npt
 from colibri.accelerated.native import load_library
 from colibri.reference.quant.codec import group_size_from_scales
 from colibri.reference.quant.container import SCALE_SUFFIX, QuantContainer
+from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import FORMAT_NAMES, Fmt, parse_format
 
 F32 = npt.NDArray[np.float32]
@@ -393,8 +394,8 @@ def expert_matrices(
     up = container_matrix(container, prefix + "up_proj.weight", (m, d), lib=lib)
     down = container_matrix(container, prefix + "down_proj.weight", (d, m), lib=lib)
     e8 = [p.name for p in (gate, up, down) if p.rotated]
-    if e8 and len(e8) != 3:
-        raise UnknownFormatError(
+    if e8 and len(e8) != 3:  # the container rule the reference loader enforces (§14)
+        raise QuantFormatError(
             e8[0], "e8-iq3-lattice must cover all three projections of an expert"
         )
     return ExpertMatrices(gate, up, down)

@@ -430,4 +430,6 @@ def test_bench_section_reports_every_format_side_by_side():
     for entry in report["formats"].values():
         assert entry["packed_bytes"] > 0 and "numpy_gbps" in entry
         for variant in report["variants"]:
-            assert set(entry[variant]) == {"fused_ms", "fused_gbps", "speedup_vs_numpy"}
+            assert set(entry[variant]) == {
+                "fused_ms", "fused_gbps", "speedup_vs_numpy", "batch_ms", "batch_sharing",
+            }

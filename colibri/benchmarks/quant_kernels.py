@@ -7,7 +7,9 @@ and one thread, the best of ``repeats`` runs of:
 * ``fused``: ``colibri.accelerated.quant_kernels.qmatmul`` on a batch of ``rows`` activation
   rows (1 = decode), reported as packed GB/s (payload + ``.qs`` bytes read per second) and ms;
 * ``numpy``: what the reference does on a cache miss, ``dequantize`` then ``x @ W.T``;
-* ``speedup``: numpy time / fused time, measured side by side in the same run.
+* ``speedup``: numpy time / fused time, measured side by side in the same run;
+* ``batch_sharing``: how many times faster one call on ``--batch`` rows is than that many
+  one-row calls (the weights are decoded once per pair of rows).
 
 Both library variants are measured when the CPU runs avx2 (``generic`` is the portable
 fallback). Only a benchmark: no test times anything.
@@ -76,6 +78,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     if not libs:
         return {"skipped": str(LibraryNotBuilt("the C library is not built: run `make build`"))}
     rows = int(options.extra.get("quant_rows", 1))
+    batch = max(1, options.batch)
     repeats = int(options.extra.get("quant_repeats", 10))
     out_f, in_f = _shape(options)
     rng = np.random.default_rng(0)
@@ -102,15 +105,23 @@ def run(options: BenchOptions) -> dict[str, Any]:
             out = np.empty((rows, out_f), dtype=np.float32)
             k.matmul(m, x, out=out)  # warm the pages and caches
             fused = _best(partial(k.matmul, m, x, out=out), repeats)
+            xb = rng.standard_normal((batch, in_f)).astype(np.float32)
+            outb = np.empty((batch, out_f), dtype=np.float32)
+            k.matmul(m, xb, out=outb)
+            batched = _best(partial(k.matmul, m, xb, out=outb), repeats)
             entry[variant] = {
                 "fused_ms": round(fused * 1e3, 3),
                 "fused_gbps": round(nbytes / fused / 1e9, 3),
                 "speedup_vs_numpy": round(numpy_s / fused, 2),
+                # ``batch`` rows in one call against that many calls of ``rows`` rows
+                "batch_ms": round(batched * 1e3, 3),
+                "batch_sharing": round(fused * batch / rows / batched, 2),
             }
         results[label] = entry
     return {
         "shape": [out_f, in_f],
         "rows": rows,
+        "batch": batch,
         "threads": 1,
         "variants": list(libs),
         "formats": results,
