@@ -281,6 +281,9 @@ Q_DEFINE_ROW2(fused_row2_fp8, dec32_fp8)
 Q_DEFINE_ROW2(fused_row2_int2, dec32_int2)
 Q_DEFINE_ROW2(fused_row2_int3, dec32_int3)
 
+static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
+                          float *t0, float *t1);
+
 q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group) {
     switch (fmt) {
     case COLI_Q_INT8_ROW: return fused_row2_int8;
@@ -289,51 +292,86 @@ q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group) {
     case COLI_Q_FP8_E4M3_B128: return fused_row2_fp8;
     case COLI_Q_INT2_ROW: return fused_row2_int2;
     case COLI_Q_INT3_G64: return fused_row2_int3;
+    case COLI_Q_E8_IQ3: return fused_row2_e8;
     default: return NULL;
     }
 }
 
 /* e8: each 32-weight sub-block is one group; w = grid/2 with the sign bit flipped where set
  * (bit-identical to the buffered decoder's multiply by -1), its scale db from d and code. */
-static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) {
-    const uint8_t *row = L->packed + o * L->row_bytes;
+/* The 32 weights of sub-block ib of an e8 super-block, as four vectors, and its scale. */
+static inline float e8_sub_block(const uint8_t *blk, float d, int ib, __m256 w[4]) {
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     const __m256i sign_bit = _mm256_set1_epi32((int)0x80000000u);
+    const uint8_t *idx = blk + 8 * ib;
+    uint32_t word;
+    memcpy(&word, blk + 64 + 4 * ib, sizeof word);
+    for (int l = 0; l < 4; l++) {
+        uint32_t seven = (word >> (7 * l)) & 0x7F;
+        uint32_t par = seven ^ (seven >> 4);
+        par ^= par >> 2;
+        par ^= par >> 1;
+        __m256i signs = _mm256_set1_epi32((int)(seven | ((par & 1) << 7)));
+        __m256i neg = _mm256_cmpeq_epi32(_mm256_and_si256(signs, bit), bit);
+        __m256 mag = _mm256_insertf128_ps(
+            _mm256_castps128_ps256(_mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l]])),
+            _mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l + 1]]), 1);
+        w[l] = _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
+    }
+    uint32_t code = word >> 28;
+    return (d * (0.5f + (float)code)) * 0.5f;
+}
+
+/* e8: each 32-weight sub-block is one group; w = grid/2 with the sign bit flipped where set
+ * (bit-identical to the buffered decoder's multiply by -1), its scale db from d and code. */
+static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) {
+    const uint8_t *row = L->packed + o * L->row_bytes;
     __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
     for (int64_t b = 0; b < L->in_features / 256; b++) {
         const uint8_t *blk = row + b * 98;
         float d = q_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
         for (int ib = 0; ib < 8; ib++) {
             const float *xc = x + b * 256 + ib * 32;
-            const uint8_t *idx = blk + 8 * ib;
-            uint32_t word;
-            memcpy(&word, blk + 64 + 4 * ib, sizeof word);
-            __m256 a[4];
-            for (int l = 0; l < 4; l++) {
-                uint32_t seven = (word >> (7 * l)) & 0x7F;
-                uint32_t par = seven ^ (seven >> 4);
-                par ^= par >> 2;
-                par ^= par >> 1;
-                __m256i signs = _mm256_set1_epi32((int)(seven | ((par & 1) << 7)));
-                __m256i neg = _mm256_cmpeq_epi32(_mm256_and_si256(signs, bit), bit);
-                __m256 mag = _mm256_insertf128_ps(
-                    _mm256_castps128_ps256(_mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l]])),
-                    _mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l + 1]]), 1);
-                __m256 w = _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
-                a[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xc + 8 * l), _mm256_setzero_ps());
-            }
-            uint32_t code = word >> 28;
-            __m256 s = _mm256_set1_ps((d * (0.5f + (float)code)) * 0.5f);
-            t0 = _mm256_fmadd_ps(s, a[0], t0);
-            t1 = _mm256_fmadd_ps(s, a[1], t1);
-            t2 = _mm256_fmadd_ps(s, a[2], t2);
-            t3 = _mm256_fmadd_ps(s, a[3], t3);
+            __m256 w[4];
+            __m256 s = _mm256_set1_ps(e8_sub_block(blk, d, ib, w));
+            __m256 z = _mm256_setzero_ps();
+            t0 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xc), z), t0);
+            t1 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xc + 8), z), t1);
+            t2 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xc + 16), z), t2);
+            t3 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xc + 24), z), t3);
         }
     }
     _mm256_storeu_ps(t, t0);
     _mm256_storeu_ps(t + 8, t1);
     _mm256_storeu_ps(t + 16, t2);
     _mm256_storeu_ps(t + 24, t3);
+}
+
+static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
+                          float *t0, float *t1) {
+    const uint8_t *row = L->packed + o * L->row_bytes;
+    __m256 a[4], b[4];
+    for (int k = 0; k < 4; k++) a[k] = b[k] = _mm256_setzero_ps();
+    for (int64_t bk = 0; bk < L->in_features / 256; bk++) {
+        const uint8_t *blk = row + bk * 98;
+        float d = q_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            int64_t c = bk * 256 + ib * 32;
+            __m256 w[4];
+            __m256 s = _mm256_set1_ps(e8_sub_block(blk, d, ib, w));
+            __m256 z = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                a[k] = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x0 + c + 8 * k), z),
+                                       a[k]);
+                b[k] = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x1 + c + 8 * k), z),
+                                       b[k]);
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_ps(t0 + 8 * k, a[k]);
+        _mm256_storeu_ps(t1 + 8 * k, b[k]);
+    }
 }
 
 q_fused_row_fn q_fused_row_for(int fmt, int64_t group) {
