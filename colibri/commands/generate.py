@@ -35,7 +35,9 @@ TEMPLATES = {
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "generate", help="generate with the reference or --accelerated engine (text from --prompt, ids from --ids)"
+        "generate",
+        help="generate with the reference or --accelerated engine "
+        "(text from --prompt, ids from --ids)",
     )
     parser.add_argument("--model", type=Path, default=None,
                         help="model directory (default: the embedded default model)")
