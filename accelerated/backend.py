@@ -1,9 +1,11 @@
 """The accelerated backend: the C-kernel model behind the engine seam (colibri.engine.backend).
 
 Like the reference backend it owns the KV states (``KVState``, shared with the reference so
-the COLIKV1 codec and ``.coli_kv`` files are the same) and reports its expert tiers; every
-routed expert is memory-mapped (or, on a quantized container, dequantized in RAM), so the
-tiers are ``ResidentExperts``: tier 1, every lookup a hit, nothing to pin.
+the COLIKV1 codec and ``.coli_kv`` files are the same) and its expert tiers: the reference's
+``TieredExpertStore`` bookkeeping (disk = not yet brought in, a byte-bounded RAM LRU, a
+pinned hot set, REPIN) over this engine's expert weights (memory-mapped views in their stored
+dtype, or dequantized on a quantized container), so TIERS/EMAP/health report what the
+reference reports for the same traffic.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from colibri.accelerated.model import Model, open_model
 from colibri.accelerated.native import LibraryNotBuilt
 from colibri.reference.backend import model_fingerprint
 from colibri.reference.config import ModelConfig
+from colibri.reference.expert_store import TieredExpertStore
 from colibri.reference.kv_cache import KVState
 from colibri.reference.kv_codec import ReferenceKvCodec
 
@@ -27,7 +30,6 @@ from colibri.engine.backend import (
     Device,
     Draft,
     KvRecord,
-    ResidentExperts,
     Step,
     StepRow,
     StepTiming,
@@ -38,12 +40,12 @@ from colibri.engine.registry import BackendOptions, BackendUnavailable
 class AcceleratedBackend:
     name = "accelerated"
 
-    def __init__(self, model: Model, model_tag: int) -> None:
+    def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
         self.model = model
         self._tag = model_tag
         self._codec = ReferenceKvCodec(model.new_state())
-        cfg = model.config
-        self._tiers = ResidentExperts(3 * cfg.hidden_size * cfg.moe_intermediate_size * 4)
+        self._tiers = store
+        model.store = store
 
     @property
     def shape(self) -> ModelConfig:
@@ -62,7 +64,7 @@ class AcceleratedBackend:
         return KvRecord(self._codec.record_floats, self._codec.indexer_layers)
 
     @property
-    def tiers(self) -> ResidentExperts:
+    def tiers(self) -> TieredExpertStore:
         return self._tiers
 
     def new_state(self) -> KVState:
@@ -81,13 +83,11 @@ class AcceleratedBackend:
         logits, routes = self.model.forward_rows(
             [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
         )
-        self._tiers.note_lookups(int(routes.size))
         return Step(logits, routes, StepTiming(total_s=time.perf_counter() - started))
 
     def draft(self, state: Any, token: int) -> Draft:
         assert isinstance(state, KVState)
         logits, routes = self.model.mtp_draft_routed(state, token)
-        self._tiers.note_lookups(int(routes.size))
         return Draft(logits, routes)
 
     def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
@@ -117,4 +117,9 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
         raise BackendUnavailable(f"--backend accelerated cannot start: {exc}") from None
     print(f"== accelerated kernels: {model.kernels.isa}, {model.kernels.threads} threads ==",
           file=log)
-    return AcceleratedBackend(model, model_fingerprint(model_dir))
+    from colibri.engine.backend import usage_rows
+
+    read: Any = model.read_expert  # Mlp has the nbytes the store's LRU budgets by
+    store = TieredExpertStore(read, model.config, usage_rows(model.config),
+                              options.ram_budget_bytes)
+    return AcceleratedBackend(model, store, model_fingerprint(model_dir))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +43,11 @@ from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
 from colibri.reference.safetensors import Checkpoint
 
 I32 = npt.NDArray[np.int32]
+
+
+class ExpertLookup(Protocol):
+    def expert(self, layer: int, expert: int) -> Any: ...
+
 I64 = npt.NDArray[np.int64]
 
 
@@ -134,6 +140,9 @@ class Model:
         self.sparse_layers = sparse
         self._read_expert = experts or mapped_experts(t, cfg, sparse)
         self._experts: dict[tuple[int, int], Mlp] = {}
+        #: A tiered store (the backend's) that decides residency and counts lookups; the
+        #: model's own unbounded cache otherwise.
+        self.store: ExpertLookup | None = None
         self.use_indexer = True
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
 
@@ -141,7 +150,15 @@ class Model:
     def mtp(self) -> Layer | None:
         return self.mtp_layer
 
+    def read_expert(self, layer: int, e: int) -> Mlp:
+        """An expert straight from the checkpoint (a mapped view) or the dequantizing source."""
+        return self._read_expert(layer, e)
+
     def expert(self, layer: int, e: int) -> Mlp:
+        if self.store is not None:
+            held = self.store.expert(layer, e)
+            assert isinstance(held, Mlp)
+            return held
         found = self._experts.get((layer, e))
         if found is None:
             found = self._experts[(layer, e)] = self._read_expert(layer, e)

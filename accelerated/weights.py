@@ -101,6 +101,10 @@ class Mlp:
     up: Weight
     down: Weight
 
+    @property
+    def nbytes(self) -> int:
+        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+
 
 @dataclass(frozen=True)
 class Layer:
