@@ -152,7 +152,7 @@ static const float *scale_row(const qlayout *L, int64_t o) {
                 int done = CHUNK(row, c, n, x + c, p);                                        \
                 if (done < n) {                                                               \
                     L->decode(row, c + done, n - done, buf);                                  \
-                    q_lanes_dot(buf, x + c + done, n - done, c + done, p);                    \
+                    coli_qi_lanes_dot(buf, x + c + done, n - done, c + done, p);                    \
                 }                                                                             \
                 a0 = _mm256_loadu_ps(p);                                                      \
                 a1 = _mm256_loadu_ps(p + 8);                                                  \
@@ -202,7 +202,7 @@ Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
                 _mm256_storeu_ps(p + 16, a2);                                                 \
                 _mm256_storeu_ps(p + 24, a3);                                                 \
                 L->decode(row, c, (int)(end - c), buf);                                       \
-                q_lanes_dot(buf, x + c, (int)(end - c), c, p);                                \
+                coli_qi_lanes_dot(buf, x + c, (int)(end - c), c, p);                                \
                 a0 = _mm256_loadu_ps(p);                                                      \
                 a1 = _mm256_loadu_ps(p + 8);                                                  \
                 a2 = _mm256_loadu_ps(p + 16);                                                 \
@@ -230,7 +230,7 @@ static void tail_block(const qlayout *L, const uint8_t *row, int64_t c, int n, c
     float p[32], buf[32];
     for (int k = 0; k < 4; k++) _mm256_storeu_ps(p + 8 * k, a[k]);
     L->decode(row, c, n, buf);
-    q_lanes_dot(buf, x + c, n, c, p);
+    coli_qi_lanes_dot(buf, x + c, n, c, p);
     for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(p + 8 * k);
 }
 
@@ -284,7 +284,7 @@ Q_DEFINE_ROW2(fused_row2_int3, dec32_int3)
 static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
                           float *t0, float *t1);
 
-q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group) {
+q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group) {
     switch (fmt) {
     case COLI_Q_INT8_ROW: return fused_row2_int8;
     case COLI_Q_INT4_ROW: return fused_row2_int4;
@@ -329,7 +329,7 @@ static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) 
     __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
     for (int64_t b = 0; b < L->in_features / 256; b++) {
         const uint8_t *blk = row + b * 98;
-        float d = q_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
+        float d = coli_qi_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
         for (int ib = 0; ib < 8; ib++) {
             const float *xc = x + b * 256 + ib * 32;
             __m256 w[4];
@@ -354,7 +354,7 @@ static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const fl
     for (int k = 0; k < 4; k++) a[k] = b[k] = _mm256_setzero_ps();
     for (int64_t bk = 0; bk < L->in_features / 256; bk++) {
         const uint8_t *blk = row + bk * 98;
-        float d = q_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
+        float d = coli_qi_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
         for (int ib = 0; ib < 8; ib++) {
             int64_t c = bk * 256 + ib * 32;
             __m256 w[4];
@@ -374,7 +374,7 @@ static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const fl
     }
 }
 
-q_fused_row_fn q_fused_row_for(int fmt, int64_t group) {
+q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group) {
     if (fmt == COLI_Q_INT2_ROW) return fused_row_int2;
     if (fmt == COLI_Q_INT3_G64) return fused_row_int3;
     if (fmt == COLI_Q_E8_IQ3) return fused_row_e8;
@@ -388,7 +388,7 @@ q_fused_row_fn q_fused_row_for(int fmt, int64_t group) {
     }
 }
 
-q_fused_fn q_fused_for(int fmt) {
+q_fused_fn coli_qi_fused_for(int fmt) {
     switch (fmt) {
     case COLI_Q_INT8_ROW: return fused_int8;
     case COLI_Q_INT4_ROW:
@@ -398,18 +398,18 @@ q_fused_fn q_fused_for(int fmt) {
     }
 }
 #else
-q_fused_fn q_fused_for(int fmt) {
+q_fused_fn coli_qi_fused_for(int fmt) {
     (void)fmt;
     return NULL;
 }
 
-q_fused_row_fn q_fused_row_for(int fmt, int64_t group) {
+q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group) {
     (void)fmt;
     (void)group;
     return NULL;
 }
 
-q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group) {
+q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group) {
     (void)fmt;
     (void)group;
     return NULL;

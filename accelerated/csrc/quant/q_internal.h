@@ -41,12 +41,12 @@ typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, co
                                 float *t0, float *t1);
 
 /* The fused paths of a format in this build, or NULL (q_fused.c). */
-q_fused_fn q_fused_for(int fmt);
-q_fused_row_fn q_fused_row_for(int fmt, int64_t group);
-q_fused_row2_fn q_fused_row2_for(int fmt, int64_t group);
+q_fused_fn coli_qi_fused_for(int fmt);
+q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group);
+q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group);
 
 /* The lane dot of the buffered path (q_matmul.c): p[(col + j) % 32] += w[j] * x[j]. */
-void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p);
+void coli_qi_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p);
 
 struct qlayout {
     int fmt;
@@ -64,14 +64,14 @@ struct qlayout {
 };
 
 /* Checks sizes and fills *L (q_layout.c). */
-int q_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
+int coli_qi_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
                   int64_t packed_len, const float *scales, int64_t n_scales,
                   int64_t out_features, int64_t in_features);
 
 /* The multiplier of scale group g of output row o. */
-float q_group_scale(const qlayout *L, int64_t o, int64_t g);
+float coli_qi_group_scale(const qlayout *L, int64_t o, int64_t g);
 
 /* fmt6's fp16 super-scale as colibri decodes it (subnormals as 2^-14 (1 + m/1024)). */
-float q_e8_half(uint16_t h);
+float coli_qi_e8_half(uint16_t h);
 
 #endif

@@ -16,7 +16,7 @@ static uint32_t le32(const uint8_t *p) {
 
 static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-float q_e8_half(uint16_t h) {
+float coli_qi_e8_half(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31;
     uint32_t exp = (h >> 10) & 0x1F;
     uint32_t man = h & 0x3FF;
@@ -151,7 +151,7 @@ static void decode_e8(const uint8_t *row, int64_t col, int n, float *out) {
     }
 }
 
-float q_group_scale(const qlayout *L, int64_t o, int64_t g) {
+float coli_qi_group_scale(const qlayout *L, int64_t o, int64_t g) {
     switch (L->fmt) {
     case COLI_Q_INT8_ROW:
     case COLI_Q_INT4_ROW:
@@ -161,7 +161,7 @@ float q_group_scale(const qlayout *L, int64_t o, int64_t g) {
         return L->scales[(o / COLI_Q_FP8_BLOCK) * L->groups_per_row + g];
     case COLI_Q_E8_IQ3: {
         const uint8_t *blk = L->packed + o * L->row_bytes + (g / 8) * COLI_Q_E8_BLOCK_BYTES;
-        float d = q_e8_half(le16(blk + 96));
+        float d = coli_qi_e8_half(le16(blk + 96));
         uint32_t code = le32(blk + 64 + 4 * (g % 8)) >> 28;
         return (d * (0.5f + (float)code)) * 0.5f;
     }
@@ -217,7 +217,7 @@ int coli_q_sizes(int fmt, int group_size, int64_t out_features, int64_t in_featu
     }
 }
 
-int q_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
+int coli_qi_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
                   int64_t packed_len, const float *scales, int64_t n_scales,
                   int64_t out_features, int64_t in_features) {
     int64_t want_bytes = 0, want_scales = 0;
@@ -265,9 +265,9 @@ int q_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
         break;
     }
     L->groups_per_row = ceil_div(I, L->group);
-    L->fused = q_fused_for(fmt);
-    L->fused_row = q_fused_row_for(fmt, L->group);
-    L->fused_row2 = q_fused_row2_for(fmt, L->group);
+    L->fused = coli_qi_fused_for(fmt);
+    L->fused_row = coli_qi_fused_row_for(fmt, L->group);
+    L->fused_row2 = coli_qi_fused_row2_for(fmt, L->group);
     return COLI_Q_OK;
 }
 
@@ -275,12 +275,12 @@ int coli_q_check(int fmt, int group_size, const uint8_t *packed, int64_t packed_
                  const float *scales, int64_t n_scales, int64_t out_features,
                  int64_t in_features) {
     qlayout L;
-    int rc = q_layout_init(&L, fmt, group_size, packed, packed_len, scales, n_scales,
+    int rc = coli_qi_layout_init(&L, fmt, group_size, packed, packed_len, scales, n_scales,
                            out_features, in_features);
     if (rc != COLI_Q_OK) return rc;
     if (fmt == COLI_Q_E8_IQ3) {
         for (int64_t b = 0; b < packed_len; b += COLI_Q_E8_BLOCK_BYTES)
-            if (!isfinite(q_e8_half(le16(packed + b + 96)))) return COLI_Q_ENONFINITE;
+            if (!isfinite(coli_qi_e8_half(le16(packed + b + 96)))) return COLI_Q_ENONFINITE;
         return COLI_Q_OK;
     }
     for (int64_t k = 0; k < n_scales; k++)

@@ -88,7 +88,7 @@ static void lanes_scale(float s, float *p, float *t) {
 
 /* For q_fused.c's row tails (a wrapper: the global symbol could be interposed, the static
  * one is inlined here). */
-void q_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
+void coli_qi_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p) {
     lanes_dot(w, x, n, col, p);
 }
 
@@ -151,7 +151,7 @@ static void run_small(const qlayout *L, const float *x, int64_t n_rows, int64_t 
             }
             col += n;
             if (col == group_end) {
-                float s = q_group_scale(L, o, g);
+                float s = coli_qi_group_scale(L, o, g);
                 for (int r = 0; r < nr; r++) lanes_scale(s, p[r], t[r]);
                 g++;
                 group_end = group_end + G < I ? group_end + G : I;
@@ -192,7 +192,7 @@ static void run_buffered(const qlayout *L, const float *x, int64_t n_rows, int64
                 col += n;
                 if (col == group_end) {
                     for (int b = 0; b < nb; b++) {
-                        float s = q_group_scale(L, b0 + b, g);
+                        float s = coli_qi_group_scale(L, b0 + b, g);
                         for (int r = 0; r < nr; r++) lanes_scale(s, p[b][r], t[b][r]);
                     }
                     g++;
@@ -222,7 +222,7 @@ int coli_q_matmul(int fmt, int group_size, const uint8_t *packed, int64_t packed
                   int64_t in_features, const float *x, int64_t n_rows, int64_t x_stride,
                   float *y, int64_t y_stride, int64_t o0, int64_t o1, int flags) {
     qlayout L;
-    int rc = q_layout_init(&L, fmt, group_size, packed, packed_len, scales, n_scales,
+    int rc = coli_qi_layout_init(&L, fmt, group_size, packed, packed_len, scales, n_scales,
                            out_features, in_features);
     if (rc != COLI_Q_OK) return rc;
     if (o0 < 0 || o1 < o0 || o1 > out_features) return COLI_Q_ERANGE;
