@@ -4,7 +4,7 @@ Like the reference backend it owns the KV states (``KVState``, shared with the r
 the COLIKV1 codec and ``.coli_kv`` files are the same) and its expert tiers: the reference's
 ``TieredExpertStore`` bookkeeping (disk = not yet brought in, a byte-bounded RAM LRU, a
 pinned hot set, REPIN) over this engine's expert weights (memory-mapped views in their stored
-dtype, or dequantized on a quantized container), so TIERS/EMAP/health report what the
+dtype, or a quantized container's mapped bytes), so TIERS/EMAP/health report what the
 reference reports for the same traffic.
 """
 

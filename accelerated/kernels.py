@@ -43,7 +43,18 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                   c_void_p, c_void_p, c_int, c_float, c_void_p]),
     "col_index_scores": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
                                  c_size_t, c_float, c_void_p]),
+    "col_moe": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
+                        c_size_t, c_size_t, c_void_p]),
 }
+
+#: colibri.h's ``col_mat``: one expert projection as ``col_moe`` reads it (64 bytes).
+MAT_DTYPE = np.dtype([
+    ("fmt", "<i4"), ("dtype", "<i4"), ("group_size", "<i4"), ("reserved", "<i4"),
+    ("data", "<u8"), ("data_len", "<i8"), ("scales", "<u8"), ("n_scales", "<i8"),
+    ("rows", "<u8"), ("cols", "<u8"),
+])
+#: colibri.h's COL_EQUANT_BASE: status = base + a quantized kernel's COLI_Q_* code.
+EQUANT_BASE = 100
 
 
 class KernelError(RuntimeError):
@@ -109,6 +120,23 @@ class Weight:
         return int(self.array.nbytes)
 
 
+def mat_descriptors(mats: Sequence[Any]) -> np.ndarray:
+    """``col_mat`` records of float ``Weight``s and ``QuantMatrix``es (by pointer: the caller
+    keeps the arrays alive while the records are used)."""
+    from colibri.accelerated.quant_kernels import QuantMatrix
+
+    out = np.zeros(len(mats), MAT_DTYPE)
+    for i, w in enumerate(mats):
+        if isinstance(w, QuantMatrix):
+            out[i] = (int(w.fmt), 0, w.group_size, 0, w.payload.ctypes.data, w.payload.size,
+                      w.scales.ctypes.data, w.scales.size, w.out_features, w.in_features)
+        elif isinstance(w, Weight):
+            out[i] = (0, w.code, 0, 0, w.ptr, w.nbytes, 0, 0, w.rows, w.cols)
+        else:
+            raise KernelInvalidArgument(f"not an expert weight: {type(w).__name__}")
+    return out
+
+
 def _ptr(a: np.ndarray, n: int, what: str) -> int:
     if a.dtype != np.float32 or not a.flags.c_contiguous or a.size < n:
         raise KernelInvalidArgument(
@@ -147,6 +175,13 @@ class Kernels:
         return out.decode()
 
     def _check(self, status: int, what: str) -> None:
+        if status >= EQUANT_BASE:
+            from colibri.accelerated.quant_kernels import ERRORS, QuantKernelError, kernels
+
+            code = status - EQUANT_BASE
+            detail = kernels().lib.coli_q_strerror(code)
+            text = detail.decode() if isinstance(detail, bytes) else str(detail)
+            raise ERRORS.get(code, QuantKernelError)(what, f"{text} (code {code})")
         if status:
             message: bytes = self.lib.col_strerror(status)
             raise _ERRORS.get(status, KernelError)(f"{what}: {message.decode()} (code {status})")
@@ -201,6 +236,24 @@ class Kernels:
 
     def swiglu(self, x: F32, gate: Weight, up: Weight, down: Weight) -> F32:
         return self.matmul(self.silu_mul(self.matmul(x, gate), self.matmul(x, up)), down)
+
+    def moe(self, x: F32, descriptors: np.ndarray, start: npt.NDArray[np.int64],
+            rows: npt.NDArray[np.int64], m: int) -> F32:
+        """Routed experts of one layer in one call: expert e (descriptors[3e:3e+3]) applied to
+        x[rows[start[e]:start[e+1]]] -> out[start[e]:start[e+1]] ([start[-1], D])."""
+        n_x, d = x.shape
+        n_exp = start.shape[0] - 1
+        if (descriptors.dtype != MAT_DTYPE or descriptors.shape != (3 * n_exp,)
+                or not descriptors.flags.c_contiguous or start.dtype != np.int64
+                or rows.dtype != np.int64 or rows.shape[0] != int(start[-1])
+                or not start.flags.c_contiguous or not rows.flags.c_contiguous):
+            raise KernelInvalidArgument("moe: descriptors, start or rows are malformed")
+        out = np.empty((int(start[-1]), d), np.float32)
+        self._check(self.lib.col_moe(self.pool, n_exp, descriptors.ctypes.data,
+                                     start.ctypes.data, rows.ctypes.data,
+                                     _ptr(x, n_x * d, "x"), n_x, d, m, out.ctypes.data),
+                    "col_moe")
+        return out
 
     # --- attention ------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ and RoPE (§4, §5), the DSA indexer (§6), absorbed attention over the latent c
 router and experts or the dense MLP (§7) -> final norm and lm_head (§8); MTP (§9).
 
 What runs where: products with weights (every matmul, the absorbed kv_b products inside
-attention), norms, RoPE, SwiGLU's gate, attention and the indexer's scores are C kernels
+attention, a layer's routed experts in one ``col_moe`` call over float or quantized weights),
+norms, RoPE, SwiGLU's gate, attention and the indexer's scores are C kernels
 (``kernels.py``). Light per-row glue stays in numpy, with operations whose per-element
 result does not depend on the array's length: the embedding gather, RoPE's cos/sin table
 (once per forward), residual adds, the router's sigmoid and top-k selection over E scores,
@@ -28,14 +29,14 @@ import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.kernels import F32, Kernels, Weight
 from colibri.accelerated.weights import (
+    Expert,
     ExpertSource,
     Layer,
-    Mlp,
     WeightLoader,
-    dequantized_experts,
     finite_check,
     load_layer,
     mapped_experts,
+    quantized_experts,
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
@@ -108,7 +109,7 @@ def dsa_select(scores: F32, topk: int) -> I64 | None:
 
 class Model:
     def __init__(self, config: ModelConfig, checkpoint: Checkpoint, kernels: Kernels,
-                 experts: ExpertSource | None = None) -> None:
+                 experts: ExpertSource | None = None, model_dir: Path | None = None) -> None:
         self.config = cfg = config
         self.checkpoint = checkpoint
         self.kernels = kernels
@@ -138,8 +139,11 @@ class Model:
             self.mtp_layer = load_layer(t, cfg, n, True, self.mtp_indexer_mode == "full")
             sparse.append(n)
         self.sparse_layers = sparse
+        if (experts is None and model_dir is not None
+                and any(name.endswith(".qs") for name in checkpoint.tensors)):
+            experts = quantized_experts(model_dir, cfg, t, sparse)
         self._read_expert = experts or mapped_experts(t, cfg, sparse)
-        self._experts: dict[tuple[int, int], Mlp] = {}
+        self._experts: dict[tuple[int, int], Expert] = {}
         #: A tiered store (the backend's) that decides residency and counts lookups; the
         #: model's own unbounded cache otherwise.
         self.store: ExpertLookup | None = None
@@ -150,14 +154,15 @@ class Model:
     def mtp(self) -> Layer | None:
         return self.mtp_layer
 
-    def read_expert(self, layer: int, e: int) -> Mlp:
-        """An expert straight from the checkpoint (a mapped view) or the dequantizing source."""
+    def read_expert(self, layer: int, e: int) -> Expert:
+        """An expert straight from the checkpoint or container (mapped views, float or
+        quantized)."""
         return self._read_expert(layer, e)
 
-    def expert(self, layer: int, e: int) -> Mlp:
+    def expert(self, layer: int, e: int) -> Expert:
         if self.store is not None:
             held = self.store.expert(layer, e)
-            assert isinstance(held, Mlp)
+            assert isinstance(held, Expert)
             return held
         found = self._experts.get((layer, e))
         if found is None:
@@ -341,23 +346,24 @@ class Model:
             ids, w = route(logits[row], lw.router_bias, cfg)
             chosen[row] = ids
             weights.append(w)
-        outputs = np.empty((t, top, cfg.hidden_size), dtype=np.float32)
-        users: dict[int, list[tuple[int, int]]] = {}
-        for row in range(t):
-            for slot, e in enumerate(chosen[row]):
-                users.setdefault(int(e), []).append((row, slot))
-        for e in sorted(users):
-            ew = self.expert(lw.index, e)
-            rows = [r for r, _ in users[e]]
-            y = k.swiglu(np.ascontiguousarray(x[rows]), ew.gate, ew.up, ew.down)
-            for i, (r, slot) in enumerate(users[e]):
-                outputs[r, slot] = y[i]
+        # Group the (row, slot) pairs by expert, rows ascending: each routed expert is read
+        # once per step for all its rows, in one C call for the whole layer.
+        flat = chosen.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        used, counts = np.unique(flat, return_counts=True)
+        start = np.zeros(used.shape[0] + 1, np.int64)
+        np.cumsum(counts, out=start[1:])
+        experts = [self.expert(lw.index, int(e)) for e in used]
+        desc = np.concatenate([ex.desc for ex in experts])
+        y = k.moe(x, desc, start, (order // top).astype(np.int64), cfg.moe_intermediate_size)
+        where = np.empty(t * top, np.int64)
+        where[order] = np.arange(t * top)
+        outputs = y[where].reshape(t, top, cfg.hidden_size)
+        w = np.stack(weights)
+        # The weighted sum in ascending expert id (slot) order, elementwise per row.
         out = np.zeros((t, cfg.hidden_size), dtype=np.float32)
-        for row in range(t):
-            acc = np.zeros(cfg.hidden_size, dtype=np.float32)
-            for slot in range(top):
-                acc = acc + weights[row][slot] * outputs[row, slot]
-            out[row] = acc
+        for slot in range(top):
+            out = out + w[:, slot : slot + 1] * outputs[:, slot]
         if lw.shared is not None:
             out = out + k.swiglu(x, lw.shared.gate, lw.shared.up, lw.shared.down)
         return out, chosen
@@ -404,11 +410,8 @@ def open_model(model_dir: str | Path, threads: int | None = None) -> Model:
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
     checkpoint = Checkpoint(path)
-    experts: ExpertSource | None = None
-    if any(name.endswith(".qs") for name in checkpoint.tensors):
-        experts = dequantized_experts(path, config)
     kernels = Kernels(threads or default_threads())
-    return Model(config, checkpoint, kernels, experts)
+    return Model(config, checkpoint, kernels, model_dir=path)
 
 
 __all__ = ["Model", "Weight", "finite_check", "open_model"]

@@ -4,8 +4,10 @@ Every tensor's name, dtype, shape, byte range and finiteness is checked here, be
 kernel sees its address (a truncated or corrupt checkpoint is a ``CheckpointError`` naming
 the tensor, never a crash). 2-D weights stored as F32/BF16/F16 stay memory-mapped views that
 the kernels convert per element (exactly, spec §1); other float dtypes (F8, F64) and colibri
--quantized dense weights become float32 once, at load. 1-D tensors (norm weights, biases,
-router bias) become float32 at load: they are tiny and the conversion is exact.
+-quantized dense weights become float32 once, at load. Routed experts of a quantized container
+stay in its bytes (``QuantMatrix``, memory-mapped) for the fused dequantize-and-dot kernels.
+1-D tensors (norm weights, biases, router bias) become float32 at load: they are tiny and the
+conversion is exact.
 
 The checkpoint's header parsing, dtype table and the quantized formats come from
 ``colibri.reference`` (shared data); none of its math is called here.
@@ -15,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-from colibri.accelerated.kernels import DTYPE_CODES, F32, Weight
+from colibri.accelerated.kernels import DTYPE_CODES, F32, Weight, mat_descriptors
+from colibri.accelerated.quant_kernels import QuantMatrix, container_matrix
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
+from colibri.reference.quant.formats import Fmt
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.weights import TensorLoader
 
@@ -189,8 +194,32 @@ def load_layer(t: WeightLoader, cfg: ModelConfig, index: int, sparse: bool,
     )
 
 
-#: Where routed experts come from: (layer, expert) -> Mlp of three weights.
-ExpertSource = Callable[[int, int], Mlp]
+#: One projection of a routed expert: a float weight read in place, or quantized bytes.
+ExpertMatrix = Weight | QuantMatrix
+
+
+class Expert:
+    """A routed expert's gate [M, D], up [M, D] and down [D, M], each float or quantized, with
+    the descriptors ``col_moe`` reads (``kernels.MAT_DTYPE``); the arrays stay referenced here
+    while the descriptors point into them."""
+
+    __slots__ = ("gate", "up", "down", "desc")
+
+    def __init__(self, gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix) -> None:
+        self.gate, self.up, self.down = gate, up, down
+        self.desc = mat_descriptors((gate, up, down))
+
+    @property
+    def nbytes(self) -> int:
+        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+
+    @property
+    def quantized(self) -> bool:
+        return any(isinstance(w, QuantMatrix) for w in (self.gate, self.up, self.down))
+
+
+#: Where routed experts come from: (layer, expert) -> its three projections.
+ExpertSource = Callable[[int, int], Expert]
 
 
 def expert_names(layer: int, expert: int) -> tuple[str, str, str]:
@@ -198,41 +227,54 @@ def expert_names(layer: int, expert: int) -> tuple[str, str, str]:
     return (p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight")
 
 
+def expert_shapes(cfg: ModelConfig) -> tuple[tuple[int, int], ...]:
+    d, inter = cfg.hidden_size, cfg.moe_intermediate_size
+    return ((inter, d), (inter, d), (d, inter))
+
+
 def mapped_experts(t: WeightLoader, cfg: ModelConfig, layers: list[int]) -> ExpertSource:
     """Float checkpoints: experts are memory-mapped in their stored dtype. Every expert's
     header (shape, byte range) is checked now; its values (finiteness) on first use."""
-    d, inter = cfg.hidden_size, cfg.moe_intermediate_size
-    shapes = ((inter, d), (inter, d), (d, inter))
+    shapes = expert_shapes(cfg)
     for layer in layers:
         for e in range(cfg.n_routed_experts):
             for name, shape in zip(expert_names(layer, e), shapes, strict=True):
                 t._info(name, shape)
 
-    def read(layer: int, expert: int) -> Mlp:
+    def read(layer: int, expert: int) -> Expert:
         g, u, dn = (t.matrix(n, s) for n, s in zip(expert_names(layer, expert), shapes,
                                                     strict=True))
-        return Mlp(g, u, dn)
+        return Expert(g, u, dn)
 
     return read
 
 
-def dequantized_experts(model_dir: object, cfg: ModelConfig) -> ExpertSource | None:
-    """Quantized containers (.qs sidecars): experts dequantized to float32 by
-    ``colibri.reference.quant`` (correct, slower, more memory).
+def quantized_experts(model_dir: Path, cfg: ModelConfig, t: WeightLoader,
+                      layers: list[int]) -> ExpertSource | None:
+    """Quantized containers (.qs sidecars): routed experts stay in the container's bytes
+    (memory-mapped, never dequantized) and are read by the fused dequantize-and-dot kernels
+    (``csrc/quant/``, through ``col_moe``). Every expert's format is resolved now (headers:
+    sizes, the e8 all-or-none rule), so a bad container is refused at load; each tensor's
+    content (finite scales, fp8 NaN bytes, the e8 tag) is scanned on the expert's first use.
+    A projection the container stores as a float tensor is read in place like a float
+    checkpoint's."""
+    from colibri.reference.quant.container import QuantContainer
+    from colibri.reference.quant.expert_store import QuantizedExpertStore
 
-    THIS is where the fused dequantize-dot kernels plug in: replace it with a source whose
-    Weights keep the quantized payload and a matmul that reads it directly."""
-    from pathlib import Path
-
-    from colibri.reference.quant.loading import quantized_expert_store
-
-    store = quantized_expert_store(Path(str(model_dir)), cfg, budget_bytes=0)
-    if store is None:
+    container = QuantContainer.open(model_dir)
+    if not container.has_quantized_tensors():
         return None
+    formats = QuantizedExpertStore(container, cfg.hidden_size, cfg.moe_intermediate_size, 0)
+    formats.check_present(layers, cfg.n_routed_experts)
+    shapes = expert_shapes(cfg)
 
-    def read(layer: int, expert: int) -> Mlp:
-        w = store.expert(layer, expert)
-        return Mlp(*(Weight(np.ascontiguousarray(a, dtype=np.float32), 0)
-                     for a in (w.gate, w.up, w.down)))
+    def one(name: str, shape: tuple[int, int]) -> ExpertMatrix:
+        if container.tensor_format(name, shape).fmt == Fmt.F32:
+            return t.matrix(name, shape)
+        return container_matrix(container, name, shape)
+
+    def read(layer: int, expert: int) -> Expert:
+        g, u, dn = (one(n, s) for n, s in zip(expert_names(layer, expert), shapes, strict=True))
+        return Expert(g, u, dn)
 
     return read

@@ -18,6 +18,8 @@ enum {
     COL_ENOMEM = 2,  /* scratch memory could not be allocated */
     COL_EDTYPE = 3,  /* a weight dtype code the kernels do not support */
     COL_ETHREAD = 4, /* the thread pool could not be created */
+    /* COL_EQUANT_BASE + c: a quantized kernel refused its matrix with COLI_Q_* code c. */
+    COL_EQUANT_BASE = 100,
 };
 
 /* Stored weight dtypes: weights stay in these, converted exactly per element (spec §1). */
@@ -69,5 +71,27 @@ int col_mla_attention(col_pool *pool, size_t m, size_t h, size_t nope, size_t ro
  * keys [s, hd] -> out [s] = sum_h w_h relu(q_h . k_t * scale). */
 int col_index_scores(col_pool *pool, const float *q, const float *w, size_t nh, size_t hd,
                      const float *keys, size_t s, float scale, float *out);
+
+/* One weight of an expert as col_moe reads it: fmt 0 is a float matrix in `dtype` (COL_F32,
+ * COL_BF16, COL_F16) at `data`; otherwise a COLI_Q_* format (coli_quant.h) with its packed
+ * bytes at `data` and its .qs floats at `scales` (content checked once by coli_q_check). */
+typedef struct {
+    int32_t fmt;
+    int32_t dtype;
+    int32_t group_size;
+    int32_t reserved;
+    const void *data;
+    int64_t data_len;
+    const float *scales;
+    int64_t n_scales;
+    size_t rows, cols;
+} col_mat;
+
+/* The routed experts of one MoE layer (spec §7.2). mats is [n_experts][3] (gate [m, d],
+ * up [m, d], down [d, m]); expert e takes the rows rows[start[e] .. start[e+1]) of x [n_x, d]
+ * and writes swiglu(x[row]) to out[start[e] + i, :] ([start[n_experts], d]). e8 experts
+ * (all three matrices e8) rotate their inputs once per phase. */
+int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t *start,
+            const int64_t *rows, const float *x, size_t n_x, size_t d, size_t m, float *out);
 
 #endif

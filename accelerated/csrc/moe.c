@@ -1,0 +1,185 @@
+/* The routed experts of one MoE layer in one call (spec §7.2): every expert's SwiGLU over the
+ * rows routed to it, float or quantized weights, split across the pool by output element.
+ *
+ * Phases (one pool run each, so every phase sees the whole previous one):
+ *   1. gather each expert's rows into a contiguous block (e8: rotate them, once, shared by
+ *      gate and up);
+ *   2. gate and up of every expert: items = n_experts * 2M output columns;
+ *   3. h = silu(g) * u (e8: rotate h, once for down);
+ *   4. down of every expert: items = n_experts * D output columns.
+ * A thread's chunk of items covers consecutive (expert, column) pairs; it calls the product
+ * kernel on each expert's share as an output range. Every output element is one dot product
+ * in the order its kernel's source fixes (col_dot_f32 for float rows, coli_quant.h's lanes for
+ * quantized rows), whatever the thread count, the split or the rows routed with it: a row's
+ * result is byte-identical alone or in any batch (sameness kind (c)). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "colibri.h"
+#include "quant/coli_quant.h"
+
+typedef struct {
+    const col_mat *mats; /* [n_experts][3]: gate, up, down */
+    size_t n_experts, d, m;
+    const int64_t *start; /* [n_experts + 1] block offsets in rows */
+    const int64_t *rows;  /* [start[n]] source rows of x */
+    const float *x;
+    float *xs; /* [total, d] gathered (rotated for e8) */
+    float *gu; /* [total, 2m]: gate | up per row */
+    float *h;  /* [total, m] */
+    float *out; /* [total, d] */
+    int status;
+} moe_ctx;
+
+static int mat_rows(const col_mat *w, const float *x, size_t n, size_t ldx, float *y,
+                    size_t ldy, size_t o0, size_t o1, float *scratch) {
+    if (w->fmt == 0) {
+        for (size_t o = o0; o < o1; o++) {
+            const float *wn;
+            if (w->dtype == COL_F32) {
+                wn = (const float *)w->data + o * w->cols;
+            } else {
+                int rc = col_row_to_f32(w->data, w->dtype, o, w->cols, scratch);
+                if (rc) return rc;
+                wn = scratch;
+            }
+            for (size_t r = 0; r < n; r++) y[r * ldy + o] = col_dot_f32(wn, x + r * ldx, w->cols);
+        }
+        return COL_OK;
+    }
+    int rc = coli_q_matmul(w->fmt, w->group_size, w->data, w->data_len, w->scales, w->n_scales,
+                           (int64_t)w->rows, (int64_t)w->cols, x, (int64_t)n, (int64_t)ldx, y,
+                           (int64_t)ldy, (int64_t)o0, (int64_t)o1, COLI_Q_X_ROTATED);
+    return rc ? COL_EQUANT_BASE + rc : COL_OK;
+}
+
+static int is_e8(const col_mat *w) { return w->fmt == COLI_Q_E8_IQ3; }
+
+static void fail(moe_ctx *c, int rc) {
+    if (rc) c->status = rc; /* any failing thread reports a code; all would be the same kind */
+}
+
+static void gather_task(void *raw, size_t begin, size_t end) {
+    moe_ctx *c = raw;
+    for (size_t e = begin; e < end; e++) {
+        size_t r0 = (size_t)c->start[e], r1 = (size_t)c->start[e + 1];
+        for (size_t r = r0; r < r1; r++)
+            memcpy(c->xs + r * c->d, c->x + (size_t)c->rows[r] * c->d, c->d * sizeof(float));
+        if (r1 > r0 && is_e8(&c->mats[3 * e])) {
+            int rc = coli_q_rotate(c->xs + r0 * c->d, (int64_t)(r1 - r0), (int64_t)c->d,
+                                   (int64_t)c->d, c->xs + r0 * c->d, (int64_t)c->d);
+            if (rc) fail(c, COL_EQUANT_BASE + rc);
+        }
+    }
+}
+
+/* Items [begin, end) of a phase with `per` outputs per expert, split at expert boundaries. */
+static void gate_up_task(void *raw, size_t begin, size_t end) {
+    moe_ctx *c = raw;
+    size_t per = 2 * c->m;
+    float *scratch = malloc((c->d > c->m ? c->d : c->m) * sizeof(float));
+    if (scratch == NULL) {
+        fail(c, COL_ENOMEM);
+        return;
+    }
+    for (size_t i = begin; i < end;) {
+        size_t e = i / per, o0 = i % per;
+        size_t o1 = per < o0 + (end - i) ? per : o0 + (end - i);
+        size_t r0 = (size_t)c->start[e], n = (size_t)c->start[e + 1] - r0;
+        const float *xs = c->xs + r0 * c->d;
+        float *y = c->gu + r0 * per;
+        if (n) {
+            if (o0 < c->m) {  /* gate columns [o0, min(o1, m)) */
+                size_t a1 = o1 < c->m ? o1 : c->m;
+                fail(c, mat_rows(&c->mats[3 * e], xs, n, c->d, y, per, o0, a1, scratch));
+            }
+            if (o1 > c->m) {  /* up columns, written after the gate's m */
+                size_t b0 = o0 > c->m ? o0 - c->m : 0;
+                fail(c, mat_rows(&c->mats[3 * e + 1], xs, n, c->d, y + c->m, per, b0,
+                                 o1 - c->m, scratch));
+            }
+        }
+        i += o1 - o0;
+    }
+    free(scratch);
+}
+
+static void act_task(void *raw, size_t begin, size_t end) {
+    moe_ctx *c = raw;
+    for (size_t e = begin; e < end; e++) {
+        size_t r0 = (size_t)c->start[e], r1 = (size_t)c->start[e + 1];
+        for (size_t r = r0; r < r1; r++)
+            col_silu_mul(c->gu + r * 2 * c->m, c->gu + r * 2 * c->m + c->m, c->m,
+                         c->h + r * c->m);
+        if (r1 > r0 && is_e8(&c->mats[3 * e + 2])) {
+            int rc = coli_q_rotate(c->h + r0 * c->m, (int64_t)(r1 - r0), (int64_t)c->m,
+                                   (int64_t)c->m, c->h + r0 * c->m, (int64_t)c->m);
+            if (rc) fail(c, COL_EQUANT_BASE + rc);
+        }
+    }
+}
+
+static void down_task(void *raw, size_t begin, size_t end) {
+    moe_ctx *c = raw;
+    size_t per = c->d;
+    float *scratch = malloc(c->m * sizeof(float));
+    if (scratch == NULL) {
+        fail(c, COL_ENOMEM);
+        return;
+    }
+    for (size_t i = begin; i < end;) {
+        size_t e = i / per, o0 = i % per;
+        size_t o1 = per < o0 + (end - i) ? per : o0 + (end - i);
+        size_t r0 = (size_t)c->start[e], n = (size_t)c->start[e + 1] - r0;
+        if (n)
+            fail(c, mat_rows(&c->mats[3 * e + 2], c->h + r0 * c->m, n, c->m,
+                             c->out + r0 * c->d, c->d, o0, o1, scratch));
+        i += o1 - o0;
+    }
+    free(scratch);
+}
+
+int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t *start,
+            const int64_t *rows, const float *x, size_t n_x, size_t d, size_t m, float *out) {
+    if (n_experts == 0) return COL_OK;
+    if (mats == NULL || start == NULL || rows == NULL || x == NULL || out == NULL || d == 0 ||
+        m == 0 || start[0] != 0)
+        return COL_EINVAL;
+    for (size_t e = 0; e < n_experts; e++) {
+        if (start[e + 1] < start[e]) return COL_EINVAL;
+        const col_mat *g = &mats[3 * e];
+        int e8 = is_e8(g);
+        for (int j = 0; j < 3; j++) {
+            const col_mat *w = &mats[3 * e + j];
+            size_t want_rows = j == 2 ? d : m, want_cols = j == 2 ? m : d;
+            if (w->data == NULL || w->rows != want_rows || w->cols != want_cols ||
+                is_e8(w) != e8)
+                return COL_EINVAL;
+            if (w->fmt == 0 && w->dtype != COL_F32 && w->dtype != COL_BF16 &&
+                w->dtype != COL_F16)
+                return COL_EDTYPE;
+        }
+    }
+    size_t total = (size_t)start[n_experts];
+    for (size_t r = 0; r < total; r++)
+        if (rows[r] < 0 || (size_t)rows[r] >= n_x) return COL_EINVAL;
+    if (total == 0) return COL_OK;
+    float *xs = malloc(total * d * sizeof(float));
+    float *gu = malloc(total * 2 * m * sizeof(float));
+    float *h = malloc(total * m * sizeof(float));
+    if (xs == NULL || gu == NULL || h == NULL) {
+        free(xs);
+        free(gu);
+        free(h);
+        return COL_ENOMEM;
+    }
+    moe_ctx c = {mats, n_experts, d, m, start, rows, x, xs, gu, h, out, COL_OK};
+    col_pool_run(pool, n_experts, gather_task, &c);
+    if (c.status == COL_OK) col_pool_run(pool, n_experts * 2 * m, gate_up_task, &c);
+    if (c.status == COL_OK) col_pool_run(pool, n_experts, act_task, &c);
+    if (c.status == COL_OK) col_pool_run(pool, n_experts * d, down_task, &c);
+    free(xs);
+    free(gu);
+    free(h);
+    return c.status;
+}

@@ -1,0 +1,107 @@
+"""Routed experts of a quantized container stay quantized in the accelerated engine, and the
+per-layer expert kernel (``col_moe``) keeps sameness kind (c): a row's logits are the same
+bytes alone or inside a batch and for 1, 2 or 4 threads (spec/model.md §15)."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+from accelerated_support import BUILT, NOT_BUILT_REASON, QUANT_FIXTURES, accelerated
+
+from colibri.resources import fixture_model_dir
+
+if not BUILT:
+    pytest.skip(NOT_BUILT_REASON, allow_module_level=True)
+
+
+def _mapped(a: np.ndarray) -> bool:
+    base: object = a
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap):
+            return True
+        base = base.base
+    return isinstance(base, mmap.mmap)
+
+
+@pytest.mark.parametrize("name", QUANT_FIXTURES)
+def test_quantized_experts_are_not_dequantized_at_load_or_use(name: str) -> None:
+    from colibri.accelerated.quant_kernels import QuantMatrix
+
+    m = accelerated(name)
+    m.forward([1, 2, 3, 4])  # every expert the prompt routes to has been used
+    cfg = m.config
+    layer = m.sparse_layers[0]
+    for e in range(cfg.n_routed_experts):
+        ex = m.expert(layer, e)
+        for w in (ex.gate, ex.up, ex.down):
+            assert isinstance(w, QuantMatrix)
+            assert w.payload.dtype == np.uint8
+            assert _mapped(w.payload), "the payload must be the container's mapped bytes"
+        f32_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4
+        assert ex.nbytes < f32_bytes / 2
+
+
+@pytest.mark.parametrize("name", ["glm5-tiny-e8", "glm5-tiny-int4g64", "glm5-tiny-fp8"])
+def test_quantized_logits_are_byte_identical_for_1_2_and_4_threads(name: str) -> None:
+    ids = [5, 17, 99, 3, 250, 8, 41]
+    outs = [accelerated(name, threads=n).forward(ids) for n in (1, 2, 4)]
+    assert outs[0].tobytes() == outs[1].tobytes() == outs[2].tobytes()
+
+
+@pytest.mark.parametrize("name", ["glm5-tiny-e8", "glm5-tiny-int4row", "glm5-tiny-fp8"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_quantized_row_is_byte_identical_alone_and_in_a_batch(name: str, threads: int) -> None:
+    m = accelerated(name, threads=threads)
+    prompts = [[3, 14, 159, 26, 53], [7, 8, 9], [200, 11, 77, 240, 5, 99, 1, 2], [4]]
+    alone = []
+    for p in prompts:
+        s = m.new_state()
+        m.prefill(s, p)
+        alone.append(m.decode(s, 42))
+    states = [m.new_state() for _ in prompts]
+    for s, p in zip(states, prompts, strict=True):
+        m.prefill(s, p)
+    batched = m.decode_batch(states, [42] * len(prompts))
+    for i in range(len(prompts)):
+        assert batched[i].tobytes() == alone[i].tobytes()
+
+
+@pytest.mark.parametrize("name", ["glm5-tiny-int4g64", "glm5-tiny-e8"])
+def test_float_and_quantized_experts_mix_in_one_layer_call(name: str) -> None:
+    """Odd experts as float32 weights (the dequantized container values), even ones left
+    quantized: one col_moe call takes both kinds, and the logits stay within the fixture's
+    tolerance of the reference (which dequantizes every expert)."""
+    from accelerated_support import reference
+    from colibri.accelerated.kernels import Weight
+    from colibri.accelerated.model import open_model
+    from colibri.accelerated.quant_kernels import QuantMatrix
+    from colibri.accelerated.weights import Expert, expert_names, expert_shapes
+    from colibri.conformance.sameness import Tolerance, max_excess
+    from colibri.reference.quant.container import QuantContainer
+
+    path = fixture_model_dir(name)
+    m = open_model(path, threads=2)
+    container = QuantContainer.open(path)
+    quantized = m._read_expert
+    kinds: set[type] = set()
+
+    def mixed(layer: int, e: int) -> Expert:
+        if e % 2 == 0:
+            ex = quantized(layer, e)
+        else:
+            ex = Expert(*(Weight(np.ascontiguousarray(container.weight(n, s)), 0)
+                          for n, s in zip(expert_names(layer, e), expert_shapes(m.config),
+                                          strict=True)))
+        kinds.add(type(ex.gate))
+        return ex
+
+    m._read_expert = mixed
+    ids = [5, 17, 99, 3, 250, 8, 41, 77, 2]
+    got = m.forward(ids)
+    r = reference(name)
+    want = r.prefill(r.new_state(), ids)
+    assert kinds == {Weight, QuantMatrix}
+    tol = Tolerance.for_model_dir(path, positions=len(ids)).logit
+    assert max_excess(got, want, tol) <= 0
