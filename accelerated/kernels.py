@@ -44,7 +44,7 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "col_index_scores": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
                                  c_size_t, c_float, c_void_p]),
     "col_moe": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
-                        c_size_t, c_size_t, c_void_p]),
+                        c_size_t, c_void_p]),
 }
 
 #: colibri.h's ``col_mat``: one expert projection as ``col_moe`` reads it (64 bytes).
@@ -238,8 +238,8 @@ class Kernels:
         return self.matmul(self.silu_mul(self.matmul(x, gate), self.matmul(x, up)), down)
 
     def moe(self, x: F32, descriptors: np.ndarray, start: npt.NDArray[np.int64],
-            rows: npt.NDArray[np.int64], m: int) -> F32:
-        """Routed experts of one layer in one call: expert e (descriptors[3e:3e+3]) applied to
+            rows: npt.NDArray[np.int64]) -> F32:
+        """SwiGLU MLPs of one layer in one call: expert e (descriptors[3e:3e+3]) applied to
         x[rows[start[e]:start[e+1]]] -> out[start[e]:start[e+1]] ([start[-1], D])."""
         n_x, d = x.shape
         n_exp = start.shape[0] - 1
@@ -251,7 +251,7 @@ class Kernels:
         out = np.empty((int(start[-1]), d), np.float32)
         self._check(self.lib.col_moe(self.pool, n_exp, descriptors.ctypes.data,
                                      start.ctypes.data, rows.ctypes.data,
-                                     _ptr(x, n_x * d, "x"), n_x, d, m, out.ctypes.data),
+                                     _ptr(x, n_x * d, "x"), n_x, d, out.ctypes.data),
                     "col_moe")
         return out
 

@@ -330,7 +330,9 @@ class Model:
         x = x + k.matmul(attn, aw.o)
         h = k.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
         if lw.dense is not None:
-            return x + k.swiglu(h, lw.dense.gate, lw.dense.up, lw.dense.down), keeps, None
+            every = np.arange(m, dtype=np.int64)
+            dense = k.moe(h, lw.dense.desc, np.array([0, m], np.int64), every)
+            return x + dense, keeps, None
         y, chosen = self._moe(h, lw)
         return x + y, keeps, chosen
 
@@ -354,8 +356,13 @@ class Model:
         start = np.zeros(used.shape[0] + 1, np.int64)
         np.cumsum(counts, out=start[1:])
         experts = [self.expert(lw.index, int(e)) for e in used]
-        desc = np.concatenate([ex.desc for ex in experts])
-        y = k.moe(x, desc, start, (order // top).astype(np.int64), cfg.moe_intermediate_size)
+        rows = (order // top).astype(np.int64)
+        descs = [ex.desc for ex in experts]
+        if lw.shared is not None:  # the shared expert rides along: every row, last block
+            descs.append(lw.shared.desc)
+            start = np.append(start, start[-1] + t)
+            rows = np.concatenate([rows, np.arange(t, dtype=np.int64)])
+        y = k.moe(x, np.concatenate(descs), start, rows)
         where = np.empty(t * top, np.int64)
         where[order] = np.arange(t * top)
         outputs = y[where].reshape(t, top, cfg.hidden_size)
@@ -365,7 +372,7 @@ class Model:
         for slot in range(top):
             out = out + w[:, slot : slot + 1] * outputs[:, slot]
         if lw.shared is not None:
-            out = out + k.swiglu(x, lw.shared.gate, lw.shared.up, lw.shared.down)
+            out = out + y[t * top :]
         return out, chosen
 
     # --- MTP (spec §9) -----------------------------------------------------------------------

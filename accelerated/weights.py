@@ -16,7 +16,7 @@ The checkpoint's header parsing, dtype table and the quantized formats come from
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +105,11 @@ class Mlp:
     gate: Weight
     up: Weight
     down: Weight
+    #: the ``col_moe`` descriptors of the three weights (built once)
+    desc: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "desc", mat_descriptors((self.gate, self.up, self.down)))
 
     @property
     def nbytes(self) -> int:

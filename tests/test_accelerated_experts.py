@@ -50,11 +50,13 @@ def test_quantized_logits_are_byte_identical_for_1_2_and_4_threads(name: str) ->
     assert outs[0].tobytes() == outs[1].tobytes() == outs[2].tobytes()
 
 
-@pytest.mark.parametrize("name", ["glm5-tiny-e8", "glm5-tiny-int4row", "glm5-tiny-fp8"])
+@pytest.mark.parametrize("name", ["glm5-tiny-e8", "glm5-tiny-int4row", "glm5-tiny-fp8",
+                                  "glm5-tiny-dsa"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_quantized_row_is_byte_identical_alone_and_in_a_batch(name: str, threads: int) -> None:
+def test_row_is_byte_identical_alone_and_in_a_batch_of_six(name: str, threads: int) -> None:
     m = accelerated(name, threads=threads)
-    prompts = [[3, 14, 159, 26, 53], [7, 8, 9], [200, 11, 77, 240, 5, 99, 1, 2], [4]]
+    prompts = [[3, 14, 159, 26, 53], [7, 8, 9], [200, 11, 77, 240, 5, 99, 1, 2], [4],
+               [9, 9, 9, 9], [61, 62]]
     alone = []
     for p in prompts:
         s = m.new_state()
@@ -105,3 +107,26 @@ def test_float_and_quantized_experts_mix_in_one_layer_call(name: str) -> None:
     assert kinds == {Weight, QuantMatrix}
     tol = Tolerance.for_model_dir(path, positions=len(ids)).logit
     assert max_excess(got, want, tol) <= 0
+
+
+@pytest.mark.parametrize("k", [1, 31, 32, 100, 1000])
+@pytest.mark.parametrize("dtype", ["F32", "BF16"])
+def test_register_blocked_rows_equal_each_row_alone(k: int, dtype: str) -> None:
+    """col_matmul takes four activation rows per weight row (col_dot4_f32): every output is
+    still the bytes of that row computed alone, for any row count and any tail width."""
+    import ml_dtypes
+    from colibri.accelerated.kernels import DTYPE_CODES, Kernels, Weight
+
+    rng = np.random.default_rng(k)
+    raw = rng.standard_normal((37, k)).astype(np.float32)
+    if dtype == "BF16":
+        raw = raw.astype(ml_dtypes.bfloat16)
+    w = Weight(np.ascontiguousarray(raw), DTYPE_CODES[dtype])
+    x = rng.standard_normal((11, k)).astype(np.float32)
+    kern = Kernels(2)
+    batched = kern.matmul(x, w)
+    for r in range(11):
+        assert kern.matmul(np.ascontiguousarray(x[r : r + 1]), w)[0].tobytes() == (
+            batched[r].tobytes())
+    for n in (4, 5, 8):
+        assert kern.matmul(np.ascontiguousarray(x[:n]), w).tobytes() == batched[:n].tobytes()

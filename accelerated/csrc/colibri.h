@@ -40,6 +40,11 @@ void col_pool_run(col_pool *pool, size_t n, col_task fn, void *ctx);
 
 /* Internal helpers shared by the kernels (not exported through the binding). */
 float col_dot_f32(const float *a, const float *b, size_t k);
+/* out[r] = col_dot_f32(w, x + r * ldx, k) for r < 4, bit for bit, sharing w's loads. */
+void col_dot4_f32(const float *w, const float *x, size_t ldx, size_t k, float *out);
+/* out[r * ldo] = col_dot_f32(w, x + r * ldx, k) for r < m (four rows at a time). */
+void col_dot_rows(const float *w, const float *x, size_t m, size_t ldx, size_t k, float *out,
+                  size_t ldo);
 int col_row_to_f32(const void *w, int dtype, size_t index, size_t k, float *out);
 float col_f16_to_f32(uint16_t h);
 
@@ -87,11 +92,12 @@ typedef struct {
     size_t rows, cols;
 } col_mat;
 
-/* The routed experts of one MoE layer (spec §7.2). mats is [n_experts][3] (gate [m, d],
- * up [m, d], down [d, m]); expert e takes the rows rows[start[e] .. start[e+1]) of x [n_x, d]
- * and writes swiglu(x[row]) to out[start[e] + i, :] ([start[n_experts], d]). e8 experts
- * (all three matrices e8) rotate their inputs once per phase. */
+/* SwiGLU MLPs of one layer in one call (spec §7.2): routed experts, the shared expert, or a
+ * dense MLP. mats is [n_experts][3] (gate [m_e, d], up [m_e, d], down [d, m_e]; m_e may differ
+ * per expert); expert e takes the rows rows[start[e] .. start[e+1]) of x [n_x, d] and writes
+ * swiglu(x[row]) to out[start[e] + i, :] ([start[n_experts], d]). e8 experts (all three
+ * matrices e8) rotate their inputs once per phase. */
 int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t *start,
-            const int64_t *rows, const float *x, size_t n_x, size_t d, size_t m, float *out);
+            const int64_t *rows, const float *x, size_t n_x, size_t d, float *out);
 
 #endif

@@ -60,6 +60,63 @@ float col_dot_f32(const float *a, const float *b, size_t k) {
     return reduce32(lanes);
 }
 
+/* Four dot products of one weight row w with x, x + ldx, x + 2 ldx, x + 3 ldx: each is
+ * exactly col_dot_f32(w, x_r, k) (the same lanes, the same operations in the same order);
+ * only w's loads are shared, so a batch's rows cost one weight read per four rows. */
+void col_dot4_f32(const float *w, const float *x, size_t ldx, size_t k, float *out) {
+    float lanes[4][32];
+    size_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    for (int half = 0; half < 2; half++) {
+        /* lanes 16 half .. 16 half + 15 of all four rows: 8 accumulators + one weight load */
+        size_t o = 16 * (size_t)half;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0,
+               d1 = a0;
+        for (i = 0; i + 32 <= k; i += 32) {
+            __m256 w0 = _mm256_loadu_ps(w + i + o), w1 = _mm256_loadu_ps(w + i + o + 8);
+            a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i + o), a0);
+            a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + o + 8), a1);
+            b0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i + o), b0);
+            b1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + o + 8), b1);
+            c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x2 + i + o), c0);
+            c1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x2 + i + o + 8), c1);
+            d0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x3 + i + o), d0);
+            d1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x3 + i + o + 8), d1);
+        }
+        _mm256_storeu_ps(lanes[0] + o, a0);
+        _mm256_storeu_ps(lanes[0] + o + 8, a1);
+        _mm256_storeu_ps(lanes[1] + o, b0);
+        _mm256_storeu_ps(lanes[1] + o + 8, b1);
+        _mm256_storeu_ps(lanes[2] + o, c0);
+        _mm256_storeu_ps(lanes[2] + o + 8, c1);
+        _mm256_storeu_ps(lanes[3] + o, d0);
+        _mm256_storeu_ps(lanes[3] + o + 8, d1);
+    }
+#else
+    for (size_t r = 0; r < 4; r++)
+        for (size_t j = 0; j < 32; j++) lanes[r][j] = 0.0f;
+    for (; i + 32 <= k; i += 32)
+        for (size_t r = 0; r < 4; r++)
+            for (size_t j = 0; j < 32; j++) lanes[r][j] += w[i + j] * x[r * ldx + i + j];
+#endif
+    for (size_t r = 0; r < 4; r++) {
+        for (size_t j = 0; i + j < k; j++) lanes[r][j] += w[i + j] * x[r * ldx + i + j];
+        out[r] = reduce32(lanes[r]);
+    }
+}
+
+void col_dot_rows(const float *w, const float *x, size_t m, size_t ldx, size_t k, float *out,
+                  size_t ldo) {
+    size_t r = 0;
+    float four[4];
+    for (; r + 4 <= m; r += 4) {
+        col_dot4_f32(w, x + r * ldx, ldx, k, four);
+        for (size_t j = 0; j < 4; j++) out[(r + j) * ldo] = four[j];
+    }
+    for (; r < m; r++) out[r * ldo] = col_dot_f32(w, x + r * ldx, k);
+}
+
 float col_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;

@@ -36,7 +36,7 @@ static void mm_task(void *raw, size_t begin, size_t end) {
             col_row_to_f32(c->w, c->dtype, n, c->k, row);
             wn = row;
         }
-        for (size_t r = 0; r < c->m; r++) c->out[r * c->ldo + n] = col_dot_f32(wn, c->x + r * c->ldx, c->k);
+        col_dot_rows(wn, c->x, c->m, c->ldx, c->k, c->out + n, c->ldo);
     }
     free(row);
 }

@@ -20,13 +20,16 @@
 
 typedef struct {
     const col_mat *mats; /* [n_experts][3]: gate, up, down */
-    size_t n_experts, d, m;
+    size_t n_experts, d;
+    const size_t *gu_items; /* [n_experts + 1]: prefix sums of 2 m_e (gate | up columns) */
+    const size_t *gu_off;   /* [n_experts]: where expert e's [rows, 2 m_e] block starts in gu */
+    const size_t *h_off;    /* [n_experts]: where its [rows, m_e] block starts in h */
     const int64_t *start; /* [n_experts + 1] block offsets in rows */
     const int64_t *rows;  /* [start[n]] source rows of x */
     const float *x;
     float *xs; /* [total, d] gathered (rotated for e8) */
-    float *gu; /* [total, 2m]: gate | up per row */
-    float *h;  /* [total, m] */
+    float *gu; /* per expert [rows, 2 m_e]: gate | up per row */
+    float *h;  /* per expert [rows, m_e] */
     float *out; /* [total, d] */
     int status;
 } moe_ctx;
@@ -43,7 +46,7 @@ static int mat_rows(const col_mat *w, const float *x, size_t n, size_t ldx, floa
                 if (rc) return rc;
                 wn = scratch;
             }
-            for (size_t r = 0; r < n; r++) y[r * ldy + o] = col_dot_f32(wn, x + r * ldx, w->cols);
+            col_dot_rows(wn, x, n, ldx, w->cols, y + o, ldy);
         }
         return COL_OK;
     }
@@ -73,30 +76,32 @@ static void gather_task(void *raw, size_t begin, size_t end) {
     }
 }
 
-/* Items [begin, end) of a phase with `per` outputs per expert, split at expert boundaries. */
+/* Items [begin, end) over every expert's 2 m_e gate|up columns, split at expert boundaries. */
 static void gate_up_task(void *raw, size_t begin, size_t end) {
     moe_ctx *c = raw;
-    size_t per = 2 * c->m;
-    float *scratch = malloc((c->d > c->m ? c->d : c->m) * sizeof(float));
+    float *scratch = malloc(c->d * sizeof(float));
     if (scratch == NULL) {
         fail(c, COL_ENOMEM);
         return;
     }
+    size_t e = 0;
     for (size_t i = begin; i < end;) {
-        size_t e = i / per, o0 = i % per;
+        while (c->gu_items[e + 1] <= i) e++;
+        size_t m = c->mats[3 * e].rows, per = 2 * m;
+        size_t o0 = i - c->gu_items[e];
         size_t o1 = per < o0 + (end - i) ? per : o0 + (end - i);
         size_t r0 = (size_t)c->start[e], n = (size_t)c->start[e + 1] - r0;
         const float *xs = c->xs + r0 * c->d;
-        float *y = c->gu + r0 * per;
+        float *y = c->gu + c->gu_off[e];
         if (n) {
-            if (o0 < c->m) {  /* gate columns [o0, min(o1, m)) */
-                size_t a1 = o1 < c->m ? o1 : c->m;
+            if (o0 < m) { /* gate columns [o0, min(o1, m)) */
+                size_t a1 = o1 < m ? o1 : m;
                 fail(c, mat_rows(&c->mats[3 * e], xs, n, c->d, y, per, o0, a1, scratch));
             }
-            if (o1 > c->m) {  /* up columns, written after the gate's m */
-                size_t b0 = o0 > c->m ? o0 - c->m : 0;
-                fail(c, mat_rows(&c->mats[3 * e + 1], xs, n, c->d, y + c->m, per, b0,
-                                 o1 - c->m, scratch));
+            if (o1 > m) { /* up columns, written after the gate's m */
+                size_t b0 = o0 > m ? o0 - m : 0;
+                fail(c, mat_rows(&c->mats[3 * e + 1], xs, n, c->d, y + m, per, b0, o1 - m,
+                                 scratch));
             }
         }
         i += o1 - o0;
@@ -108,12 +113,13 @@ static void act_task(void *raw, size_t begin, size_t end) {
     moe_ctx *c = raw;
     for (size_t e = begin; e < end; e++) {
         size_t r0 = (size_t)c->start[e], r1 = (size_t)c->start[e + 1];
-        for (size_t r = r0; r < r1; r++)
-            col_silu_mul(c->gu + r * 2 * c->m, c->gu + r * 2 * c->m + c->m, c->m,
-                         c->h + r * c->m);
+        size_t m = c->mats[3 * e].rows;
+        float *gu = c->gu + c->gu_off[e], *h = c->h + c->h_off[e];
+        for (size_t r = 0; r < r1 - r0; r++)
+            col_silu_mul(gu + r * 2 * m, gu + r * 2 * m + m, m, h + r * m);
         if (r1 > r0 && is_e8(&c->mats[3 * e + 2])) {
-            int rc = coli_q_rotate(c->h + r0 * c->m, (int64_t)(r1 - r0), (int64_t)c->m,
-                                   (int64_t)c->m, c->h + r0 * c->m, (int64_t)c->m);
+            int rc = coli_q_rotate(h, (int64_t)(r1 - r0), (int64_t)m, (int64_t)m, h,
+                                   (int64_t)m);
             if (rc) fail(c, COL_EQUANT_BASE + rc);
         }
     }
@@ -122,7 +128,10 @@ static void act_task(void *raw, size_t begin, size_t end) {
 static void down_task(void *raw, size_t begin, size_t end) {
     moe_ctx *c = raw;
     size_t per = c->d;
-    float *scratch = malloc(c->m * sizeof(float));
+    size_t widest = 1;
+    for (size_t e = 0; e < c->n_experts; e++)
+        if (c->mats[3 * e].rows > widest) widest = c->mats[3 * e].rows;
+    float *scratch = malloc(widest * sizeof(float));
     if (scratch == NULL) {
         fail(c, COL_ENOMEM);
         return;
@@ -131,8 +140,9 @@ static void down_task(void *raw, size_t begin, size_t end) {
         size_t e = i / per, o0 = i % per;
         size_t o1 = per < o0 + (end - i) ? per : o0 + (end - i);
         size_t r0 = (size_t)c->start[e], n = (size_t)c->start[e + 1] - r0;
+        size_t m = c->mats[3 * e].rows;
         if (n)
-            fail(c, mat_rows(&c->mats[3 * e + 2], c->h + r0 * c->m, n, c->m,
+            fail(c, mat_rows(&c->mats[3 * e + 2], c->h + c->h_off[e], n, m,
                              c->out + r0 * c->d, c->d, o0, o1, scratch));
         i += o1 - o0;
     }
@@ -140,15 +150,17 @@ static void down_task(void *raw, size_t begin, size_t end) {
 }
 
 int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t *start,
-            const int64_t *rows, const float *x, size_t n_x, size_t d, size_t m, float *out) {
+            const int64_t *rows, const float *x, size_t n_x, size_t d, float *out) {
     if (n_experts == 0) return COL_OK;
     if (mats == NULL || start == NULL || rows == NULL || x == NULL || out == NULL || d == 0 ||
-        m == 0 || start[0] != 0)
+        start[0] != 0 || n_experts > ((size_t)1 << 20))
         return COL_EINVAL;
     for (size_t e = 0; e < n_experts; e++) {
         if (start[e + 1] < start[e]) return COL_EINVAL;
         const col_mat *g = &mats[3 * e];
+        size_t m = g->rows;
         int e8 = is_e8(g);
+        if (m == 0) return COL_EINVAL;
         for (int j = 0; j < 3; j++) {
             const col_mat *w = &mats[3 * e + j];
             size_t want_rows = j == 2 ? d : m, want_cols = j == 2 ? m : d;
@@ -164,22 +176,35 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
     for (size_t r = 0; r < total; r++)
         if (rows[r] < 0 || (size_t)rows[r] >= n_x) return COL_EINVAL;
     if (total == 0) return COL_OK;
+    size_t *offs = malloc(3 * (n_experts + 1) * sizeof(size_t));
+    if (offs == NULL) return COL_ENOMEM;
+    size_t *gu_items = offs, *gu_off = offs + n_experts + 1, *h_off = offs + 2 * (n_experts + 1);
+    gu_items[0] = gu_off[0] = h_off[0] = 0;
+    for (size_t e = 0; e < n_experts; e++) {
+        size_t m = mats[3 * e].rows, n = (size_t)(start[e + 1] - start[e]);
+        gu_items[e + 1] = gu_items[e] + 2 * m;
+        gu_off[e + 1] = gu_off[e] + n * 2 * m;
+        h_off[e + 1] = h_off[e] + n * m;
+    }
     float *xs = malloc(total * d * sizeof(float));
-    float *gu = malloc(total * 2 * m * sizeof(float));
-    float *h = malloc(total * m * sizeof(float));
+    float *gu = malloc(gu_off[n_experts] * sizeof(float));
+    float *h = malloc(h_off[n_experts] * sizeof(float));
     if (xs == NULL || gu == NULL || h == NULL) {
         free(xs);
         free(gu);
         free(h);
+        free(offs);
         return COL_ENOMEM;
     }
-    moe_ctx c = {mats, n_experts, d, m, start, rows, x, xs, gu, h, out, COL_OK};
+    moe_ctx c = {mats, n_experts, d, gu_items, gu_off, h_off, start, rows, x, xs, gu, h, out,
+                 COL_OK};
     col_pool_run(pool, n_experts, gather_task, &c);
-    if (c.status == COL_OK) col_pool_run(pool, n_experts * 2 * m, gate_up_task, &c);
+    if (c.status == COL_OK) col_pool_run(pool, gu_items[n_experts], gate_up_task, &c);
     if (c.status == COL_OK) col_pool_run(pool, n_experts, act_task, &c);
     if (c.status == COL_OK) col_pool_run(pool, n_experts * d, down_task, &c);
     free(xs);
     free(gu);
     free(h);
+    free(offs);
     return c.status;
 }

@@ -3,7 +3,10 @@
 Both run in their own fresh process (the reference-decode worker, ``--engine``), one after
 the other in the same run, on the same checkpoint, prompt and greedy loop; the report gives
 each one's tok/s and achieved GB/s (single sequence and ``decode_batch``), whether their
-greedy ids agree, and the ratios accelerated / reference.
+greedy ids agree, and the ratios accelerated / reference. Beside them: the machine's copy
+bandwidth (bytes read plus written per second by a 256 MiB numpy copy, best of 8), the
+roofline it implies (copy bandwidth / weight bytes per step) and each engine's fraction of it,
+and the batched step against its own bound (shared weights + the union of the rows' experts).
 """
 
 from __future__ import annotations
@@ -24,11 +27,36 @@ def _worker(engine: str, options: BenchOptions, model_dir: Any) -> dict[str, Any
                        "--engine", engine], f"{engine} worker")
 
 
+def copy_bandwidth_bytes_per_s(mib: int = 256, repeats: int = 8) -> float:
+    """Bytes read plus written per second by a numpy copy of ``mib`` MiB, best of ``repeats``."""
+    import time
+
+    import numpy as np
+
+    src = np.ones(mib << 18, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.nbytes / best
+
+
+def _roofline(summary: dict[str, Any], copy_bps: float, tokens_per_step: int) -> None:
+    bound = tokens_per_step * copy_bps / summary["weight_bytes_per_step"]
+    summary["bandwidth_bound_tokens_per_s"] = bound
+    summary["fraction_of_bound"] = summary["tokens_per_s"] / bound
+    summary["achieved_over_copy_bandwidth"] = summary["achieved_gb_per_s"] * 1e9 / copy_bps
+
+
 def run(options: BenchOptions) -> dict[str, Any]:
     model_dir = options.model or ensure_bench_model(options.cache_dir)
     size = checkpoint_bytes(model_dir)
     result: dict[str, Any] = {"model": str(model_dir), "checkpoint_bytes": size,
                               "prompt_tokens": len(PROMPT)}
+    copy_bps = copy_bandwidth_bytes_per_s()
+    result["copy_bandwidth_gb_per_s"] = copy_bps / 1e9
 
     def routes_of(raw: list[list[list[Any]]]) -> list[list[Route]]:
         return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
@@ -50,6 +78,11 @@ def run(options: BenchOptions) -> dict[str, Any]:
                                                options.batch)},
             "greedy_ids": raw["ids"],
         }
+        _roofline(result[engine]["decode"], copy_bps, 1)
+        _roofline(result[engine]["decode_batch"], copy_bps, options.batch)
+        result[engine]["ratio_batch_over_single"] = (
+            result[engine]["decode_batch"]["tokens_per_s"]
+            / result[engine]["decode"]["tokens_per_s"])
     acc, ref = result.get("accelerated", {}), result.get("reference", {})
     if "decode" in acc and "decode" in ref:
         result["same_greedy_ids"] = acc["greedy_ids"] == ref["greedy_ids"]
