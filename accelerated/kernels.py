@@ -43,6 +43,8 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                   c_void_p, c_void_p, c_int, c_float, c_void_p]),
     "col_index_scores": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
                                  c_size_t, c_float, c_void_p]),
+    "col_mat_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
+                               c_size_t]),
     "col_moe": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
                         c_size_t, c_void_p]),
 }
@@ -120,6 +122,22 @@ class Weight:
         return int(self.array.nbytes)
 
 
+class QuantWeight:
+    """A dense weight left quantized (a ``QuantMatrix`` of the container's mapped bytes) with
+    its ``col_mat`` descriptor; ``Kernels.matmul`` reads it with the fused kernels."""
+
+    __slots__ = ("matrix", "desc", "rows", "cols")
+
+    def __init__(self, matrix: Any) -> None:
+        self.matrix = matrix
+        self.desc = mat_descriptors([matrix])
+        self.rows, self.cols = int(matrix.out_features), int(matrix.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.matrix.nbytes)
+
+
 def mat_descriptors(mats: Sequence[Any]) -> np.ndarray:
     """``col_mat`` records of float ``Weight``s and ``QuantMatrix``es (by pointer: the caller
     keeps the arrays alive while the records are used)."""
@@ -127,6 +145,8 @@ def mat_descriptors(mats: Sequence[Any]) -> np.ndarray:
 
     out = np.zeros(len(mats), MAT_DTYPE)
     for i, w in enumerate(mats):
+        if isinstance(w, QuantWeight):
+            w = w.matrix
         if isinstance(w, QuantMatrix):
             out[i] = (int(w.fmt), 0, w.group_size, 0, w.payload.ctypes.data, w.payload.size,
                       w.scales.ctypes.data, w.scales.size, w.out_features, w.in_features)
@@ -188,7 +208,7 @@ class Kernels:
 
     # --- products -------------------------------------------------------------------------
 
-    def matmul(self, x: F32, w: Weight, out: F32 | None = None) -> F32:
+    def matmul(self, x: F32, w: Weight | QuantWeight, out: F32 | None = None) -> F32:
         """x [M, K] @ w.T -> [M, rows]; row r's bytes depend only on x[r] and w."""
         m = int(x.shape[0])
         if x.ndim != 2 or x.shape[1] != w.cols:
@@ -196,6 +216,12 @@ class Kernels:
                                         f"[{w.rows}, {w.cols}]")
         if out is None:
             out = np.empty((m, w.rows), np.float32)
+        if isinstance(w, QuantWeight):
+            self._check(self.lib.col_mat_matmul(self.pool, w.desc.ctypes.data,
+                                                _ptr(x, m * w.cols, "x"), m, w.cols,
+                                                _ptr(out, m * w.rows, "out"), w.rows),
+                        "col_mat_matmul")
+            return out
         self._check(self.lib.col_matmul(self.pool, _ptr(x, m * w.cols, "x"), m, w.cols, w.cols,
                                         w.ptr, w.code, w.rows, _ptr(out, m * w.rows, "out"),
                                         w.rows), "col_matmul")

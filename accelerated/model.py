@@ -117,7 +117,7 @@ class Model:
         d, v = cfg.hidden_size, cfg.vocab_size
         self.embed = t.matrix("model.embed_tokens.weight", (v, d))
         self.final_norm = t.vector("model.norm.weight", (d,))
-        self.lm_head = self.embed if cfg.tie_word_embeddings else t.matrix("lm_head.weight",
+        self.lm_head = self.embed if cfg.tie_word_embeddings else t.product("lm_head.weight",
                                                                             (v, d))
         self.indexer_modes: list[str | None] = [
             cfg.indexer_types[i] if cfg.indexer_types else None
@@ -132,7 +132,7 @@ class Model:
         if t.has(f"model.layers.{n}.eh_proj.weight"):
             p = f"model.layers.{n}."
             self.mtp_indexer_mode = "full" if t.has(p + "self_attn.indexer.wk.weight") else None
-            self.eh_proj = t.matrix(p + "eh_proj.weight", (d, 2 * d))
+            self.eh_proj = t.product(p + "eh_proj.weight", (d, 2 * d))
             self.enorm = t.vector(p + "enorm.weight", (d,))
             self.hnorm = t.vector(p + "hnorm.weight", (d,))
             self.head_norm = t.vector(p + "shared_head.norm.weight", (d,))

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from colibri.accelerated.kernels import DTYPE_CODES, F32, Weight, mat_descriptors
+from colibri.accelerated.kernels import DTYPE_CODES, F32, QuantWeight, Weight, mat_descriptors
 from colibri.accelerated.quant_kernels import QuantMatrix, container_matrix
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
+from colibri.reference.quant.container import QuantContainer
 from colibri.reference.quant.formats import Fmt
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.weights import TensorLoader
@@ -34,6 +35,7 @@ class WeightLoader:
         self.checkpoint = checkpoint
         # The float/quantized converter for what the kernels cannot read in place.
         self._convert = TensorLoader(checkpoint)
+        self._container: QuantContainer | None = None
 
     def has(self, name: str) -> bool:
         return name in self.checkpoint
@@ -51,7 +53,8 @@ class WeightLoader:
             raise CheckpointError(f"tensor {name}: its bytes run past the end of {info.file}")
 
     def matrix(self, name: str, shape: tuple[int, int], check_finite: bool = True) -> Weight:
-        """A 2-D weight the kernels read in place when its dtype allows."""
+        """A 2-D weight the kernels read in place when its dtype allows (a quantized one is
+        dequantized to float32 once: see ``product`` for one the fused kernels read)."""
         if name + ".qs" in self.checkpoint:
             return Weight(np.ascontiguousarray(self._convert.get(name, shape)), 0)
         self._info(name, shape)
@@ -66,6 +69,19 @@ class WeightLoader:
             finite_check(name, raw)
         return Weight(raw, code)
 
+    def product(self, name: str, shape: tuple[int, int]) -> Weight | QuantWeight:
+        """A weight used only as ``x @ W.T``: a quantized one stays in the container's bytes
+        (content checked now, once), a float one as ``matrix``."""
+        if name + ".qs" in self.checkpoint:
+            if self._container is None:
+                from colibri.reference.quant.container import QuantContainer
+
+                self._container = QuantContainer.open(self.checkpoint.model_dir)
+            info = self._container.tensor_format(name, shape)
+            if info.fmt != Fmt.F32:
+                return QuantWeight(container_matrix(self._container, name, shape))
+        return self.matrix(name, shape)
+
     def vector(self, name: str, shape: tuple[int, ...]) -> F32:
         out: F32 = np.ascontiguousarray(self._convert.get(name, shape), dtype=np.float32)
         return out
@@ -79,32 +95,36 @@ def finite_check(name: str, raw: np.ndarray) -> None:
             raise CheckpointError(f"tensor {name} contains non-finite values (NaN or Inf)")
 
 
+#: A weight used only as a product: float in place, or left quantized.
+Dense = Weight | QuantWeight
+
+
 @dataclass(frozen=True)
 class Indexer:
-    wq_b: Weight
-    wk: Weight
+    wq_b: Dense
+    wk: Dense
     k_norm_weight: F32
     k_norm_bias: F32
-    weights_proj: Weight
+    weights_proj: Dense
 
 
 @dataclass(frozen=True)
 class Attention:
-    q_a: Weight | None
+    q_a: Dense | None
     q_a_norm: F32 | None
-    q_b: Weight
-    kv_a: Weight
+    q_b: Dense
+    kv_a: Dense
     kv_a_norm: F32
     kv_b: Weight
-    o: Weight
+    o: Dense
     indexer: Indexer | None
 
 
 @dataclass(frozen=True)
 class Mlp:
-    gate: Weight
-    up: Weight
-    down: Weight
+    gate: Dense
+    up: Dense
+    down: Dense
     #: the ``col_moe`` descriptors of the three weights (built once)
     desc: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -123,7 +143,7 @@ class Layer:
     post_norm: F32
     attention: Attention
     dense: Mlp | None
-    router_gate: Weight | None
+    router_gate: Dense | None
     router_bias: F32 | None
     shared: Mlp | None
 
@@ -133,11 +153,11 @@ def load_attention(t: WeightLoader, cfg: ModelConfig, prefix: str, indexed: bool
     a = prefix + "self_attn."
     q_a = q_a_norm = None
     if cfg.q_lora_rank is not None:
-        q_a = t.matrix(a + "q_a_proj.weight", (cfg.q_lora_rank, d))
+        q_a = t.product(a + "q_a_proj.weight", (cfg.q_lora_rank, d))
         q_a_norm = t.vector(a + "q_a_layernorm.weight", (cfg.q_lora_rank,))
-        q_b = t.matrix(a + "q_b_proj.weight", (h * cfg.qk_head_dim, cfg.q_lora_rank))
+        q_b = t.product(a + "q_b_proj.weight", (h * cfg.qk_head_dim, cfg.q_lora_rank))
     else:
-        q_b = t.matrix(a + "q_proj.weight", (h * cfg.qk_head_dim, d))
+        q_b = t.product(a + "q_proj.weight", (h * cfg.qk_head_dim, d))
     indexer = None
     if indexed:
         if cfg.q_lora_rank is None:
@@ -145,31 +165,31 @@ def load_attention(t: WeightLoader, cfg: ModelConfig, prefix: str, indexed: bool
         i = a + "indexer."
         hd, nh = cfg.index_head_dim, cfg.index_n_heads
         indexer = Indexer(
-            wq_b=t.matrix(i + "wq_b.weight", (nh * hd, cfg.q_lora_rank)),
-            wk=t.matrix(i + "wk.weight", (hd, d)),
+            wq_b=t.product(i + "wq_b.weight", (nh * hd, cfg.q_lora_rank)),
+            wk=t.product(i + "wk.weight", (hd, d)),
             k_norm_weight=t.vector(i + "k_norm.weight", (hd,)),
             k_norm_bias=t.vector(i + "k_norm.bias", (hd,)),
-            weights_proj=t.matrix(i + "weights_proj.weight", (nh, d)),
+            weights_proj=t.product(i + "weights_proj.weight", (nh, d)),
         )
     return Attention(
         q_a=q_a,
         q_a_norm=q_a_norm,
         q_b=q_b,
-        kv_a=t.matrix(a + "kv_a_proj_with_mqa.weight",
+        kv_a=t.product(a + "kv_a_proj_with_mqa.weight",
                       (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d)),
         kv_a_norm=t.vector(a + "kv_a_layernorm.weight", (cfg.kv_lora_rank,)),
-        kv_b=t.matrix(a + "kv_b_proj.weight",
+        kv_b=t.matrix(a + "kv_b_proj.weight",  # read inside attention: float
                       (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)),
-        o=t.matrix(a + "o_proj.weight", (d, h * cfg.v_head_dim)),
+        o=t.product(a + "o_proj.weight", (d, h * cfg.v_head_dim)),
         indexer=indexer,
     )
 
 
 def load_mlp(t: WeightLoader, prefix: str, d: int, inter: int) -> Mlp:
     return Mlp(
-        gate=t.matrix(prefix + "gate_proj.weight", (inter, d)),
-        up=t.matrix(prefix + "up_proj.weight", (inter, d)),
-        down=t.matrix(prefix + "down_proj.weight", (d, inter)),
+        gate=t.product(prefix + "gate_proj.weight", (inter, d)),
+        up=t.product(prefix + "up_proj.weight", (inter, d)),
+        down=t.product(prefix + "down_proj.weight", (d, inter)),
     )
 
 
@@ -180,7 +200,7 @@ def load_layer(t: WeightLoader, cfg: ModelConfig, index: int, sparse: bool,
     dense = shared = gate = None
     bias = None
     if sparse:
-        gate = t.matrix(p + "mlp.gate.weight", (cfg.n_routed_experts, d))
+        gate = t.product(p + "mlp.gate.weight", (cfg.n_routed_experts, d))
         bias = t.vector(p + "mlp.gate.e_score_correction_bias", (cfg.n_routed_experts,))
         if cfg.n_shared_experts:
             shared = load_mlp(t, p + "mlp.shared_experts.", d,

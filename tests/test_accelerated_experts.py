@@ -4,6 +4,7 @@ bytes alone or inside a batch and for 1, 2 or 4 threads (spec/model.md §15)."""
 
 from __future__ import annotations
 
+import json
 import mmap
 
 import numpy as np
@@ -130,3 +131,36 @@ def test_register_blocked_rows_equal_each_row_alone(k: int, dtype: str) -> None:
             batched[r].tobytes())
     for n in (4, 5, 8):
         assert kern.matmul(np.ascontiguousarray(x[:n]), w).tobytes() == batched[:n].tobytes()
+
+
+@pytest.mark.parametrize(("experts", "dense"), [("int4g64", "int8"), ("fp8", "int8")])
+def test_quantized_dense_weights_stay_quantized_and_match_the_reference(
+        tmp_path: object, experts: str, dense: str) -> None:
+    """``--dense int8``: attention projections, dense MLPs and shared experts are read by the
+    fused kernels in place (kv_b, read inside attention, is dequantized once); logits within
+    tolerance of the reference (which dequantizes everything) and the same greedy tokens."""
+    from pathlib import Path
+
+    from colibri.accelerated import load_model
+    from colibri.accelerated.kernels import QuantWeight
+    from colibri.conformance.sameness import Tolerance, logit_scale_of, max_excess
+    from colibri.conformance.sameness import reduction_length as length_of
+    from colibri.reference import load_model as load_reference
+    from colibri.reference.quant.convert import convert
+
+    out = Path(str(tmp_path)) / "container"
+    convert(fixture_model_dir("glm5-tiny"), out, experts, dense)
+    ids = [5, 17, 99, 3, 250, 8, 41, 77, 2, 13]
+    m = load_model(out, threads=2)
+    first = m.layers[0]
+    assert isinstance(first.attention.q_b, QuantWeight)
+    assert first.dense is not None and isinstance(first.dense.gate, QuantWeight)
+    sparse = m.layers[m.sparse_layers[0]]
+    assert sparse.shared is not None and isinstance(sparse.shared.up, QuantWeight)
+    r = load_reference(out)
+    want = r.prefill(r.new_state(), ids)
+    got = m.forward(ids)
+    config = json.loads((out / "config.json").read_text())
+    tol = Tolerance(length_of(config, len(ids)), logit_scale_of(want)).logit
+    assert max_excess(got, want, tol) <= 0
+    assert [int(i) for i in got.argmax(-1)] == [int(i) for i in want.argmax(-1)]

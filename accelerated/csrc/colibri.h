@@ -100,4 +100,9 @@ typedef struct {
 int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t *start,
             const int64_t *rows, const float *x, size_t n_x, size_t d, float *out);
 
+/* out[r, o] = x[r, :] . w[o, :] for a float or quantized col_mat (e8: x rotated once), split
+ * across the pool by output column. */
+int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, size_t ldx,
+                   float *out, size_t ldo);
+
 #endif

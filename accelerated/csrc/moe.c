@@ -208,3 +208,53 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
     free(offs);
     return c.status;
 }
+
+/* --- one product over a col_mat (float or quantized), split by output column ------------- */
+
+typedef struct {
+    const col_mat *w;
+    const float *x;
+    size_t m, ldx;
+    float *out;
+    size_t ldo;
+    int status;
+} mat_ctx;
+
+static void mat_task(void *raw, size_t begin, size_t end) {
+    mat_ctx *c = raw;
+    float *scratch = malloc(c->w->cols * sizeof(float));
+    if (scratch == NULL) {
+        c->status = COL_ENOMEM;
+        return;
+    }
+    int rc = mat_rows(c->w, c->x, c->m, c->ldx, c->out, c->ldo, begin, end, scratch);
+    if (rc) c->status = rc;
+    free(scratch);
+}
+
+int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, size_t ldx,
+                   float *out, size_t ldo) {
+    if (w == NULL || x == NULL || out == NULL || w->data == NULL || ldx < w->cols ||
+        ldo < w->rows)
+        return COL_EINVAL;
+    if (w->fmt == 0 && w->dtype != COL_F32 && w->dtype != COL_BF16 && w->dtype != COL_F16)
+        return COL_EDTYPE;
+    if (m == 0 || w->rows == 0) return COL_OK;
+    mat_ctx c = {w, x, m, ldx, out, ldo, COL_OK};
+    float *xr = NULL;
+    if (is_e8(w)) { /* rotate once, not once per thread's share */
+        xr = malloc(m * w->cols * sizeof(float));
+        if (xr == NULL) return COL_ENOMEM;
+        int rc = coli_q_rotate(x, (int64_t)m, (int64_t)ldx, (int64_t)w->cols, xr,
+                               (int64_t)w->cols);
+        if (rc) {
+            free(xr);
+            return COL_EQUANT_BASE + rc;
+        }
+        c.x = xr;
+        c.ldx = w->cols;
+    }
+    col_pool_run(pool, w->rows, mat_task, &c);
+    free(xr);
+    return c.status;
+}
