@@ -37,6 +37,9 @@ void col_pool_destroy(col_pool *pool);
 size_t col_pool_threads(const col_pool *pool);
 /* Run fn over [0, n) split into one contiguous chunk per thread (the caller takes chunk 0). */
 void col_pool_run(col_pool *pool, size_t n, col_task fn, void *ctx);
+/* Multiply-adds below which a product runs on the calling thread: waking the pool (two
+ * context switches on a busy machine) costs more than such a product. */
+#define COL_INLINE_WORK ((size_t)1 << 18)
 
 /* Internal helpers shared by the kernels (not exported through the binding). */
 float col_dot_f32(const float *a, const float *b, size_t k);

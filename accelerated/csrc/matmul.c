@@ -47,6 +47,11 @@ int col_matmul(col_pool *pool, const float *x, size_t m, size_t k, size_t ldx, c
     if (m == 0 || rows == 0) return COL_OK;
     if (x == NULL || w == NULL || out == NULL || k == 0 || ldx < k || ldo < rows) return COL_EINVAL;
     mm_ctx c = {x, m, k, ldx, w, dtype, out, ldo, COL_OK};
-    col_pool_run(pool, rows, mm_task, &c);
+    /* A small product costs less than waking the pool: the caller computes it alone (which
+     * thread computes an element never changes its value). */
+    if (rows * k * (m < 4 ? m : 4) < COL_INLINE_WORK)
+        mm_task(&c, 0, rows);
+    else
+        col_pool_run(pool, rows, mm_task, &c);
     return c.status;
 }

@@ -198,9 +198,19 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
     }
     moe_ctx c = {mats, n_experts, d, gu_items, gu_off, h_off, start, rows, x, xs, gu, h, out,
                  COL_OK};
-    col_pool_run(pool, n_experts, gather_task, &c);
+    /* Gathering rows and SwiGLU's activation are light next to the products: the caller does
+     * them alone unless the batch is large, so a layer costs two pool wake-ups. */
+    int light = h_off[n_experts] < COL_INLINE_WORK / 4 &&
+                total * d < COL_INLINE_WORK;
+    if (light)
+        gather_task(&c, 0, n_experts);
+    else
+        col_pool_run(pool, n_experts, gather_task, &c);
     if (c.status == COL_OK) col_pool_run(pool, gu_items[n_experts], gate_up_task, &c);
-    if (c.status == COL_OK) col_pool_run(pool, n_experts, act_task, &c);
+    if (c.status == COL_OK && light)
+        act_task(&c, 0, n_experts);
+    else if (c.status == COL_OK)
+        col_pool_run(pool, n_experts, act_task, &c);
     if (c.status == COL_OK) col_pool_run(pool, n_experts * d, down_task, &c);
     free(xs);
     free(gu);
