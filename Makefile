@@ -22,16 +22,23 @@ $(VENV)/.stamp-runtime: pyproject.toml | $(BIN)/python
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
-# Test install: runtime plus the test and dev extras.
-$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
-	$(PY) -m pip install --quiet -e '.[test,dev]'
+# Build install: runtime plus mypy, whose mypyc compiles the control plane.
+$(VENV)/.stamp-build: pyproject.toml | $(BIN)/python
+	$(PY) -m pip install --quiet -e '.[build]'
 	touch $@ $(VENV)/.stamp-runtime
 
-# Compiled pieces (accelerated engine, web assets) are built here once they exist.
-build: $(VENV)/.stamp-runtime
+# Test install: runtime plus the test, dev and build extras.
+$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
+	$(PY) -m pip install --quiet -e '.[test,dev,build]'
+	touch $@ $(VENV)/.stamp-runtime $(VENV)/.stamp-build
+
+# Compiled pieces, each incremental (a stamp of its inputs; a second `make build` is quick):
+# the C library (build/accelerated), the mypyc control plane (build/mypyc), web assets.
+build: $(VENV)/.stamp-build
 	@if ls accelerated/csrc/*.c accelerated/csrc/*/*.c >/dev/null 2>&1; then \
 	  $(PY) -m colibri.accelerated.native_build; \
 	fi
+	@$(PY) -m colibri.accelerated.mypyc_build
 	@if [ -f web/package.json ]; then \
 	  if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory web/dist/index.html; \
 	  else echo "make: npm not found; skipping the web dashboard build"; fi; \
