@@ -12,14 +12,16 @@ import ctypes
 import ctypes.util
 import importlib
 import importlib.metadata
+import os
 import platform
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from colibri import resources
+from colibri import control_plane, resources
 
 Status = Literal["ok", "warn", "fail"]
 _SEVERITY: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
@@ -77,30 +79,65 @@ def check_default_model() -> Check:
     return Check("default_model", "ok", f"embedded default model at {model_dir}")
 
 
-def check_accelerated() -> Check:
-    """Whether the compiled control plane and the C kernels are present and load."""
+def _compiler_version(cc: str) -> str:
     try:
-        accelerated = importlib.import_module("colibri.accelerated")
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return cc
+    first = out.stdout.strip().splitlines()
+    return f"{cc} ({first[0]})" if first else cc
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_accelerated() -> Check:
+    """The accelerated engine's pieces: the C library (path, the ISA variant this CPU gets),
+    the compiler that builds it, the default thread count, and the mypyc control plane."""
+    try:
+        native = importlib.import_module("colibri.accelerated.native")
+        native_build = importlib.import_module("colibri.accelerated.native_build")
     except ImportError as exc:
         return Check("accelerated", "fail", f"cannot import colibri.accelerated: {exc}")
-    package_dir = Path(str(getattr(accelerated, "__path__", [""])[0]))
-    compiled = sorted(p.name for p in package_dir.glob("*.so"))
-    if not compiled:
-        return Check(
-            "accelerated",
-            "warn",
-            "accelerated engine not built (no compiled modules or kernels); "
-            "the reference engine is used",
-        )
-    failures = []
-    for name in compiled:
+    parts: list[str] = []
+    status: Status = "ok"
+    missing: list[str] = []
+    try:
+        variant = str(native.chosen_variant())
+        library = Path(native.library_path())
+    except native.LibraryNotBuilt as exc:
+        return Check("accelerated", "fail", str(exc))
+    if library.is_file():
         try:
-            ctypes.CDLL(str(package_dir / name))
+            ctypes.CDLL(str(library))
         except OSError as exc:
-            failures.append(f"{name}: {exc}")
-    if failures:
-        return Check("accelerated", "fail", "compiled modules fail to load: " + "; ".join(failures))
-    return Check("accelerated", "ok", "compiled modules: " + ", ".join(compiled))
+            return Check("accelerated", "fail", f"C library {library} does not load: {exc}")
+        parts.append(f"C library {library} (ISA {variant})")
+    else:
+        missing.append("C library")
+        parts.append(f"C library not built (ISA {variant} would be {library})")
+    cc = native_build.compiler()
+    parts.append(f"compiler {_compiler_version(cc)}" if cc else "no C compiler (set CC)")
+    parts.append(f"threads {_usable_cpus()} by default (the CPUs this process may use)")
+    try:
+        build = control_plane.read_build()
+        control_plane.check_current(build)
+    except control_plane.ControlPlaneError as exc:
+        missing.append("compiled control plane")
+        parts.append(f"control plane interpreted: {exc}")
+    else:
+        names = sorted(n for n in build.files if n.startswith(("colibri.engine.", "colibri.text.")))
+        parts.append(f"control plane compiled by mypyc {build.mypy_version}: {len(names)} modules "
+                     f"in {build.directory} ({', '.join(n.split('.', 1)[1] for n in names)})")
+    if missing:
+        status = "warn"
+        parts.insert(0, f"not built: {' and '.join(missing)} (run `make build`); "
+                     "the reference engine works without them")
+    return Check("accelerated", status, "; ".join(parts))
 
 
 def cuda_device_count() -> tuple[int, str]:
