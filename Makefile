@@ -11,7 +11,7 @@ PY     := $(BIN)/python
 HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
-.PHONY: serve test lint typecheck pytest webtest build oracle-deps oracle-check clean
+.PHONY: serve test lint typecheck pytest webtest build sanitize-test oracle-deps oracle-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ build: $(VENV)/.stamp-build
 	  if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory web/dist/index.html; \
 	  else echo "make: npm not found; skipping the web dashboard build"; fi; \
 	fi
+
+# The C library built with ASan + UBSan (build/accelerated/sanitize), and the tests marked
+# `sanitize` (the loader's corrupt-input tests) run against it with the ASan runtime preloaded.
+sanitize-test: $(VENV)/.stamp-test
+	$(PY) -m colibri.accelerated.native_build --sanitize -- \
+	  $(BIN)/pytest -m sanitize -p no:cacheprovider -q
 
 web/dist/index.html: $(shell find web/src web/index.html web/package.json web/package-lock.json \
                        web/vite.config.ts web/tsconfig.json -type f 2>/dev/null)
