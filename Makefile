@@ -1,6 +1,7 @@
 # make serve  - set up .venv and serve the embedded default model on http://127.0.0.1:8000
-# make test   - set up .venv and run ruff, mypy --strict, the whole pytest suite and the web
-#               dashboard's tests (vitest; the browser suite when Chromium is installed)
+# make test   - set up .venv and run ruff, mypy --strict, the whole pytest suite, the control
+#               plane's tests again mypyc-compiled, and the web dashboard's tests (vitest; the
+#               browser suite when Chromium is installed)
 #
 # Stamps under .venv make a second run skip installation when pyproject.toml is unchanged.
 
@@ -11,7 +12,7 @@ PY     := $(BIN)/python
 HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
-.PHONY: serve test lint typecheck pytest webtest build sanitize-test oracle-deps oracle-check clean
+.PHONY: serve test lint typecheck pytest pytest-compiled webtest build sanitize-test oracle-deps oracle-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +68,17 @@ typecheck: $(VENV)/.stamp-test
 pytest: $(VENV)/.stamp-test build
 	$(BIN)/pytest
 
+# The control plane's tests again with it mypyc-compiled (what --accelerated processes run);
+# skipped, loudly, where `make build` could not compile it (no C compiler).
+COMPILED_TESTS := tests/test_engine_*.py tests/test_backend_contract.py tests/test_sampling.py \
+                  tests/test_submit_grammar.py tests/test_tokenizer.py tests/test_control_plane.py
+pytest-compiled: $(VENV)/.stamp-test build
+	@if $(PY) -c 'from colibri import control_plane as c; c.check_current(c.read_build())'; then \
+	  COLIBRI_CONTROL_PLANE=compiled $(BIN)/pytest -q $(COMPILED_TESTS); \
+	else \
+	  echo "## make pytest-compiled: no compiled control plane -- SKIPPED the compiled run ##"; \
+	fi
+
 # The dashboard: vitest unit tests, then the browser suite (web/e2e) against a real
 # `colibri serve` in headless Chromium. No Chromium means a loud skip, never a silent pass.
 CHROMIUM ?= $(shell command -v chromium 2>/dev/null)
@@ -91,7 +103,7 @@ webtest: $(VENV)/.stamp-runtime build
 	  echo "########################################################################"; \
 	fi
 
-test: lint typecheck pytest webtest
+test: lint typecheck pytest pytest-compiled webtest
 
 # The oracle extra. torch comes only as the CPU wheel on this machine's disk: pip's configured
 # find-links (`pip config list`, PIP_FIND_LINKS) with --no-index, so no index is ever asked and
