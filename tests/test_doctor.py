@@ -68,9 +68,11 @@ def test_accelerated_check_names_library_compiler_threads_and_control_plane() ->
     check = doctor.check_accelerated()
     assert check.status in ("ok", "warn")
     summary = check.summary
-    assert "C library" in summary and "ISA " in summary
+    assert "C kernels" in summary
     assert "compiler " in summary or "no C compiler" in summary
     assert "threads " in summary
     assert "control plane compiled by mypyc" in summary or "control plane interpreted" in summary
     # Not built is a warning naming the step that builds it, never a failure.
     assert check.status == "ok" or "make build" in summary
+    if check.status == "ok":
+        assert "ISA " in summary
