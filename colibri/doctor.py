@@ -12,13 +12,11 @@ import ctypes
 import ctypes.util
 import importlib
 import importlib.metadata
-import os
 import platform
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal
 
 from colibri import control_plane, resources
