@@ -32,7 +32,6 @@ __all__ = ["GrammarError", "GrammarVocabulary", "Matcher", "check", "compile_gra
 
 LARK_PREFIX = "%llguidance"
 Encoder = Callable[[bytes], list[int]]
-_JSON_OPTIONS: llguidance.JsonCompileOptions = {"whitespace_flexible": False}
 
 
 class GrammarError(ValueError):
@@ -59,7 +58,9 @@ def compile_grammar(text: str) -> str:
             raise GrammarError(f"the JSON Schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise GrammarError("the JSON Schema is not an object")
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            schema, defaults={"whitespace_flexible": False}
+        )
     if kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(text)
     try:
