@@ -34,7 +34,8 @@ SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "build" / "accelerated"
 LIBRARY_NAME = "libcolibri.so"
 BASE_FLAGS = ("-std=c11", "-O3", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra",
-              "-Werror=implicit-function-declaration", "-fno-fast-math")
+              "-Werror=implicit-function-declaration", "-fno-fast-math",
+              "-ffp-contract=off")
 
 
 @dataclass(frozen=True)
