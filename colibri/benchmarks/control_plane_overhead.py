@@ -5,7 +5,7 @@ The mux loop (what ``colibri engine`` runs) drives a zero-cost backend
 (``colibri.benchmarks.zero_backend``: fixed logits over the bench checkpoint's 8192-token
 vocabulary) with 1 and 8 busy slots, greedy, stop tokens off. Overhead per decode step =
 (the loop's wall time - the time inside the backend's ``step``) / decode steps, best of
-``REPEATS`` runs: reading
+``REPEATS`` runs in each of ``ROUNDS`` interleaved processes per mode: reading
 commands, batching, sampling, telemetry, writing frames. Each measurement runs in a fresh
 interpreter with ``COLIBRI_CONTROL_PLANE=interpreted`` or ``=compiled``; the compiled column
 is absent, with the reason, where ``make build`` has not compiled the control plane.
@@ -27,6 +27,7 @@ from colibri.benchmarks import BenchOptions, Section, register
 SLOT_COUNTS = (1, 8)
 MODES = ("interpreted", "compiled")
 REPEATS = 5
+ROUNDS = 3
 
 
 def measure(slots: int, steps: int, warmup: int) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def _spawn(mode: str, slots: int, steps: int, warmup: int) -> dict[str, Any]:
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
-    steps = max(options.tokens, 1) * 16  # each step is short: more of them for a stable mean
+    steps = max(options.tokens, 1) * 32  # each step is short: more of them for a stable mean
     result: dict[str, Any] = {
         "method": "mux loop on a zero-cost backend: (wall - time in backend.step) / decode steps, "
                   "fresh interpreter per measurement",
@@ -96,7 +97,16 @@ def run(options: BenchOptions) -> dict[str, Any]:
         "slots": {},
     }
     for slots in SLOT_COUNTS:
-        entry = {mode: _spawn(mode, slots, steps, options.warmup) for mode in MODES}
+        # Interleaved rounds, best per mode: a burst of load on a shared machine then hits
+        # both modes alike instead of one whole column.
+        entry: dict[str, Any] = {}
+        for _ in range(ROUNDS):
+            for mode in MODES:
+                got = _spawn(mode, slots, steps, options.warmup)
+                best = entry.get(mode)
+                if best is None or got.get("overhead_us_per_step", float("inf")) < best.get(
+                        "overhead_us_per_step", float("inf")):
+                    entry[mode] = got
         a = entry["interpreted"].get("overhead_us_per_step")
         b = entry["compiled"].get("overhead_us_per_step")
         if a and b:
