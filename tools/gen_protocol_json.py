@@ -653,7 +653,8 @@ VALIDATION_ORDER: list[Json] = [
         "check": (
             "value checks: id 0 or >= 2^64, slot >= KV_SLOTS, max_tokens > 2^31-1, "
             "temperature not in [0,2], top_p not in (0,1], extension unknown/duplicate/out "
-            "of range, max_tokens 0 without logprobs>0, NUL in payload or grammar"
+            "of range, max_tokens 0 without logprobs>0, echo_at>0 without logprobs>0 or with "
+            "ids=1, NUL in payload or grammar"
         ),
         "reply": "ERROR <id> BAD_REQUEST",
     },
@@ -711,6 +712,17 @@ EXTENSIONS: list[Json] = [
         ),
         "source": "extension",
     },
+    {
+        "key": "echo_at",
+        "min": 0,
+        "max": 16777216,
+        "meaning": (
+            "with logprobs>0 and a text payload: ECHO only for positions s..nt-1, s = the first "
+            "token whose bytes reach past payload byte echo_at; the cached prefix is kept up to "
+            "s-1 (0: every position, prefix discarded)"
+        ),
+        "source": "extension",
+    },
 ]
 
 CAPABILITIES: list[Json] = [
@@ -719,6 +731,7 @@ CAPABILITIES: list[Json] = [
     {"key": "stop", "meaning": "1: STOP is understood"},
     {"key": "logprobs", "meaning": "largest logprobs=k accepted (0: the extension is refused)"},
     {"key": "echo", "meaning": "1: logprobs>0 requests get ECHO frames"},
+    {"key": "echo_at", "meaning": "1: the echo_at= extension is accepted"},
     {"key": "ids", "meaning": "1: ids=1 payloads are accepted"},
     {"key": "seed", "meaning": "1: the seed= extension is accepted"},
     {

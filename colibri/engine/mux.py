@@ -95,6 +95,7 @@ class MuxEngine:
             "stop": 1,
             "logprobs": 32,
             "echo": 1,
+            "echo_at": 1,
             "ids": 1,
             "seed": 1,
             "grammar": 0,
@@ -236,8 +237,12 @@ class MuxEngine:
         rt = self.rt
         slot = self.slots[sub.slot]
         nt = len(tokens)
+        echo_from = 0
         if sub.logprobs > 0:
-            keep = 0  # echo needs every position's row: discard the cached prefix
+            # ECHO at position p needs the logit row of p-1, so the kept prefix ends before
+            # the first scored position (spec/protocol.md 2.8); echo_at=0 scores every one.
+            echo_from = first_token_at(self.token_ends(tokens), sub.echo_at)
+            keep = min(common_prefix(slot.history, tokens), max(echo_from - 1, 0), nt - 1)
         else:
             keep = common_prefix(slot.history, tokens)
             keep = min(keep, nt - 1)  # at least one token is forwarded to get logits
@@ -265,7 +270,7 @@ class MuxEngine:
         request.forwards += 1
         self.active[slot.index] = request
         if sub.logprobs > 0:
-            self.echo(request, tokens, logits)
+            self.echo(request, tokens, logits, keep, echo_from)
         # DONE's hit % and PERF/PROF's disk numbers cover the decode window (spec 2.5), so
         # the store and I/O baselines are taken here, after the prefill, like the clock.
         counters = rt.tiers.counters()
@@ -277,15 +282,31 @@ class MuxEngine:
             return
         self.advance(request, logits[-1])
 
+    def token_ends(self, tokens: Sequence[int]) -> list[int]:
+        """The payload byte offset where each token ends (its bytes concatenated in order)."""
+        ends: list[int] = []
+        at = 0
+        for token in tokens:
+            at += len(self.rt.token_payload(token))
+            ends.append(at)
+        return ends
+
     def echo(
-        self, request: Request, tokens: Sequence[int], logits: npt.NDArray[np.float32]
+        self,
+        request: Request,
+        tokens: Sequence[int],
+        logits: npt.NDArray[np.float32],
+        keep: int,
+        echo_from: int,
     ) -> None:
+        """ECHO frames for positions echo_from ... nt-1; `logits` row i is position keep+i."""
         k = min(request.logprobs, self.rt.vocab)
-        for pos, token in enumerate(tokens):
+        for pos in range(echo_from, len(tokens)):
+            token = tokens[pos]
             if pos == 0:
                 tail = NO_PREDICTOR_TAIL
             else:
-                tail = logprob_tail(logits[pos - 1], token, k)
+                tail = logprob_tail(logits[pos - 1 - keep], token, k)
             payload = self.rt.token_payload(token)
             self.out.payload(echo_header(request.rid, payload, pos, tail), payload)
 
@@ -456,6 +477,17 @@ class MuxEngine:
         )
 
 
+def first_token_at(ends: Sequence[int], byte: int) -> int:
+    """Index of the first token whose bytes reach past `byte` (len(ends) when none does):
+    the token that covers payload byte `byte`, a token merging across it included."""
+    if byte <= 0:
+        return 0
+    for i, end in enumerate(ends):
+        if end > byte:
+            return i
+    return len(ends)
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -464,4 +496,4 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-__all__ = ["MuxEngine", "SignalFlags", "common_prefix"]
+__all__ = ["MuxEngine", "SignalFlags", "common_prefix", "first_token_at"]

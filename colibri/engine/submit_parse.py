@@ -38,6 +38,8 @@ EXTENSION_RANGES: dict[str, tuple[int, int]] = {
     "ids": (0, 1),
     "pin": (0, 1),
     "seed": (0, U64_MAX),
+    # Score only the tokens covering payload bytes >= echo_at, keeping the slot's prefix.
+    "echo_at": (0, MAX_PAYLOAD),
 }
 
 
@@ -63,6 +65,8 @@ class SubmitRequest:
     seed: int | None
     payload: bytes
     grammar: bytes
+    #: Payload byte where ECHO scoring starts (0: every position, the cached prefix dropped).
+    echo_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,9 @@ def validate_submit(
     logprobs = extensions.get("logprobs", 0)
     if max_tokens == 0 and logprobs == 0:
         return None
+    echo_at = extensions.get("echo_at", 0)
+    if echo_at and (logprobs == 0 or extensions.get("ids", 0)):
+        return None
     if b"\0" in payload or b"\0" in grammar:
         return None
     return SubmitRequest(
@@ -158,6 +165,7 @@ def validate_submit(
         seed=extensions.get("seed"),
         payload=payload,
         grammar=grammar,
+        echo_at=echo_at,
     )
 
 
