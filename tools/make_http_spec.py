@@ -328,6 +328,43 @@ MESSAGES_REQUEST: Schema = {
         "cache_slot": {"type": ["integer", "null"], "minimum": 0},
     }}
 
+# System One (spec/http.md "System One"). `model` is read by nobody: any value, or none.
+SYSTEMONE_REQUEST: Schema = {
+    "type": "object", "required": ["state", "question", "options"],
+    "additionalProperties": True,
+    "description": "Fields colibri reads. Unknown fields (model included) are ignored.",
+    "properties": {
+        "model": {"description": "Not checked on this route (colibri's behaviour)."},
+        "state": STR,
+        "question": {"type": "string", "minLength": 1},
+        "options": {"type": "array", "minItems": 2, "maxItems": 64, "uniqueItems": True,
+                    "items": {"type": "string", "minLength": 1}},
+        "normalize": enum("sum", "mean"),
+    }}
+
+# The option probabilities and the entropy are functions of the kind-(b) logprobs: compared
+# with the logprob tolerance, like the logprobs themselves.
+PROBABILITY: Schema = {"type": "number", "minimum": 0, "maximum": 1,
+                       "x-colibri-sameness": "logprob"}
+SYSTEMONE = obj({
+    "answer": STR,
+    "entropy": {"type": "number", "minimum": 0, "x-colibri-sameness": "logprob",
+                "description": "Entropy of the option distribution, in bits."},
+    "normalize": enum("sum", "mean"),
+    "choices": {"type": "array", "minItems": 2, "items": obj({
+        "option": STR, "p": PROBABILITY,
+        "logprob": {"type": "number", "maximum": 0, "x-colibri-sameness": "logprob"},
+        "mean_logprob": {"type": "number", "maximum": 0, "x-colibri-sameness": "logprob"},
+        "tokens": {"type": "integer", "minimum": 1}})},
+    "usage": obj({"prompt_tokens": INT, "completion_tokens": const(0), "read_tokens": INT,
+                  "total_tokens": INT}),
+})
+
+VALIDATION_ERROR = obj({"detail": {"type": "array", "minItems": 1, "items": obj({
+    "loc": {"type": "array", "prefixItems": [const("body")], "minItems": 2,
+            "items": {"type": ["string", "integer"]}},
+    "msg": STR, "type": STR})}})
+
 SCHEMAS: dict[str, tuple[str, Schema]] = {
     "error": ("OpenAI error envelope", ERROR),
     "anthropic_error": ("Anthropic error envelope", ANTHROPIC_ERROR),
@@ -346,6 +383,9 @@ SCHEMAS: dict[str, tuple[str, Schema]] = {
     "health": ("GET /health", HEALTH),
     "experts": ("GET /experts", EXPERTS),
     "profile": ("GET /profile", PROFILE),
+    "systemone_request": ("POST /v1/systemone body", SYSTEMONE_REQUEST),
+    "systemone": ("POST /v1/systemone reply", SYSTEMONE),
+    "validation_error": ("422 validation error (`detail` list)", VALIDATION_ERROR),
 }
 
 
@@ -438,6 +478,18 @@ def openapi_document() -> Schema:
             "JSON, or named SSE events (no [DONE])", "message",
             "message_stream_event", "`event: <type>` + `data: <event>` pairs",
             _errors("anthropic_error", *gen_errors)),
+        "/v1/systemone": {"post": {
+            "summary": "System One: the probability of each option of a closed question",
+            "operationId": "systemOne",
+            "description": "Scores every option through the engine's logprob channel; "
+                           "generates nothing. `model` is not checked.",
+            "requestBody": {"required": True, "content": _json("systemone_request")},
+            "responses": {"200": {"description": "The decision", "headers": queue_header,
+                                  "content": _json("systemone")},
+                          "422": {"description": "Validation error, or a document or option "
+                                                 "that does not fit the context",
+                                  "content": _json("validation_error")},
+                          **_errors("error", 400, 401, 403, 429, 500, 503)}}},
         "/health": {"get": {
             "summary": "Liveness; full snapshot only when authenticated",
             "operationId": "health",
