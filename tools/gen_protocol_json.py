@@ -805,6 +805,22 @@ def build() -> Json:
             "handshake": ["READY", "STAT", "TIERS"],
             "turn_reply": "<raw text> [LF] END STAT",
         },
+        "stats_dump": {
+            "env": "STATS",
+            "when": "once, at exit (mux and legacy), after the last turn's usage save",
+            "format": "the .coli_usage text format (spec/protocol.md 4.2), of the in-memory "
+            "counters: the loaded history plus this process's routing",
+            "header_regex": "^-1 (?P<n_layers>0|[1-9][0-9]*) (?P<n_experts>[1-9][0-9]*)$|"
+            "^-2 (?P<version>1) (?P<engine_id>0|[1-9][0-9]*)$",
+            "record_regex": "^(?P<layer>0|[1-9][0-9]*) (?P<expert>0|[1-9][0-9]*) "
+            "(?P<count>[1-9][0-9]*)$",
+            "on_write_failure": "message on stderr, exit status 1",
+            "controls": {
+                "fresh_usage": "COLI_PERSIST=0 (nothing loaded, nothing saved)",
+                "no_drafts": "DRAFT=0 (rejected MTP drafts would be counted)",
+                "no_expert_pruning": "the reference router never prunes (TOPP is not read)",
+            },
+        },
     }
 
 
