@@ -252,6 +252,8 @@ class Handler(tornado.web.RequestHandler):
             self._cors()
             self.finish(openapi_document())
             return
+        if path == "/experts.json" and self._atlas():
+            return
         if not path.startswith("/v1/") and self._static(path):
             return
         if not self.authenticated():
@@ -301,6 +303,19 @@ class Handler(tornado.web.RequestHandler):
         body["engine"] = {"state": sup.state, "restarts": sup.restarts, "pid": sup.pid,
                           "last_exit": sup.last_exit, "seeds": sup.supports_seeds}
         await self.send_json(code, body)
+
+    def _atlas(self) -> bool:
+        """The expert atlas `colibri atlas analyze --web` wrote (a state path, so a dashboard
+        build cannot replace it); False when there is none (web/dist may still have one)."""
+        configured = self.state.config.atlas_path
+        target = Path(configured) if configured else resources.atlas_path()
+        if not target.is_file():
+            return False
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-cache")
+        self._cors()
+        self.finish(target.read_bytes())
+        return True
 
     def _static(self, path: str) -> bool:
         """Serve a web/dist file or the SPA fallback; False when the path is not static."""

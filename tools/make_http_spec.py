@@ -365,6 +365,20 @@ VALIDATION_ERROR = obj({"detail": {"type": "array", "minItems": 1, "items": obj(
             "items": {"type": ["string", "integer"]}},
     "msg": STR, "type": STR})}})
 
+# `colibri atlas analyze --web` (notes: colibri-tools.md §1.4), served as /experts.json.
+ATLAS = obj({
+    "categories": {"type": "array", "minItems": 2, "items": STR},
+    "experts": {"type": "object", "additionalProperties": False, "patternProperties": {
+        "^[0-9]+:[0-9]+$": obj({
+            "affinity": {"type": "object", "additionalProperties": {
+                "type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+            "entropy": {"type": "number", "minimum": 0,
+                        "description": "-sum v*log2 v over the rounded affinity, in bits, "
+                                       "rounded to 2 decimals"},
+            "top": STR,
+            "label": {"type": "string", "pattern": "^(generalist|specialist: .+)$"}})}},
+})
+
 SCHEMAS: dict[str, tuple[str, Schema]] = {
     "error": ("OpenAI error envelope", ERROR),
     "anthropic_error": ("Anthropic error envelope", ANTHROPIC_ERROR),
@@ -386,6 +400,7 @@ SCHEMAS: dict[str, tuple[str, Schema]] = {
     "systemone_request": ("POST /v1/systemone body", SYSTEMONE_REQUEST),
     "systemone": ("POST /v1/systemone reply", SYSTEMONE),
     "validation_error": ("422 validation error (`detail` list)", VALIDATION_ERROR),
+    "atlas": ("GET /experts.json: the expert atlas (dashboard shape)", ATLAS),
 }
 
 
@@ -512,6 +527,11 @@ def openapi_document() -> Schema:
             "operationId": "profile",
             "responses": {"200": {"description": "PROF turns", "content": _json("profile")},
                           **_errors("error", 403)}}},
+        "/experts.json": {"get": {
+            "summary": "The expert atlas (`colibri atlas analyze --web`), when one was written",
+            "operationId": "atlas",
+            "responses": {"200": {"description": "experts.json", "content": _json("atlas")},
+                          **_errors("error", 403, 404)}}},
         "/openapi.json": {"get": {
             "summary": "This document", "operationId": "openapi",
             "responses": {"200": {"description": "OpenAPI 3.1",
