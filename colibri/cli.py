@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.chat",
     "colibri.commands.conformance",
     "colibri.commands.atlas",
+    "colibri.commands.plan",
 )
 
 
