@@ -599,6 +599,13 @@ ERRORS: list[Json] = [
         "meaning": "acknowledges CANCEL, after the slot's KV was persisted",
         "effect": "continue",
     },
+    {
+        "code": "BAD_GRAMMAR",
+        "args": [],
+        "meaning": "the grammar section is not UTF-8, does not compile, uses an unsupported "
+        "feature, or the model has no tokenizer to constrain",
+        "effect": "continue",
+    },
 ]
 
 VALIDATION_ORDER: list[Json] = [
@@ -674,7 +681,15 @@ VALIDATION_ORDER: list[Json] = [
         "check": "prompt tokens > CTX-2",
         "reply": "ERROR <id> CONTEXT_EXCEEDED <nt> <CTX-2>",
     },
-    {"step": 15, "check": "accepted", "reply": "ACCEPT <id> <nt>, then prefill"},
+    {
+        "step": 15,
+        "check": (
+            "CAPS grammar=1 and the grammar section is not UTF-8, does not compile or uses an "
+            "unsupported feature, or the model has no tokenizer"
+        ),
+        "reply": "ERROR <id> BAD_GRAMMAR",
+    },
+    {"step": 16, "check": "accepted", "reply": "ACCEPT <id> <nt>, then prefill"},
 ]
 
 EXTENSIONS: list[Json] = [
@@ -736,7 +751,8 @@ CAPABILITIES: list[Json] = [
     {"key": "seed", "meaning": "1: the seed= extension is accepted"},
     {
         "key": "grammar",
-        "meaning": "1: grammar bytes constrain sampling; 0: they are read and ignored",
+        "meaning": "1: grammar bytes constrain sampling (JSON Schema, llguidance Lark or "
+        "GBNF); 0: they are read and ignored",
     },
     {"key": "topk", "meaning": "1: TOPK frames follow each DATA (SERVE_TOPK=1)"},
     {

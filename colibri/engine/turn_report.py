@@ -10,6 +10,7 @@ from colibri.engine.backend import StoreCounters
 from colibri.engine.host_info import physical_read_bytes
 from colibri.engine.rng import Rng
 from colibri.engine.wire_output import f3, f6
+from colibri.text.grammar import Matcher
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Request:
     store_at_start: tuple[int, int, float] = (0, 0, 0.0)
     physical_at_start: int | None = None
     kv_seconds: float = 0.0
+    #: The SUBMIT's grammar state; None when it sent no grammar.
+    matcher: Matcher | None = None
 
 
 @dataclass(frozen=True)
