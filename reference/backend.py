@@ -94,11 +94,16 @@ class ReferenceBackend:
         state.truncate(n)
 
     def step(self, rows: Sequence[StepRow]) -> Step:
+        clock = self.model.clock
+        clock.reset()
         started = time.perf_counter()
         logits, routes = self.model.forward_rows(
             [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
         )
-        return Step(logits, routes, StepTiming(total_s=time.perf_counter() - started))
+        total = time.perf_counter() - started
+        return Step(
+            logits, routes, StepTiming(total, clock.matmul_s, clock.attention_s, clock.head_s)
+        )
 
     def draft(self, state: Any, token: int) -> Draft:
         assert isinstance(state, KVState)
@@ -112,7 +117,7 @@ class ReferenceBackend:
         self._codec.restore(state, tokens, rows)
 
     def devices(self) -> list[Device]:
-        return []
+        return []  # numpy computes on the CPU: HWINFO counts no devices, GPUS is `GPUS 0`
 
     def close(self) -> None:
         pass

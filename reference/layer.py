@@ -15,6 +15,7 @@ on the positions, so the model computes them once per forward, not once per laye
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.moe import moe
 from colibri.reference.norms import rms_norm
 from colibri.reference.tensors import F32, I32, I64, dense_matmul, row_matmul
+from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import LayerWeights
 
 
@@ -45,6 +47,8 @@ class LayerContext:
     #: "full" (runs its indexer), "shared" (reuses the last full layer's selection) or None.
     indexer_mode: str | None
     use_indexer: bool
+    #: Attention and expert products add their seconds here (reference/timing.py).
+    clock: PhaseClock
 
 
 def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
@@ -60,7 +64,7 @@ def _feed_forward(
     """(the MLP's output, the experts each row chose; None on a dense layer)."""
     if lw.dense is not None:
         return swiglu(h, lw.dense.gate, lw.dense.up, lw.dense.down, mm), None
-    return moe(h, lw, ctx.store, ctx.cfg, mm)
+    return moe(h, lw, ctx.store, ctx.cfg, mm, ctx.clock)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +85,7 @@ def full_sequence_layer(
     t = x.shape[0]
     cos, sin = rope
     h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+    started = time.perf_counter()
     aw = lw.attention
     p = project(h, aw, cfg, cos, sin, dense_matmul)
     allowed = np.tril(np.ones((t, t), dtype=bool))
@@ -99,6 +104,7 @@ def full_sequence_layer(
         allowed = prev_allowed
     attn = naive_attention(p, p.latent, p.rope_key, allowed, aw, cfg)
     x = x + dense_matmul(attn, aw.o)
+    ctx.clock.attention_s += time.perf_counter() - started
     h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
     y, _ = _feed_forward(h, lw, ctx, dense_matmul)
     return x + y, allowed
@@ -130,6 +136,7 @@ def row_layer(
     m = x.shape[0]
     cos, sin = rope
     h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+    started = time.perf_counter()
     aw = lw.attention
     p = project(h, aw, cfg, cos, sin, row_matmul)
     run_indexer = ctx.indexer_mode == "full" and aw.indexer is not None
@@ -171,6 +178,7 @@ def row_layer(
             latent, rope_key = latent[keep], rope_key[keep]
         context[r] = latent_attention_row(qabs[r], p.q_rope[r], latent, rope_key, cfg)
     x = x + row_matmul(expand_contexts(context, kv_b_v), aw.o)
+    ctx.clock.attention_s += time.perf_counter() - started
     h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
     y, chosen = _feed_forward(h, lw, ctx, row_matmul)
     return x + y, keeps, chosen

@@ -24,6 +24,7 @@ from colibri.engine.backend import (
     ResidentExperts,
     Step,
     StepRow,
+    StepTiming,
     sparse_layers,
 )
 
@@ -61,9 +62,19 @@ class FakeBackend:
     has_mtp = False
     model_tag = 0x1234
 
-    def __init__(self, config: FakeConfig | None = None, eos_bias: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: FakeConfig | None = None,
+        eos_bias: float = 0.0,
+        *,
+        timing: StepTiming | None = None,
+        devices: Sequence[Device] = (),
+    ) -> None:
         self.config = config or FakeConfig()
         self.eos_bias = eos_bias
+        #: What every step reports as its timing (the fake measures nothing itself).
+        self.timing = timing or StepTiming()
+        self._devices = list(devices)
         self.forward_rows = 0
         self.resident = ResidentExperts()
 
@@ -136,6 +147,7 @@ class FakeBackend:
         return Step(
             np.stack(logits) if logits else np.zeros((0, c.vocab_size), np.float32),
             np.stack(routes) if routes else np.zeros((0, 0, c.num_experts_per_tok), np.int32),
+            self.timing,
         )
 
     def draft(self, state: Any, token: int) -> Draft:
@@ -152,7 +164,7 @@ class FakeBackend:
             self._append(state, np.asarray(row, np.float32))
 
     def devices(self) -> list[Device]:
-        return []
+        return list(self._devices)
 
     def close(self) -> None:
         pass

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from colibri.engine.backend import StepRow
-from colibri.engine.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.engine.host_info import gpus_line, hwinfo_line, peak_rss_gb, physical_read_bytes
 from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
 from colibri.engine.request_sampling import (
     NO_PREDICTOR_TAIL,
@@ -112,8 +112,9 @@ class MuxEngine:
         self.out.raw(READY)
         self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
         self.out.line(self.capabilities())
-        self.out.line(hwinfo_line())
-        self.out.line("GPUS 0")
+        devices = self.rt.backend.devices()
+        self.out.line(hwinfo_line(devices))
+        self.out.line(gpus_line(devices))
         self.out.line(self.rt.tiers_line())
         self.out.line(self.rt.emap_line())
 
@@ -345,7 +346,8 @@ class MuxEngine:
             assert request.pending is not None
             rows.append(StepRow(self.slots[slot_index].state, request.pending, True))
         started = time.perf_counter()
-        logits = self.rt.forward(rows, [r.rid for _, r in ready]).logits
+        step = self.rt.forward(rows, [r.rid for _, r in ready])
+        logits = step.logits
         elapsed = time.perf_counter() - started
         elapsed_ms = elapsed * 1000.0
         self.step_log.append((len(ready), elapsed))
@@ -357,6 +359,7 @@ class MuxEngine:
             request.pending = None
             request.forwards += 1
             request.forward_ms.append(elapsed_ms)
+            request.add_step(step.timing)
             self.advance(request, logits[row_index])
         self.after_step()
 
@@ -387,6 +390,7 @@ class MuxEngine:
         rows = step.logits
         elapsed = time.perf_counter() - started
         request.forward_ms.append(elapsed * 1000.0)
+        request.add_step(step.timing)
         self.step_log.append((2, elapsed))
         request.forwards += 1
         slot.history.extend([pending, draft])
@@ -430,8 +434,9 @@ class MuxEngine:
         slot = self.slots[request.slot]
         del self.active[request.slot]
         numbers = turn_numbers(request, rt.tiers.counters())
-        self.out.line(hwinfo_line())
-        self.out.line("GPUS 0")
+        devices = rt.backend.devices()
+        self.out.line(hwinfo_line(devices))
+        self.out.line(gpus_line(devices))
         kv_started = time.perf_counter()
         rt.save_usage()
         rt.persist_slot(slot)
