@@ -7,6 +7,7 @@ pinned hot set) and the COLIKV1 codec; ``step`` is one ``Model.forward_rows`` ca
 from __future__ import annotations
 
 import hashlib
+import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,8 +54,17 @@ def model_fingerprint(model_dir: Path) -> int:
     return tag or 1
 
 
+def reference_build() -> str:
+    """numpy and its BLAS decide the bytes of the reference's products; the machine decides
+    which BLAS kernels run."""
+    from colibri import __version__
+
+    return f"colibri {__version__}; numpy {np.__version__}; {platform.machine()}"
+
+
 class ReferenceBackend:
     name = "reference"
+    build = reference_build()
 
     def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
         self.model = model

@@ -161,6 +161,11 @@ class Backend(Protocol):
     @property
     def name(self) -> str: ...
     @property
+    def build(self) -> str:
+        """What besides the weights decides the bytes of a step (versions, kernel variant):
+        KV written under one build is resumed only under the same (spec/protocol.md 4.3)."""
+        ...
+    @property
     def shape(self) -> ModelShape: ...
     @property
     def model_tag(self) -> int:
