@@ -11,6 +11,8 @@ absorbed MLA over the latent cache, and products that are computed row by row
 
 Both take the RoPE ``cos``/``sin`` of their rows' positions from the caller: they depend only
 on the positions, so the model computes them once per forward, not once per layer.
+
+Spec: spec/model.md §3.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ class LayerContext:
     store: ExpertStore
     #: "full" (runs its indexer), "shared" (reuses the last full layer's selection) or None.
     indexer_mode: str | None
-    use_indexer: bool
     #: Attention and expert products add their seconds here (reference/timing.py).
     clock: PhaseClock
 
@@ -89,7 +90,7 @@ def full_sequence_layer(
     aw = lw.attention
     p = project(h, aw, cfg, cos, sin, dense_matmul)
     allowed = np.tril(np.ones((t, t), dtype=bool))
-    if ctx.use_indexer and ctx.indexer_mode == "full" and aw.indexer is not None:
+    if ctx.indexer_mode == "full" and aw.indexer is not None:
         assert p.q_resid is not None
         keys = dsa.index_keys(h, aw.indexer, cfg, cos, sin, dense_matmul)
         queries = dsa.index_queries(p.q_resid, aw.indexer, cfg, cos, sin, dense_matmul)
@@ -100,7 +101,7 @@ def full_sequence_layer(
             if kept is not None:
                 allowed[i] = False
                 allowed[i, kept] = True
-    elif ctx.use_indexer and ctx.indexer_mode == "shared" and prev_allowed is not None:
+    elif ctx.indexer_mode == "shared" and prev_allowed is not None:
         allowed = prev_allowed
     attn = naive_attention(p, p.latent, p.rope_key, allowed, aw, cfg)
     x = x + dense_matmul(attn, aw.o)
@@ -141,12 +142,10 @@ def row_layer(
     p = project(h, aw, cfg, cos, sin, row_matmul)
     run_indexer = ctx.indexer_mode == "full" and aw.indexer is not None
     # A row that sees at most index_topk keys keeps them all (dsa.select), so the indexer's
-    # queries, head weights and scores matter only when the indexer is on and some row sees
-    # more; the keys are always cached, for the rows that will. Each row's products are
-    # computed row by row, so skipping them changes no byte of the rows that remain.
-    select_rows = [
-        ctx.use_indexer and run_indexer and slots[r] + 1 > cfg.index_topk for r in range(m)
-    ]
+    # queries, head weights and scores matter only when some row sees more; the keys are
+    # always cached, for the rows that will. Each row's products are computed row by row, so
+    # skipping them changes no byte of the rows that remain.
+    select_rows = [run_indexer and slots[r] + 1 > cfg.index_topk for r in range(m)]
     if run_indexer:
         assert aw.indexer is not None and p.q_resid is not None
         ikeys = dsa.index_keys(h, aw.indexer, cfg, cos, sin, row_matmul)
@@ -171,7 +170,7 @@ def row_layer(
         if select_rows[r]:
             scores = dsa.scores_row(iqueries[r], iweights[r], caches[r]["index_key"][:seen], cfg)
             keep = dsa.select(scores, cfg.index_topk)
-        elif ctx.use_indexer and ctx.indexer_mode == "shared":
+        elif ctx.indexer_mode == "shared":
             keep = prev_keep[r]
         keeps.append(keep)
         if keep is not None:

@@ -5,6 +5,8 @@ fixtures check. ``prefill`` / ``decode`` / ``decode_batch`` run the incremental 
 ``KVState`` (absorbed MLA over the latent cache, row-by-row products). The incremental path is
 batch-invariant by construction: a row's logits are the same bytes whether it is decoded alone,
 inside any batch, or as one position of a prefill.
+
+Spec: spec/model.md §3, §8, §10.
 """
 
 from __future__ import annotations
@@ -69,8 +71,6 @@ class Model:
             mapped.check_present()
             expert_store = mapped
         self.experts: ExpertStore = expert_store
-        #: Turning the DSA indexer off makes every layer plain causal MLA (for experiments).
-        self.use_indexer = True
         #: Seconds of attention, expert products and lm_head since the last reset.
         self.clock = PhaseClock()
 
@@ -91,8 +91,7 @@ class Model:
     # helpers
 
     def _context(self, layer: int) -> LayerContext:
-        return LayerContext(self.config, self.experts, self.indexer_modes[layer],
-                            self.use_indexer, self.clock)
+        return LayerContext(self.config, self.experts, self.indexer_modes[layer], self.clock)
 
     def _rope(self, positions: Sequence[int]) -> tuple[F32, F32]:
         """RoPE cos/sin of ``positions``, computed once per forward and shared by every layer."""
@@ -165,7 +164,7 @@ class Model:
         different states are independent (a batched decode). Returns (the logits of the rows
         with ``wants_logits``, [wanting rows, vocab]; the experts every row chose at every
         sparse decoder layer, [rows, sparse layers, k]). Each row's bytes are the same whatever
-        else is in the forward (spec/model.md, batch invariance), and only the rows that want
+        else is in the forward (spec/model.md §10), and only the rows that want
         logits pay for the lm_head.
         """
         cfg = self.config
@@ -245,8 +244,7 @@ class Model:
         e, g = mtp_input(self._embed(next_tokens), state.hidden[positions], self.final_norm,
                          self.mtp, self.config.rms_norm_eps)
         z = row_matmul(concat_halves(e, g), self.mtp.eh_proj)
-        ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.use_indexer,
-                           self.clock)
+        ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.clock)
         z, _, chosen = row_layer(z, self.mtp.layer, ctx, positions, [cache.layer] * len(positions),
                          slots, [None] * len(positions), self._rope(positions))
         cache.length = slots[-1] + 1

@@ -5,6 +5,8 @@
 Each token's routed sum runs over its chosen experts in ascending id order, then the shared
 expert is added, so a token's result depends on no other token. Each expert chosen by several
 tokens is still applied to all of them in one product (its weights are read once per step).
+
+Spec: spec/model.md §7.
 """
 
 from __future__ import annotations
