@@ -1,4 +1,5 @@
-"""spec/protocol.json: generated consistently, loadable, and its grammars mean what they say."""
+"""spec/protocol.json: its derived regexes and protocol.md's tables in step with it, loadable,
+and its grammars mean what they say."""
 
 from __future__ import annotations
 
@@ -35,9 +36,27 @@ def _generator() -> object:
 
 
 def test_committed_json_matches_its_generator() -> None:
+    """Every regex is the one its field grammar derives (the rest is edited by hand)."""
     gen = _generator()
     committed = (ROOT / "spec" / "protocol.json").read_text()
     assert committed == gen.render()  # type: ignore[attr-defined]
+
+
+def test_protocol_md_tables_are_generated_from_protocol_json() -> None:
+    gen = _generator()
+    prose = (ROOT / "spec" / "protocol.md").read_text()
+    assert prose.count("<!-- generated: ") == len(gen.TABLES)  # type: ignore[attr-defined]
+    assert gen.render_prose(prose) == prose  # type: ignore[attr-defined]
+
+
+def test_protocol_md_frame_tables_name_only_kinds_of_protocol_json() -> None:
+    """The hand-written kind tables (2.5, 2.6) are checked against the JSON, both ways."""
+    prose = (ROOT / "spec" / "protocol.md").read_text()
+    start, stop = prose.index("### 2.5 Response frames"), prose.index("### 2.7 ")
+    listed = set(re.findall(r"^\| `([A-Z]+)` \|", prose[start:stop], flags=re.M))
+    spec = load_spec()
+    engine_mux = {k for k, v in spec.engine_lines.items() if "mux" in v.protocols}
+    assert listed == engine_mux - {"READY", "STAT", "CAPS"}
 
 
 def test_every_kind_documented_in_protocol_md() -> None:
