@@ -126,7 +126,8 @@ def render_prose(text: str) -> str:
         )
         if not pattern.search(text):
             raise SystemExit(f"spec/protocol.md has no generated block {name!r}")
-        text = pattern.sub(lambda m, t=make(doc): m.group(1) + t + "\n" + m.group(3), text)
+        table = make(doc)
+        text = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(3), text)
     return text
 
 
