@@ -124,10 +124,11 @@ def render_prose(text: str) -> str:
         pattern = re.compile(
             rf"(<!-- generated: {name} [^\n]*-->\n)(.*?)(<!-- end generated: {name} -->)", re.S
         )
-        if not pattern.search(text):
+        if pattern.search(text) is None:
             raise SystemExit(f"spec/protocol.md has no generated block {name!r}")
-        table = make(doc)
-        text = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(3), text)
+        match = pattern.search(text)
+        assert match is not None
+        text = text[: match.end(1)] + make(doc) + "\n" + text[match.start(3) :]
     return text
 
 
