@@ -27,6 +27,8 @@ from colibri.conformance.frames import PREAMBLE, Frame
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import PromptCodec
 
+from colibri.protocol import LIMITS
+
 if TYPE_CHECKING:
     from colibri.conformance.protocol_checks import SessionView
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 TURN_END_BLOCK = ("HWINFO", "GPUS", "TIERS", "EMAP", "HITS", "ENTROPY", "PERF", "PROF")
 #: Lines that may fall between any two frames (§2.7); periodic HITS too, outside a block.
 ANYWHERE = frozenset({"REPIN"})
-TOPK_COUNT = 5
+TOPK_COUNT = LIMITS["topk_count"]
 #: `.coli_usage` engine id: FNV-1a-32("glm_moe_dsa") (§4.2).
 USAGE_ENGINE_ID = 3815245270
 

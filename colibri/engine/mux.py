@@ -30,6 +30,7 @@ from colibri.engine.request_sampling import (
 from colibri.engine.runtime import EngineRuntime, Slot
 from colibri.engine.submit_parse import (
     MAX_HEADER,
+    MAX_LOGPROBS,
     Control,
     SubmitRequest,
     frame_submit,
@@ -48,9 +49,10 @@ from colibri.engine.wire_output import (
     f2,
     f6,
 )
+from colibri.protocol import LIMITS, SPEC
 
-HITS_EVERY = 6
-TOPK_COUNT = 5
+HITS_EVERY = LIMITS["hits_every_steps"]
+TOPK_COUNT = LIMITS["topk_count"]
 
 
 @dataclass
@@ -88,12 +90,13 @@ class MuxEngine:
     # --- handshake -------------------------------------------------------------------
 
     def capabilities(self) -> str:
+        """CAPS: every key of spec/protocol.json ``capabilities``, in its order."""
         rt = self.rt
-        caps = {
-            "proto": 1,
+        values = {
+            "proto": SPEC.revision,
             "accept": 1,
             "stop": 1,
-            "logprobs": 32,
+            "logprobs": MAX_LOGPROBS,
             "echo": 1,
             "ids": 1,
             "seed": 1,
@@ -106,7 +109,10 @@ class MuxEngine:
             "tokenizer": int(rt.tokenizer is not None),
             "mtp": int(rt.drafting),
         }
-        return "CAPS " + " ".join(f"{k}={v}" for k, v in caps.items())
+        unknown = sorted(set(values) - set(SPEC.capabilities))
+        if unknown:
+            raise KeyError(f"CAPS keys not in spec/protocol.json: {unknown}")
+        return "CAPS " + " ".join(f"{k}={values[k]}" for k in SPEC.capabilities)
 
     def handshake(self) -> None:
         self.out.raw(READY)
