@@ -1,5 +1,27 @@
-"""colibri.accelerated: the compiled engine (mypyc control plane, C/CUDA kernels).
+"""colibri.accelerated: the compiled engine (C kernels through ctypes, the accelerated backend).
 
-It must match ``colibri.reference`` token for token. Until its compiled modules are built
-this package is empty and ``colibri doctor`` reports it as not built.
+It must match ``colibri.reference`` token for token (spec/model.md §15: kinds (a) and (b)).
+``load_model(dir, threads=None)`` returns a model with the reference model's API; the C
+library is built by ``make build`` (``colibri.accelerated.native_build``).
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from colibri.accelerated.model import Model
+
+
+def load_model(model_dir: str | Path, threads: int | None = None) -> Model:
+    """Open a model directory for the accelerated engine (weights memory-mapped).
+
+    ``threads`` is the size of the kernel thread pool (default: ``COLIBRI_THREADS`` or the
+    CPUs this process may run on). A missing C library raises ``LibraryNotBuilt``."""
+    from colibri.accelerated.model import open_model
+
+    return open_model(model_dir, threads)
+
+
+__all__ = ["load_model"]

@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import importlib
 import importlib.metadata
+import os
 import platform
 import sys
 from collections.abc import Callable
@@ -78,18 +79,19 @@ def check_default_model() -> Check:
 
 
 def check_accelerated() -> Check:
-    """Whether the compiled control plane and the C kernels are present and load."""
+    """Whether the accelerated engine's C kernels (and any compiled modules) are built and load."""
     try:
         accelerated = importlib.import_module("colibri.accelerated")
     except ImportError as exc:
         return Check("accelerated", "fail", f"cannot import colibri.accelerated: {exc}")
+    kernels = _accelerated_kernels()
     package_dir = Path(str(getattr(accelerated, "__path__", [""])[0]))
     compiled = sorted(p.name for p in package_dir.glob("*.so"))
-    if not compiled:
+    if kernels is None and not compiled:
         return Check(
             "accelerated",
             "warn",
-            "accelerated engine not built (no compiled modules or kernels); "
+            "accelerated engine not built (no compiled modules or kernels; run `make build`); "
             "the reference engine is used",
         )
     failures = []
@@ -98,9 +100,35 @@ def check_accelerated() -> Check:
             ctypes.CDLL(str(package_dir / name))
         except OSError as exc:
             failures.append(f"{name}: {exc}")
+    if kernels is not None and kernels.startswith("fail:"):
+        failures.append(kernels[5:])
     if failures:
-        return Check("accelerated", "fail", "compiled modules fail to load: " + "; ".join(failures))
-    return Check("accelerated", "ok", "compiled modules: " + ", ".join(compiled))
+        return Check("accelerated", "fail", "accelerated engine fails to load: "
+                     + "; ".join(failures))
+    parts = [kernels] if kernels else []
+    if compiled:
+        parts.append("compiled modules: " + ", ".join(compiled))
+    return Check("accelerated", "ok", "; ".join(parts))
+
+
+def _accelerated_kernels() -> str | None:
+    """'C kernels: PATH (variant V, ISA I)', 'fail: why', or None when not built."""
+    try:
+        native = importlib.import_module("colibri.accelerated.native")
+    except ImportError:
+        return None
+    path = native.library_path()
+    if not path.is_file():
+        return None
+    try:
+        lib = native.load_library()
+        isa = lib.col_isa
+        isa.restype = ctypes.c_char_p
+        name = isa().decode()
+    except (native.LibraryNotBuilt, AttributeError, OSError) as exc:
+        return f"fail: C kernels at {path}: {exc}"
+    return (f"C kernels: {path} (variant {native.chosen_variant()}, ISA {name}, "
+            f"{os.cpu_count() or 1} CPUs)")
 
 
 def cuda_device_count() -> tuple[int, str]:

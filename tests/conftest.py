@@ -34,6 +34,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(state_root, ignore_errors=True))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # `make test` builds the accelerated C library first and sets COLIBRI_REQUIRE_ACCELERATED,
+    # so there a missing library is a failed build, not a reason for the accelerated tests to
+    # skip. A bare `pytest` without `make build` still skips them, naming the step.
+    if os.environ.get("COLIBRI_REQUIRE_ACCELERATED") == "1":
+        from colibri.accelerated.native import LibraryNotBuilt, load_library
+
+        try:
+            load_library()
+        except LibraryNotBuilt as exc:
+            raise pytest.UsageError(f"COLIBRI_REQUIRE_ACCELERATED=1 but {exc}") from None
+
+
 def _have_oracle() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 

@@ -1,5 +1,5 @@
 """The Backend contract (colibri.engine.backend), for every backend: the fake the engine tests
-use and the numpy reference (the accelerated one joins once built)."""
+use, the numpy reference and, once `make build` has built its C library, the accelerated one."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from accelerated_support import needs_library
 from engine_fakes import FakeBackend
 
 from colibri import resources
@@ -30,10 +31,21 @@ def _reference() -> Backend:
     )
 
 
-FACTORIES: dict[str, Callable[[], Backend]] = {"fake": FakeBackend, "reference": _reference}
+def _accelerated() -> Backend:
+    return open_backend(
+        "accelerated", resources.fixture_model_dir("glm5-tiny"), BackendOptions(), io.StringIO()
+    )
 
 
-@pytest.fixture(params=sorted(FACTORIES))
+FACTORIES: dict[str, Callable[[], Backend]] = {
+    "fake": FakeBackend, "reference": _reference, "accelerated": _accelerated,
+}
+
+
+@pytest.fixture(params=[
+    pytest.param(name, marks=needs_library) if name == "accelerated" else name
+    for name in sorted(FACTORIES)
+])
 def make(request: pytest.FixtureRequest) -> Callable[[], Backend]:
     return FACTORIES[request.param]
 
@@ -133,10 +145,21 @@ def test_cpu_backends_report_no_devices(make: Callable[[], Backend]) -> None:
     assert make().devices() == []
 
 
-def test_the_registry_names_accelerated_and_says_it_is_not_built() -> None:
+def test_the_registry_names_accelerated_and_says_when_it_is_not_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert set(BACKENDS) >= {"reference", "accelerated"}
-    with pytest.raises(BackendUnavailable, match="not available in this build"):
-        check_available("accelerated")
+    check_available("accelerated")
+    from colibri.accelerated import model as accelerated_model
+    from colibri.accelerated.native import LibraryNotBuilt
+
+    def unbuilt(*_: object) -> None:
+        raise LibraryNotBuilt("the C library is missing: run `make build`")
+
+    monkeypatch.setattr(accelerated_model, "Kernels", unbuilt)
+    with pytest.raises(BackendUnavailable, match="not available in this build.*make build"):
+        open_backend("accelerated", resources.fixture_model_dir("glm5-tiny"), BackendOptions(),
+                     io.StringIO())
     with pytest.raises(BackendUnavailable, match="unknown backend"):
         check_available("nope")
     check_available("reference")

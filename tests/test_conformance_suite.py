@@ -1,5 +1,7 @@
 """The conformance suite as pytest tests: every protocol case against `colibri engine` on
-the glm5-tiny fixture (ids=1 payloads) and on the default chat model (text payloads).
+the glm5-tiny fixture (ids=1 payloads) and on the default chat model (text payloads), and
+against `colibri engine --accelerated` on glm5-tiny (skipped only while `make build` has not
+built the accelerated engine's C library).
 
 Both targets run once, side by side (each on a few engines, `run_parallel`), the first time a
 test needs a verdict; each test then reports its case: `must` failures fail, `should`
@@ -14,6 +16,7 @@ import sys
 import threading
 
 import pytest
+from accelerated_support import BUILT, NOT_BUILT_REASON
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.engine import EngineError
 from colibri.conformance.expectations import Expectations
@@ -25,16 +28,32 @@ from conformance_verdict import assert_conformant
 from colibri.resources import DEFAULT_MODEL_NAME, fixture_model_dir
 
 ENGINE = f"{shlex.quote(sys.executable)} -m colibri engine"
-TARGETS = ["glm5-tiny", DEFAULT_MODEL_NAME]
+ENGINES = {"reference": ENGINE, "accelerated": ENGINE + " --accelerated"}
+#: (engine, model) pairs; a target's id is "model" on the reference, "accelerated:model" else.
+TARGETS = ["glm5-tiny", DEFAULT_MODEL_NAME, "accelerated:glm5-tiny"]
 CASES = load_cases("protocol")
 
 
-def _run_target(model: str) -> dict[str, Result] | str:
+def _split(target: str) -> tuple[str, str]:
+    engine, _, model = target.rpartition(":")
+    return engine or "reference", model
+
+
+def _target_params() -> list[object]:
+    unbuilt = pytest.mark.skipif(not BUILT, reason=NOT_BUILT_REASON or "built")
+    return [pytest.param(t, marks=unbuilt) if t.startswith("accelerated:") else t
+            for t in TARGETS]
+
+
+def _run_target(target: str) -> dict[str, Result] | str:
+    engine, model = _split(target)
+    if engine == "accelerated" and not BUILT:
+        return NOT_BUILT_REASON
     directory = fixture_model_dir(model)
     try:
-        runner = protocol_runner(ENGINE, directory, timeout=30.0)
+        runner = protocol_runner(ENGINES[engine], directory, timeout=30.0)
     except EngineError as exc:
-        return f"colibri engine cannot serve {model}: {exc}"
+        return f"colibri engine ({engine}) cannot serve {model}: {exc}"
     results = run_parallel(runner, CASES, Expectations(), reruns=0, jobs=2)
     return {r.case_id: r for r in results}
 
@@ -54,12 +73,12 @@ def _verdicts() -> dict[str, dict[str, Result] | str]:
     return verdicts
 
 
-@pytest.mark.parametrize("model", TARGETS)
+@pytest.mark.parametrize("model", _target_params())
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_protocol_case(model: str, case: Case) -> None:
     outcome = _verdicts()[model]
     if isinstance(outcome, str):
-        # Both targets are committed fixtures on the reference engine: not starting is a failure.
+        # Every target is a committed fixture on a built engine: not starting is a failure.
         pytest.fail(outcome, pytrace=False)
     result = outcome[case.id]
     assert_conformant(case, result)
@@ -73,12 +92,18 @@ def _fixture_models() -> list[str]:
 GOLDEN = [c for c in CASES if c.area == "golden"]
 
 
+@pytest.mark.parametrize("engine", [
+    "reference",
+    pytest.param("accelerated", marks=pytest.mark.skipif(not BUILT,
+                                                         reason=NOT_BUILT_REASON or "built")),
+])
 @pytest.mark.parametrize("model", _fixture_models())
-def test_golden_cases_on_every_fixture_model(model: str) -> None:
+def test_golden_cases_on_every_fixture_model(model: str, engine: str) -> None:
     """Greedy tokens and teacher-forced argmaxes match each fixture's oracle.json (quantized
-    containers included); the capabilities are known, so no handshake probe is needed."""
+    containers included) on both engines; the capabilities are known, so no handshake probe
+    is needed."""
     runner = protocol_runner(
-        ENGINE,
+        ENGINES[engine],
         fixture_model_dir(model),
         timeout=30.0,
         capabilities={"mux", "oracle", "logprobs", "ids"},

@@ -19,7 +19,9 @@ from typing import Any
 #: Modules that register bench sections, in report order.
 SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.reference_decode",
+    "colibri.benchmarks.accelerated_decode",
     "colibri.benchmarks.quant_formats",
+    "colibri.benchmarks.quant_kernels",
     "colibri.benchmarks.engine_slots",
     "colibri.benchmarks.server_stream",
 )

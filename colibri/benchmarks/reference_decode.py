@@ -59,14 +59,20 @@ def touched_bytes(model_dir: Path, steps: list[list[Route]]) -> list[int]:
 # workers (run in a fresh interpreter)
 
 
-def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int) -> dict[str, Any]:
+def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int,
+                      engine: str = "reference") -> dict[str, Any]:
     import numpy as np
 
     rss_before = rss_bytes()
     t0 = time.perf_counter()
-    from colibri.reference import load_model
+    if engine == "accelerated":
+        from colibri.accelerated import load_model as load_accelerated
 
-    model = load_model(model_dir)
+        model: Any = load_accelerated(model_dir)
+    else:
+        from colibri.reference import load_model
+
+        model = load_model(model_dir)
     load_s = time.perf_counter() - t0
     rss_after = rss_bytes()
     state = model.new_state()
@@ -217,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--engine", choices=("reference", "accelerated"), default="reference")
     args = parser.parse_args(argv)
-    print(json.dumps(_reference_worker(args.model, args.tokens, args.batch, args.warmup)))
+    print(json.dumps(_reference_worker(args.model, args.tokens, args.batch, args.warmup,
+                                       args.engine)))
     return 0
 
 

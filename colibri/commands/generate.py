@@ -1,4 +1,4 @@
-"""``colibri generate``: continue a prompt with the reference engine.
+"""``colibri generate``: continue a prompt with the reference (or ``--accelerated``) engine.
 
 ``--ids`` prints the generated token ids (and their text when the model ships a tokenizer).
 ``--prompt`` renders the text as a chat turn (GLM-5 layout, thinking off) by default, and
@@ -35,7 +35,9 @@ TEMPLATES = {
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "generate", help="generate with the reference engine (text from --prompt, ids from --ids)"
+        "generate",
+        help="generate with the reference or --accelerated engine "
+        "(text from --prompt, ids from --ids)",
     )
     parser.add_argument("--model", type=Path, default=None,
                         help="model directory (default: the embedded default model)")
@@ -79,7 +81,7 @@ def _check_sampling(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from colibri.engine.generate import sampled_tokens
+    from colibri.engine.generate import IncrementalModel, sampled_tokens
     from colibri.engine.rng import Rng
     from colibri.reference import CheckpointError, load_model
     from colibri.resources import default_model_dir
@@ -88,17 +90,25 @@ def run(args: argparse.Namespace) -> int:
     backend = available_backend(args, "error")
     if backend is None:
         return 2
-    if backend != "reference":
-        print(f"error: generate runs the reference model only, not --backend {backend}",
-              file=sys.stderr)
-        return 2
     model_dir: Path = args.model or default_model_dir()
     problem = _check_sampling(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        model = load_model(model_dir)
+        model: IncrementalModel
+        if backend == "accelerated":
+            from colibri.accelerated import load_model as load_accelerated
+            from colibri.accelerated.native import LibraryNotBuilt
+
+            try:
+                model = load_accelerated(model_dir)
+            except LibraryNotBuilt as exc:
+                print(f"error: --accelerated is not available in this build: {exc}",
+                      file=sys.stderr)
+                return 2
+        else:
+            model = load_model(model_dir)
         has_tokenizer = (model_dir / "tokenizer.json").is_file()
         tokenizer = Tokenizer.from_file(model_dir) if has_tokenizer else None
         stops: set[int] = set() if args.ignore_eos else set(model.config.eos_token_ids)

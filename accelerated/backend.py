@@ -1,0 +1,125 @@
+"""The accelerated backend: the C-kernel model behind the engine seam (colibri.engine.backend).
+
+Like the reference backend it owns the KV states (``KVState``, shared with the reference so
+the COLIKV1 codec and ``.coli_kv`` files are the same) and its expert tiers: the reference's
+``TieredExpertStore`` bookkeeping (disk = not yet brought in, a byte-bounded RAM LRU, a
+pinned hot set, REPIN) over this engine's expert weights (memory-mapped views in their stored
+dtype, or dequantized on a quantized container), so TIERS/EMAP/health report what the
+reference reports for the same traffic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+from colibri.accelerated.kernels import KernelError
+from colibri.accelerated.model import Model, open_model
+from colibri.accelerated.native import LibraryNotBuilt
+from colibri.reference.backend import model_fingerprint
+from colibri.reference.config import ModelConfig
+from colibri.reference.expert_store import TieredExpertStore
+from colibri.reference.kv_cache import KVState
+from colibri.reference.kv_codec import ReferenceKvCodec
+
+from colibri.engine.backend import (
+    Device,
+    Draft,
+    KvRecord,
+    Step,
+    StepRow,
+    StepTiming,
+)
+from colibri.engine.registry import BackendOptions, BackendUnavailable
+
+
+class AcceleratedBackend:
+    name = "accelerated"
+
+    def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
+        self.model = model
+        self._tag = model_tag
+        self._codec = ReferenceKvCodec(model.new_state())
+        self._tiers = store
+        model.store = store
+
+    @property
+    def shape(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def model_tag(self) -> int:
+        return self._tag
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.model.mtp is not None
+
+    @property
+    def kv_record(self) -> KvRecord:
+        return KvRecord(self._codec.record_floats, self._codec.indexer_layers)
+
+    @property
+    def tiers(self) -> TieredExpertStore:
+        return self._tiers
+
+    def new_state(self) -> KVState:
+        return self.model.new_state()
+
+    def length(self, state: Any) -> int:
+        assert isinstance(state, KVState)
+        return state.length
+
+    def truncate(self, state: Any, n: int) -> None:
+        assert isinstance(state, KVState)
+        state.truncate(n)
+
+    def step(self, rows: Sequence[StepRow]) -> Step:
+        started = time.perf_counter()
+        logits, routes = self.model.forward_rows(
+            [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
+        )
+        return Step(logits, routes, StepTiming(total_s=time.perf_counter() - started))
+
+    def draft(self, state: Any, token: int) -> Draft:
+        assert isinstance(state, KVState)
+        logits, routes = self.model.mtp_draft_routed(state, token)
+        return Draft(logits, routes)
+
+    def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
+        return self._codec.export_rows(state, start, stop)
+
+    def import_kv(self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]) -> None:
+        self._codec.restore(state, tokens, rows)
+
+    def devices(self) -> list[Device]:
+        return []
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> AcceleratedBackend:
+    """The C-kernel model over a checkpoint or container (threads: COLIBRI_THREADS or all
+    CPUs this process may use). A missing build is ``BackendUnavailable`` naming `make build`."""
+    if options.device not in (None, "cpu"):
+        raise ValueError(f"the accelerated backend runs on the CPU, not {options.device!r}")
+    try:
+        model = open_model(model_dir)
+    except LibraryNotBuilt as exc:
+        raise BackendUnavailable(f"--backend accelerated is not available in this build: {exc}"
+                                 ) from None
+    except KernelError as exc:
+        raise BackendUnavailable(f"--backend accelerated cannot start: {exc}") from None
+    print(f"== accelerated kernels: {model.kernels.isa}, {model.kernels.threads} threads ==",
+          file=log)
+    from colibri.engine.backend import usage_rows
+
+    read: Any = model.read_expert  # Mlp has the nbytes the store's LRU budgets by
+    store = TieredExpertStore(read, model.config, usage_rows(model.config),
+                              options.ram_budget_bytes)
+    return AcceleratedBackend(model, store, model_fingerprint(model_dir))

@@ -1,0 +1,141 @@
+/* Absorbed MLA attention over the latent cache (spec §5), one task per (row, head):
+ *
+ *   qabs_h    = kv_b_k_h^T q_nope_h                         [kvl]
+ *   score_t   = (qabs_h . latent_t + q_rope_h . rope_key_t) * scale
+ *   context_h = sum_t softmax(score)_t latent_t              [kvl]
+ *   out_h     = kv_b_v_h context_h                           [vdim]
+ *
+ * A task reads only its own row's cache and query, so rows never affect each other. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "colibri.h"
+
+typedef struct {
+    size_t h, nope, rope, vdim, kvl;
+    const float *q;
+    const float *const *latent;
+    const float *const *rope_key;
+    const size_t *seen;
+    const int64_t *const *keep;
+    const size_t *n_keep;
+    const void *kv_b;
+    int dtype;
+    float scale;
+    float *out;
+    int status;
+} mla_ctx;
+
+static void mla_task(void *raw, size_t begin, size_t end) {
+    mla_ctx *c = raw;
+    size_t kvl = c->kvl, qk = c->nope + c->rope;
+    size_t max_seen = 0;
+    for (size_t t = begin; t < end; t++) {
+        size_t r = t / c->h;
+        if (c->seen[r] > max_seen) max_seen = c->seen[r];
+    }
+    float *qabs = malloc(kvl * sizeof(float));
+    float *ctx = malloc(kvl * sizeof(float));
+    float *wrow = malloc(kvl * sizeof(float));
+    float *scores = malloc((max_seen ? max_seen : 1) * sizeof(float));
+    if (!qabs || !ctx || !wrow || !scores) {
+        c->status = COL_ENOMEM;
+        goto done;
+    }
+    for (size_t t = begin; t < end; t++) {
+        size_t r = t / c->h, head = t % c->h;
+        const float *qn = c->q + (r * c->h + head) * qk;
+        const float *qr = qn + c->nope;
+        size_t base = head * (c->nope + c->vdim);
+        for (size_t j = 0; j < kvl; j++) qabs[j] = 0.0f;
+        for (size_t i = 0; i < c->nope; i++) {
+            col_row_to_f32(c->kv_b, c->dtype, base + i, kvl, wrow);
+            float qi = qn[i];
+            for (size_t j = 0; j < kvl; j++) qabs[j] += qi * wrow[j];
+        }
+        const float *lat = c->latent[r], *rk = c->rope_key[r];
+        const int64_t *keep = c->keep[r];
+        size_t n = keep ? c->n_keep[r] : c->seen[r];
+        float mx = -INFINITY;
+        for (size_t s = 0; s < n; s++) {
+            size_t pos = keep ? (size_t)keep[s] : s;
+            float sc = col_dot_f32(qabs, lat + pos * kvl, kvl) + col_dot_f32(qr, rk + pos * c->rope, c->rope);
+            sc *= c->scale;
+            scores[s] = sc;
+            if (sc > mx) mx = sc;
+        }
+        float sum = 0.0f;
+        for (size_t s = 0; s < n; s++) {
+            scores[s] = expf(scores[s] - mx);
+            sum += scores[s];
+        }
+        for (size_t j = 0; j < kvl; j++) ctx[j] = 0.0f;
+        for (size_t s = 0; s < n; s++) {
+            size_t pos = keep ? (size_t)keep[s] : s;
+            float p = scores[s] / sum;
+            const float *l = lat + pos * kvl;
+            for (size_t j = 0; j < kvl; j++) ctx[j] += p * l[j];
+        }
+        float *o = c->out + r * c->h * c->vdim + head * c->vdim;
+        for (size_t v = 0; v < c->vdim; v++) {
+            col_row_to_f32(c->kv_b, c->dtype, base + c->nope + v, kvl, wrow);
+            o[v] = col_dot_f32(wrow, ctx, kvl);
+        }
+    }
+done:
+    free(qabs);
+    free(ctx);
+    free(wrow);
+    free(scores);
+}
+
+int col_mla_attention(col_pool *pool, size_t m, size_t h, size_t nope, size_t rope,
+                      size_t vdim, size_t kvl, const float *q, const float *const *latent,
+                      const float *const *rope_key, const size_t *seen,
+                      const int64_t *const *keep, const size_t *n_keep, const void *kv_b,
+                      int dtype, float scale, float *out) {
+    if (dtype != COL_F32 && dtype != COL_BF16 && dtype != COL_F16) return COL_EDTYPE;
+    if (m == 0) return COL_OK;
+    if (!q || !latent || !rope_key || !seen || !keep || !n_keep || !kv_b || !out || h == 0 ||
+        kvl == 0)
+        return COL_EINVAL;
+    for (size_t r = 0; r < m; r++) {
+        if (!latent[r] || !rope_key[r] || seen[r] == 0) return COL_EINVAL;
+        if (keep[r]) {
+            if (n_keep[r] == 0) return COL_EINVAL;
+            for (size_t s = 0; s < n_keep[r]; s++)
+                if (keep[r][s] < 0 || (size_t)keep[r][s] >= seen[r]) return COL_EINVAL;
+        }
+    }
+    mla_ctx c = {h, nope, rope, vdim, kvl, q, latent, rope_key, seen, keep, n_keep, kv_b,
+                 dtype, scale, out, COL_OK};
+    col_pool_run(pool, m * h, mla_task, &c);
+    return c.status;
+}
+
+typedef struct {
+    const float *q, *w, *keys;
+    size_t nh, hd;
+    float scale;
+    float *out;
+} idx_ctx;
+
+static void idx_task(void *raw, size_t begin, size_t end) {
+    idx_ctx *c = raw;
+    for (size_t t = begin; t < end; t++) {
+        float acc = 0.0f;
+        for (size_t h = 0; h < c->nh; h++) {
+            float d = col_dot_f32(c->q + h * c->hd, c->keys + t * c->hd, c->hd) * c->scale;
+            acc += c->w[h] * (d > 0.0f ? d : 0.0f);
+        }
+        c->out[t] = acc;
+    }
+}
+
+int col_index_scores(col_pool *pool, const float *q, const float *w, size_t nh, size_t hd,
+                     const float *keys, size_t s, float scale, float *out) {
+    if (!q || !w || !keys || !out || nh == 0 || hd == 0) return COL_EINVAL;
+    idx_ctx c = {q, w, keys, nh, hd, scale, out};
+    col_pool_run(pool, s, idx_task, &c);
+    return COL_OK;
+}

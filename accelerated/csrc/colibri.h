@@ -1,0 +1,73 @@
+/* The accelerated engine's C kernels (spec/model.md): one header, every exported function.
+ *
+ * Determinism: every output element is computed by one thread in an order fixed by the source
+ * (explicit lane accumulators, fixed reduction trees), never by the batch size or the thread
+ * count, so a row's result is the same bytes alone, in any batch, with 1 or N threads
+ * (sameness kind (c), spec/model.md §15). No -ffast-math; -ffp-contract=off.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Error codes: 0 is success; the Python binding raises a named error for each. */
+enum {
+    COL_OK = 0,
+    COL_EINVAL = 1,  /* a size, stride or pointer argument is invalid */
+    COL_ENOMEM = 2,  /* scratch memory could not be allocated */
+    COL_EDTYPE = 3,  /* a weight dtype code the kernels do not support */
+    COL_ETHREAD = 4, /* the thread pool could not be created */
+};
+
+/* Stored weight dtypes: weights stay in these, converted exactly per element (spec §1). */
+enum { COL_F32 = 0, COL_BF16 = 1, COL_F16 = 2 };
+
+typedef struct col_pool col_pool;
+typedef void (*col_task)(void *ctx, size_t begin, size_t end);
+
+const char *col_version(void);
+const char *col_isa(void);
+const char *col_strerror(int code);
+
+int col_pool_create(size_t threads, col_pool **out);
+void col_pool_destroy(col_pool *pool);
+size_t col_pool_threads(const col_pool *pool);
+/* Run fn over [0, n) split into one contiguous chunk per thread (the caller takes chunk 0). */
+void col_pool_run(col_pool *pool, size_t n, col_task fn, void *ctx);
+
+/* Internal helpers shared by the kernels (not exported through the binding). */
+float col_dot_f32(const float *a, const float *b, size_t k);
+int col_row_to_f32(const void *w, int dtype, size_t index, size_t k, float *out);
+float col_f16_to_f32(uint16_t h);
+
+/* out[r, n] = x[r, :] . w[n, :] for r < m, n < rows; w is [rows, k] in `dtype`.
+ * x rows are ldx floats apart, out rows ldo floats apart. */
+int col_matmul(col_pool *pool, const float *x, size_t m, size_t k, size_t ldx,
+               const void *w, int dtype, size_t rows, float *out, size_t ldo);
+
+int col_rms_norm(const float *x, size_t m, size_t d, const float *w, double eps, float *out);
+int col_layer_norm(const float *x, size_t m, size_t d, const float *w, const float *b,
+                   double eps, float *out);
+/* Rotate `d` values at x + r*row_stride + h*head_stride for r < m, h < heads, in place. */
+int col_rope(float *x, size_t m, size_t heads, size_t row_stride, size_t head_stride, size_t d,
+             const float *cos, const float *sin, int interleaved);
+/* out = silu(g) * u, elementwise (SwiGLU). */
+int col_silu_mul(const float *g, const float *u, size_t n, float *out);
+
+/* Absorbed MLA over the latent cache for m rows (spec §5). q is [m, h, nope + rope] with the
+ * rope part already rotated; per row r: latent[r] [*, kvl], rope_key[r] [*, rope] of which the
+ * first seen[r] rows are visible, optionally only the n_keep[r] rows keep[r] (ascending);
+ * kv_b is [h * (nope + vdim), kvl] in `dtype`. out is [m, h * vdim]. */
+int col_mla_attention(col_pool *pool, size_t m, size_t h, size_t nope, size_t rope,
+                      size_t vdim, size_t kvl, const float *q, const float *const *latent,
+                      const float *const *rope_key, const size_t *seen,
+                      const int64_t *const *keep, const size_t *n_keep, const void *kv_b,
+                      int dtype, float scale, float *out);
+
+/* DSA indexer scores of one query (spec §6): q [nh, hd], w [nh] (scaled head weights),
+ * keys [s, hd] -> out [s] = sum_h w_h relu(q_h . k_t * scale). */
+int col_index_scores(col_pool *pool, const float *q, const float *w, size_t nh, size_t hd,
+                     const float *keys, size_t s, float scale, float *out);
+
+#endif

@@ -1,0 +1,417 @@
+/* The avx2 build's register-resident path for the byte-aligned formats (int8-row, int4-row,
+ * int4-grouped, fp8): each 8-column vector of weights is decoded into a register and fed
+ * straight to the FMA of its lane, with no stack buffer. The lanes, their order and every
+ * FMA are those of q_matmul.c's buffered path, so results are the same bytes either way. */
+#include <stddef.h>
+
+#include "quant/q_internal.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "quant/coli_quant_tables.h"
+
+static inline __m256 dec8_int8(const uint8_t *row, int64_t c) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + c))));
+}
+
+/* 4 bytes -> 8 nibbles in column order (nibble k of the little-endian word is column c + k),
+ * minus 8: one broadcast load and a variable shift, no shuffle. */
+static inline __m256 dec8_int4(const uint8_t *row, int64_t c) {
+    int32_t word;
+    memcpy(&word, row + c / 2, sizeof word);
+    __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    __m256i u = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts),
+                                 _mm256_set1_epi32(0x0F));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(8)));
+}
+
+/* e4m3fn by bit placement: the 7 magnitude bits shifted to f32's exponent/mantissa position
+ * read as 2^-120 times the value (subnormals included), so one multiply by 2^120 is exact.
+ * Bit-identical to the table (NaN bytes are refused by coli_q_check beforehand). */
+static inline __m256 dec8_fp8(const uint8_t *row, int64_t c) {
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + c)));
+    __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), 20);
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f));
+    return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+}
+
+#define Q_DEC32_BY_8(NAME, DEC)                                                              \
+    static inline void NAME(const uint8_t *row, int64_t c, __m256 w[4]) {                    \
+        for (int k = 0; k < 4; k++) w[k] = DEC(row, c + 8 * k);                              \
+    }
+Q_DEC32_BY_8(dec32_int4, dec8_int4)
+
+/* Eight 2-bit fields of a 16-bit word, field k at bits 2k, as int32 lanes. */
+static inline __m256i fields2(uint32_t word) {
+    __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts),
+                            _mm256_set1_epi32(3));
+}
+
+/* int2: bytes 2k, 2k+1 of the block hold columns 8k..8k+7; q = u - 2. */
+static inline void dec32_int2(const uint8_t *row, int64_t c, __m256 w[4]) {
+    const uint8_t *b = row + c / 4;
+    for (int k = 0; k < 4; k++) {
+        __m256i u = fields2((uint32_t)b[2 * k] | ((uint32_t)b[2 * k + 1] << 8));
+        w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(2)));
+    }
+}
+
+/* int3: columns c..c+31 of a 64-column group (c % 64 is 0 or 32): low plane bytes hold 4
+ * elements each, high plane bytes 8; q = (low | high << 2) - 4. */
+static inline void dec32_int3(const uint8_t *row, int64_t c, __m256 w[4]) {
+    const uint8_t *g = row + (c / 64) * 24;
+    int e0 = (int)(c % 64);
+    __m256i bits = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int k = 0; k < 4; k++) {
+        int e = e0 + 8 * k;
+        __m256i low = fields2((uint32_t)g[e / 4] | ((uint32_t)g[e / 4 + 1] << 8));
+        __m256i high = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(g[16 + e / 8]), bits),
+                                        _mm256_set1_epi32(1));
+        __m256i u = _mm256_or_si256(low, _mm256_slli_epi32(high, 2));
+        w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(4)));
+    }
+}
+
+Q_DEC32_BY_8(dec32_int8, dec8_int8)
+Q_DEC32_BY_8(dec32_fp8, dec8_fp8)
+
+#define Q_STEP(DEC, k)                                                                        \
+    _mm256_storeu_ps(p + 8 * (k), _mm256_fmadd_ps(DEC(row, col + j), _mm256_loadu_ps(x + j),  \
+                                                  _mm256_loadu_ps(p + 8 * (k))))
+
+#define Q_DEFINE_FUSED(NAME, DEC, DEC32)                                                           \
+    static int NAME(const uint8_t *row, int64_t col, int n, const float *x, float *p) {      \
+        int v = (int)((col / 8) & 3);                                                         \
+        int j = 0;                                                                            \
+        for (; v != 0 && j + 8 <= n; j += 8, v = (v + 1) & 3) Q_STEP(DEC, v);                 \
+        if (v == 0 && j + 32 <= n) {                                                          \
+            __m256 a0 = _mm256_loadu_ps(p), a1 = _mm256_loadu_ps(p + 8);                      \
+            __m256 a2 = _mm256_loadu_ps(p + 16), a3 = _mm256_loadu_ps(p + 24);                \
+            for (; j + 32 <= n; j += 32) {                                                    \
+                __m256 w[4];                                                                  \
+                DEC32(row, col + j, w);                                                       \
+                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + j), a0);                       \
+                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + j + 8), a1);                   \
+                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + j + 16), a2);                  \
+                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + j + 24), a3);                  \
+            }                                                                                 \
+            _mm256_storeu_ps(p, a0);                                                          \
+            _mm256_storeu_ps(p + 8, a1);                                                      \
+            _mm256_storeu_ps(p + 16, a2);                                                     \
+            _mm256_storeu_ps(p + 24, a3);                                                     \
+        }                                                                                     \
+        for (; j + 8 <= n; j += 8, v = (v + 1) & 3) Q_STEP(DEC, v);                           \
+        return j;                                                                             \
+    }
+
+Q_DEFINE_FUSED(fused_int8, dec8_int8, dec32_int8)
+Q_DEFINE_FUSED(fused_int4, dec8_int4, dec32_int4)
+Q_DEFINE_FUSED(fused_fp8, dec8_fp8, dec32_fp8)
+
+/* The scale of group g of row o is srow[g]. */
+static const float *scale_row(const qlayout *L, int64_t o) {
+    switch (L->fmt) {
+    case COLI_Q_INT8_ROW:
+    case COLI_Q_INT4_ROW: return L->scales + o;
+    case COLI_Q_FP8_E4M3_B128: return L->scales + (o / 128) * L->groups_per_row;
+    default: return L->scales + o * L->groups_per_row;
+    }
+}
+
+/* Groups are multiples of 32 columns, so every group starts on lane 0 and only the row's last
+ * group can end in a part of a 32-column block (handled by the chunk-level code). */
+#define Q_DEFINE_FUSED_ROW(NAME, DEC32, CHUNK)                                                \
+    static void NAME(const qlayout *L, int64_t o, const float *x, float *t) {                 \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                           \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                __m256 w[4];                                                                  \
+                DEC32(row, c, w);                                                             \
+                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + c), a0);                       \
+                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + c + 8), a1);                   \
+                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + c + 16), a2);                  \
+                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + c + 24), a3);                  \
+            }                                                                                 \
+            if (c < end) {                                                                    \
+                float p[32], buf[32];                                                         \
+                _mm256_storeu_ps(p, a0);                                                      \
+                _mm256_storeu_ps(p + 8, a1);                                                  \
+                _mm256_storeu_ps(p + 16, a2);                                                 \
+                _mm256_storeu_ps(p + 24, a3);                                                 \
+                int n = (int)(end - c);                                                       \
+                int done = CHUNK(row, c, n, x + c, p);                                        \
+                if (done < n) {                                                               \
+                    L->decode(row, c + done, n - done, buf);                                  \
+                    coli_qi_lanes_dot(buf, x + c + done, n - done, c + done, p);                    \
+                }                                                                             \
+                a0 = _mm256_loadu_ps(p);                                                      \
+                a1 = _mm256_loadu_ps(p + 8);                                                  \
+                a2 = _mm256_loadu_ps(p + 16);                                                 \
+                a3 = _mm256_loadu_ps(p + 24);                                                 \
+            }                                                                                 \
+            __m256 s = _mm256_set1_ps(srow[g]);                                               \
+            t0 = _mm256_fmadd_ps(s, a0, t0);                                                  \
+            t1 = _mm256_fmadd_ps(s, a1, t1);                                                  \
+            t2 = _mm256_fmadd_ps(s, a2, t2);                                                  \
+            t3 = _mm256_fmadd_ps(s, a3, t3);                                                  \
+        }                                                                                     \
+        _mm256_storeu_ps(t, t0);                                                              \
+        _mm256_storeu_ps(t + 8, t1);                                                          \
+        _mm256_storeu_ps(t + 16, t2);                                                         \
+        _mm256_storeu_ps(t + 24, t3);                                                         \
+    }
+
+Q_DEFINE_FUSED_ROW(fused_row_int8, dec32_int8, fused_int8)
+Q_DEFINE_FUSED_ROW(fused_row_int4, dec32_int4, fused_int4)
+Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
+
+/* The int2/int3 row paths: groups are whole 32-column blocks except a row's short tail,
+ * which goes through the buffered decoder exactly as in the chunked path. */
+#define Q_DEFINE_BITS_ROW(NAME, DEC32)                                                        \
+    static void NAME(const qlayout *L, int64_t o, const float *x, float *t) {                 \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                           \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                __m256 w[4];                                                                  \
+                DEC32(row, c, w);                                                             \
+                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + c), a0);                       \
+                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + c + 8), a1);                   \
+                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + c + 16), a2);                  \
+                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + c + 24), a3);                  \
+            }                                                                                 \
+            if (c < end) {                                                                    \
+                float p[32], buf[32];                                                         \
+                _mm256_storeu_ps(p, a0);                                                      \
+                _mm256_storeu_ps(p + 8, a1);                                                  \
+                _mm256_storeu_ps(p + 16, a2);                                                 \
+                _mm256_storeu_ps(p + 24, a3);                                                 \
+                L->decode(row, c, (int)(end - c), buf);                                       \
+                coli_qi_lanes_dot(buf, x + c, (int)(end - c), c, p);                                \
+                a0 = _mm256_loadu_ps(p);                                                      \
+                a1 = _mm256_loadu_ps(p + 8);                                                  \
+                a2 = _mm256_loadu_ps(p + 16);                                                 \
+                a3 = _mm256_loadu_ps(p + 24);                                                 \
+            }                                                                                 \
+            __m256 s = _mm256_set1_ps(srow[g]);                                               \
+            t0 = _mm256_fmadd_ps(s, a0, t0);                                                  \
+            t1 = _mm256_fmadd_ps(s, a1, t1);                                                  \
+            t2 = _mm256_fmadd_ps(s, a2, t2);                                                  \
+            t3 = _mm256_fmadd_ps(s, a3, t3);                                                  \
+        }                                                                                     \
+        _mm256_storeu_ps(t, t0);                                                              \
+        _mm256_storeu_ps(t + 8, t1);                                                          \
+        _mm256_storeu_ps(t + 16, t2);                                                         \
+        _mm256_storeu_ps(t + 24, t3);                                                         \
+    }
+
+Q_DEFINE_BITS_ROW(fused_row_int2, dec32_int2)
+Q_DEFINE_BITS_ROW(fused_row_int3, dec32_int3)
+
+/* A row's last, partial 32-column block through the buffered decoder and lane dot: the same
+ * operations on the same lanes as the chunked path. */
+static void tail_block(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
+                       __m256 a[4]) {
+    float p[32], buf[32];
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(p + 8 * k, a[k]);
+    L->decode(row, c, n, buf);
+    coli_qi_lanes_dot(buf, x + c, n, c, p);
+    for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(p + 8 * k);
+}
+
+static void scale_into(float s, const __m256 a[4], float *t) {
+    __m256 sv = _mm256_set1_ps(s);
+    for (int k = 0; k < 4; k++)
+        _mm256_storeu_ps(t + 8 * k, _mm256_fmadd_ps(sv, a[k], _mm256_loadu_ps(t + 8 * k)));
+}
+
+/* Two activation rows against one weight row: each 32-column block is decoded once and fed to
+ * both rows' accumulators (per row, the operations of the one-row path). */
+#define Q_DEFINE_ROW2(NAME, DEC32)                                                            \
+    static void NAME(const qlayout *L, int64_t o, const float *x0, const float *x1,          \
+                     float *t0, float *t1) {                                                  \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                        \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                __m256 w[4];                                                                  \
+                DEC32(row, c, w);                                                             \
+                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x0 + c), a0);                      \
+                b0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x1 + c), b0);                      \
+                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x0 + c + 8), a1);                  \
+                b1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x1 + c + 8), b1);                  \
+                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x0 + c + 16), a2);                 \
+                b2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x1 + c + 16), b2);                 \
+                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x0 + c + 24), a3);                 \
+                b3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x1 + c + 24), b3);                 \
+            }                                                                                 \
+            __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};                          \
+            if (c < end) {                                                                    \
+                tail_block(L, row, c, (int)(end - c), x0, a);                                 \
+                tail_block(L, row, c, (int)(end - c), x1, b);                                 \
+            }                                                                                 \
+            scale_into(srow[g], a, t0);                                                       \
+            scale_into(srow[g], b, t1);                                                       \
+        }                                                                                     \
+    }
+
+Q_DEFINE_ROW2(fused_row2_int8, dec32_int8)
+Q_DEFINE_ROW2(fused_row2_int4, dec32_int4)
+Q_DEFINE_ROW2(fused_row2_fp8, dec32_fp8)
+Q_DEFINE_ROW2(fused_row2_int2, dec32_int2)
+Q_DEFINE_ROW2(fused_row2_int3, dec32_int3)
+
+static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
+                          float *t0, float *t1);
+
+q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group) {
+    switch (fmt) {
+    case COLI_Q_INT8_ROW: return fused_row2_int8;
+    case COLI_Q_INT4_ROW: return fused_row2_int4;
+    case COLI_Q_INT4_GROUPED: return group % 32 == 0 ? fused_row2_int4 : NULL;
+    case COLI_Q_FP8_E4M3_B128: return fused_row2_fp8;
+    case COLI_Q_INT2_ROW: return fused_row2_int2;
+    case COLI_Q_INT3_G64: return fused_row2_int3;
+    case COLI_Q_E8_IQ3: return fused_row2_e8;
+    default: return NULL;
+    }
+}
+
+/* e8: each 32-weight sub-block is one group; w = grid/2 with the sign bit flipped where set
+ * (bit-identical to the buffered decoder's multiply by -1), its scale db from d and code. */
+/* The 32 weights of sub-block ib of an e8 super-block, as four vectors, and its scale. */
+static inline float e8_sub_block(const uint8_t *blk, float d, int ib, __m256 w[4]) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i sign_bit = _mm256_set1_epi32((int)0x80000000u);
+    const uint8_t *idx = blk + 8 * ib;
+    uint32_t word;
+    memcpy(&word, blk + 64 + 4 * ib, sizeof word);
+    for (int l = 0; l < 4; l++) {
+        uint32_t seven = (word >> (7 * l)) & 0x7F;
+        uint32_t par = seven ^ (seven >> 4);
+        par ^= par >> 2;
+        par ^= par >> 1;
+        __m256i signs = _mm256_set1_epi32((int)(seven | ((par & 1) << 7)));
+        __m256i neg = _mm256_cmpeq_epi32(_mm256_and_si256(signs, bit), bit);
+        __m256 mag = _mm256_insertf128_ps(
+            _mm256_castps128_ps256(_mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l]])),
+            _mm_loadu_ps(coli_q_iq3_gridf[idx[2 * l + 1]]), 1);
+        w[l] = _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_and_si256(neg, sign_bit)));
+    }
+    uint32_t code = word >> 28;
+    return (d * (0.5f + (float)code)) * 0.5f;
+}
+
+/* e8: each 32-weight sub-block is one group; w = grid/2 with the sign bit flipped where set
+ * (bit-identical to the buffered decoder's multiply by -1), its scale db from d and code. */
+static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) {
+    const uint8_t *row = L->packed + o * L->row_bytes;
+    __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+    for (int64_t b = 0; b < L->in_features / 256; b++) {
+        const uint8_t *blk = row + b * 98;
+        float d = coli_qi_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            const float *xc = x + b * 256 + ib * 32;
+            __m256 w[4];
+            __m256 s = _mm256_set1_ps(e8_sub_block(blk, d, ib, w));
+            __m256 z = _mm256_setzero_ps();
+            t0 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xc), z), t0);
+            t1 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xc + 8), z), t1);
+            t2 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xc + 16), z), t2);
+            t3 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xc + 24), z), t3);
+        }
+    }
+    _mm256_storeu_ps(t, t0);
+    _mm256_storeu_ps(t + 8, t1);
+    _mm256_storeu_ps(t + 16, t2);
+    _mm256_storeu_ps(t + 24, t3);
+}
+
+static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
+                          float *t0, float *t1) {
+    const uint8_t *row = L->packed + o * L->row_bytes;
+    __m256 a[4], b[4];
+    for (int k = 0; k < 4; k++) a[k] = b[k] = _mm256_setzero_ps();
+    for (int64_t bk = 0; bk < L->in_features / 256; bk++) {
+        const uint8_t *blk = row + bk * 98;
+        float d = coli_qi_e8_half((uint16_t)(blk[96] | (blk[97] << 8)));
+        for (int ib = 0; ib < 8; ib++) {
+            int64_t c = bk * 256 + ib * 32;
+            __m256 w[4];
+            __m256 s = _mm256_set1_ps(e8_sub_block(blk, d, ib, w));
+            __m256 z = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                a[k] = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x0 + c + 8 * k), z),
+                                       a[k]);
+                b[k] = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x1 + c + 8 * k), z),
+                                       b[k]);
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        _mm256_storeu_ps(t0 + 8 * k, a[k]);
+        _mm256_storeu_ps(t1 + 8 * k, b[k]);
+    }
+}
+
+q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group) {
+    if (fmt == COLI_Q_INT2_ROW) return fused_row_int2;
+    if (fmt == COLI_Q_INT3_G64) return fused_row_int3;
+    if (fmt == COLI_Q_E8_IQ3) return fused_row_e8;
+    if (group % 32 != 0 && fmt != COLI_Q_INT8_ROW && fmt != COLI_Q_INT4_ROW) return NULL;
+    switch (fmt) {
+    case COLI_Q_INT8_ROW: return fused_row_int8;
+    case COLI_Q_INT4_ROW:
+    case COLI_Q_INT4_GROUPED: return fused_row_int4;
+    case COLI_Q_FP8_E4M3_B128: return fused_row_fp8;
+    default: return NULL;
+    }
+}
+
+q_fused_fn coli_qi_fused_for(int fmt) {
+    switch (fmt) {
+    case COLI_Q_INT8_ROW: return fused_int8;
+    case COLI_Q_INT4_ROW:
+    case COLI_Q_INT4_GROUPED: return fused_int4;
+    case COLI_Q_FP8_E4M3_B128: return fused_fp8;
+    default: return NULL;
+    }
+}
+#else
+q_fused_fn coli_qi_fused_for(int fmt) {
+    (void)fmt;
+    return NULL;
+}
+
+q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group) {
+    (void)fmt;
+    (void)group;
+    return NULL;
+}
+
+q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group) {
+    (void)fmt;
+    (void)group;
+    return NULL;
+}
+#endif

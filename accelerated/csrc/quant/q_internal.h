@@ -1,0 +1,77 @@
+/* Shared between the quantized-kernel sources: a validated view of one quantized matrix. */
+#ifndef COLI_Q_INTERNAL_H
+#define COLI_Q_INTERNAL_H
+
+#include <stdint.h>
+
+#include "quant/coli_quant.h"
+
+/* Columns decoded onto the stack at a time (a chunk never crosses a scale group). */
+#define COLI_Q_CHUNK 256
+/* Batched path: activation rows per pass over the weights (more rows: another pass), and
+ * output rows walked together so an activation chunk is reused from L1. */
+#define COLI_Q_ROW_TILE 8
+#define COLI_Q_OUT_BLOCK 8
+
+#define COLI_Q_E8_BLOCK 256
+#define COLI_Q_E8_BLOCK_BYTES 98
+#define COLI_Q_INT3_GROUP 64
+#define COLI_Q_INT3_GROUP_BYTES 24
+#define COLI_Q_FP8_BLOCK 128
+
+typedef struct qlayout qlayout;
+
+/* Decode columns [col, col + n) of one row (the row's packed bytes) to unscaled floats. */
+typedef void (*q_decode_fn)(const uint8_t *row, int64_t col, int n, float *out);
+
+/* Decode-and-accumulate columns [col, col + n) of one row into the 32 lane partials p with x
+ * the activations of those columns, whole 8-column vectors only; returns how many columns it
+ * did (the caller finishes a short tail through the decoder). Same operations as decoding
+ * into a buffer and calling the lane dot: only the weights' trip through memory differs. */
+typedef int (*q_fused_fn)(const uint8_t *row, int64_t col, int n, const float *x, float *p);
+
+/* A whole output row for one activation row: t (32 lanes, zeroed by the caller) receives the
+ * scaled group partials exactly as the chunked path computes them. Only for layouts whose
+ * groups are multiples of 32 columns (every format but int4-grouped 16/48 and int3/int2/e8). */
+typedef void (*q_fused_row_fn)(const qlayout *L, int64_t o, const float *x, float *t);
+
+/* The same for two activation rows at once, decoding each weight block once; t0 and t1 are
+ * each row's lanes (zeroed by the caller) and get exactly the one-row results. */
+typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, const float *x1,
+                                float *t0, float *t1);
+
+/* The fused paths of a format in this build, or NULL (q_fused.c). */
+q_fused_fn coli_qi_fused_for(int fmt);
+q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group);
+q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group);
+
+/* The lane dot of the buffered path (q_matmul.c): p[(col + j) % 32] += w[j] * x[j]. */
+void coli_qi_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p);
+
+struct qlayout {
+    int fmt;
+    int64_t out_features;
+    int64_t in_features;
+    int64_t row_bytes;      /* packed bytes of one output row */
+    int64_t group;          /* columns per scale group */
+    int64_t groups_per_row; /* scale groups along a row (fp8: 128-column blocks) */
+    const uint8_t *packed;
+    const float *scales;
+    q_decode_fn decode;
+    q_fused_fn fused;
+    q_fused_row_fn fused_row;
+    q_fused_row2_fn fused_row2;
+};
+
+/* Checks sizes and fills *L (q_layout.c). */
+int coli_qi_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
+                  int64_t packed_len, const float *scales, int64_t n_scales,
+                  int64_t out_features, int64_t in_features);
+
+/* The multiplier of scale group g of output row o. */
+float coli_qi_group_scale(const qlayout *L, int64_t o, int64_t g);
+
+/* fmt6's fp16 super-scale as colibri decodes it (subnormals as 2^-14 (1 + m/1024)). */
+float coli_qi_e8_half(uint16_t h);
+
+#endif

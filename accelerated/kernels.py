@@ -1,0 +1,243 @@
+"""The ctypes binding of the C kernels: one prototype table, named errors, zero-copy arrays.
+
+Every exported C function is declared once in ``PROTOTYPES``; ``Kernels`` checks each
+array's dtype, contiguity and size before C sees its address (numpy arrays are passed by
+pointer, never copied in the hot path), and turns a non-zero C status into a named error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_void_p
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from colibri.accelerated.native import load_library
+
+F32 = npt.NDArray[np.float32]
+
+#: The stored weight dtypes the kernels read directly (colibri.h).
+DTYPE_CODES: dict[str, int] = {"F32": 0, "BF16": 1, "F16": 2}
+_NUMPY_DTYPES = {0: np.dtype("<f4"), 1: None, 2: np.dtype("<f2")}
+
+#: name -> (restype, argtypes): every function the binding calls.
+PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
+    "col_version": (c_char_p, []),
+    "col_isa": (c_char_p, []),
+    "col_strerror": (c_char_p, [c_int]),
+    "col_pool_create": (c_int, [c_size_t, POINTER(c_void_p)]),
+    "col_pool_destroy": (None, [c_void_p]),
+    "col_pool_threads": (c_size_t, [c_void_p]),
+    "col_matmul": (c_int, [c_void_p, c_void_p, c_size_t, c_size_t, c_size_t, c_void_p, c_int,
+                           c_size_t, c_void_p, c_size_t]),
+    "col_rms_norm": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_double, c_void_p]),
+    "col_layer_norm": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_void_p, c_double,
+                               c_void_p]),
+    "col_rope": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t, c_void_p,
+                         c_void_p, c_int]),
+    "col_silu_mul": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p]),
+    "col_mla_attention": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t,
+                                  c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                  c_void_p, c_void_p, c_int, c_float, c_void_p]),
+    "col_index_scores": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
+                                 c_size_t, c_float, c_void_p]),
+}
+
+
+class KernelError(RuntimeError):
+    """A C kernel refused its arguments or failed (the base of the named errors below)."""
+
+
+class KernelInvalidArgument(KernelError):
+    pass
+
+
+class KernelOutOfMemory(KernelError):
+    pass
+
+
+class KernelUnsupportedDtype(KernelError):
+    pass
+
+
+class KernelThreadError(KernelError):
+    pass
+
+
+_ERRORS: dict[int, type[KernelError]] = {
+    1: KernelInvalidArgument, 2: KernelOutOfMemory, 3: KernelUnsupportedDtype,
+    4: KernelThreadError,
+}
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Apply the prototype table to ``lib`` (a missing symbol means a stale build)."""
+    from colibri.accelerated.native import LibraryNotBuilt
+
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise LibraryNotBuilt(
+                f"the C library lacks {name} (a stale build): run `make build`"
+            ) from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+class Weight:
+    """A 2-D weight [rows, cols] in its stored dtype (a memory-mapped view, never copied)."""
+
+    __slots__ = ("array", "code", "rows", "cols", "ptr")
+
+    def __init__(self, array: np.ndarray, code: int) -> None:
+        if array.ndim != 2 or not array.flags.c_contiguous:
+            raise KernelInvalidArgument("a weight must be a C-contiguous 2-D array")
+        want_size = 4 if code == 0 else 2
+        if array.dtype.itemsize != want_size:
+            raise KernelUnsupportedDtype(f"weight dtype {array.dtype} does not match code {code}")
+        self.array = array
+        self.code = code
+        self.rows, self.cols = int(array.shape[0]), int(array.shape[1])
+        self.ptr = int(array.ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+
+def _ptr(a: np.ndarray, n: int, what: str) -> int:
+    if a.dtype != np.float32 or not a.flags.c_contiguous or a.size < n:
+        raise KernelInvalidArgument(
+            f"{what}: need a C-contiguous float32 array of at least {n} values, got "
+            f"{a.dtype} {list(a.shape)}"
+        )
+    return int(a.ctypes.data)
+
+
+class Kernels:
+    """The C library bound to one persistent thread pool."""
+
+    def __init__(self, threads: int, lib: ctypes.CDLL | None = None) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.lib = bind(lib or load_library())
+        pool = c_void_p()
+        self._check(self.lib.col_pool_create(threads, ctypes.byref(pool)), "col_pool_create")
+        self.pool = pool.value
+        self.threads = threads
+
+    def close(self) -> None:
+        if self.pool:
+            self.lib.col_pool_destroy(self.pool)
+            self.pool = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    @property
+    def isa(self) -> str:
+        out: bytes = self.lib.col_isa()
+        return out.decode()
+
+    def _check(self, status: int, what: str) -> None:
+        if status:
+            message: bytes = self.lib.col_strerror(status)
+            raise _ERRORS.get(status, KernelError)(f"{what}: {message.decode()} (code {status})")
+
+    # --- products -------------------------------------------------------------------------
+
+    def matmul(self, x: F32, w: Weight, out: F32 | None = None) -> F32:
+        """x [M, K] @ w.T -> [M, rows]; row r's bytes depend only on x[r] and w."""
+        m = int(x.shape[0])
+        if x.ndim != 2 or x.shape[1] != w.cols:
+            raise KernelInvalidArgument(f"matmul: x {list(x.shape)} against weight "
+                                        f"[{w.rows}, {w.cols}]")
+        if out is None:
+            out = np.empty((m, w.rows), np.float32)
+        self._check(self.lib.col_matmul(self.pool, _ptr(x, m * w.cols, "x"), m, w.cols, w.cols,
+                                        w.ptr, w.code, w.rows, _ptr(out, m * w.rows, "out"),
+                                        w.rows), "col_matmul")
+        return out
+
+    def rms_norm(self, x: F32, w: F32, eps: float) -> F32:
+        m, d = x.shape
+        out = np.empty_like(x)
+        self._check(self.lib.col_rms_norm(_ptr(x, m * d, "x"), m, d, _ptr(w, d, "weight"), eps,
+                                          _ptr(out, m * d, "out")), "col_rms_norm")
+        return out
+
+    def layer_norm(self, x: F32, w: F32, b: F32, eps: float) -> F32:
+        m, d = x.shape
+        out = np.empty_like(x)
+        self._check(self.lib.col_layer_norm(_ptr(x, m * d, "x"), m, d, _ptr(w, d, "weight"),
+                                            _ptr(b, d, "bias"), eps, _ptr(out, m * d, "out")),
+                    "col_layer_norm")
+        return out
+
+    def rope(self, x: F32, heads: int, row_stride: int, head_stride: int, offset: int, d: int,
+             cos: F32, sin: F32, interleaved: bool) -> None:
+        """Rotate, in place, ``d`` values at x.flat[offset + r*row_stride + h*head_stride]."""
+        m = int(cos.shape[0])
+        if m and offset + (m - 1) * row_stride + (heads - 1) * head_stride + d > x.size:
+            raise KernelInvalidArgument("rope: the rotated slices run past the array")
+        base = _ptr(x, x.size, "x") + 4 * offset
+        self._check(self.lib.col_rope(base, m, heads, row_stride, head_stride, d,
+                                      _ptr(cos, m * d // 2, "cos"), _ptr(sin, m * d // 2, "sin"),
+                                      int(interleaved)), "col_rope")
+
+    def silu_mul(self, g: F32, u: F32) -> F32:
+        out = np.empty_like(g)
+        n = g.size
+        self._check(self.lib.col_silu_mul(_ptr(g, n, "gate"), _ptr(u, n, "up"), n,
+                                          _ptr(out, n, "out")), "col_silu_mul")
+        return out
+
+    def swiglu(self, x: F32, gate: Weight, up: Weight, down: Weight) -> F32:
+        return self.matmul(self.silu_mul(self.matmul(x, gate), self.matmul(x, up)), down)
+
+    # --- attention ------------------------------------------------------------------------
+
+    def mla_attention(self, q: F32, heads: int, nope: int, rope: int, vdim: int, kvl: int,
+                      latents: Sequence[F32], rope_keys: Sequence[F32], seen: Sequence[int],
+                      keeps: Sequence[npt.NDArray[np.int64] | None], kv_b: Weight,
+                      scale: float) -> F32:
+        m = len(seen)
+        if kv_b.rows != heads * (nope + vdim) or kv_b.cols != kvl:
+            raise KernelInvalidArgument("mla_attention: kv_b has the wrong shape")
+        lat_p = np.empty(m, np.uint64)
+        rk_p = np.empty(m, np.uint64)
+        keep_p = np.zeros(m, np.uint64)
+        n_keep = np.zeros(m, np.uint64)
+        seen_a = np.asarray(seen, np.uint64)
+        for r in range(m):
+            lat_p[r] = _ptr(latents[r], seen[r] * kvl, "latent cache")
+            rk_p[r] = _ptr(rope_keys[r], seen[r] * rope, "rope-key cache")
+            keep = keeps[r]
+            if keep is not None:
+                if keep.dtype != np.int64 or not keep.flags.c_contiguous:
+                    raise KernelInvalidArgument("mla_attention: keep must be contiguous int64")
+                keep_p[r] = keep.ctypes.data
+                n_keep[r] = keep.shape[0]
+        out = np.empty((m, heads * vdim), np.float32)
+        self._check(self.lib.col_mla_attention(
+            self.pool, m, heads, nope, rope, vdim, kvl, _ptr(q, m * heads * (nope + rope), "q"),
+            lat_p.ctypes.data, rk_p.ctypes.data, seen_a.ctypes.data, keep_p.ctypes.data,
+            n_keep.ctypes.data, kv_b.ptr, kv_b.code, scale, out.ctypes.data),
+            "col_mla_attention")
+        return out
+
+    def index_scores(self, q: F32, w: F32, keys: F32, scale: float) -> F32:
+        nh, hd = q.shape
+        s = int(keys.shape[0])
+        out = np.empty(s, np.float32)
+        self._check(self.lib.col_index_scores(
+            self.pool, _ptr(q, nh * hd, "query"), _ptr(w, nh, "head weights"), nh, hd,
+            _ptr(keys, s * hd, "index keys"), s, scale, out.ctypes.data), "col_index_scores")
+        return out

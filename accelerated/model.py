@@ -1,0 +1,414 @@
+"""The accelerated model: the reference's incremental forward with every hot product in C.
+
+Reading order (spec/model.md): embedding (§3) -> per layer: RMSNorm (§3.1), MLA projections
+and RoPE (§4, §5), the DSA indexer (§6), absorbed attention over the latent cache (§5), the
+router and experts or the dense MLP (§7) -> final norm and lm_head (§8); MTP (§9).
+
+What runs where: products with weights (every matmul, the absorbed kv_b products inside
+attention), norms, RoPE, SwiGLU's gate, attention and the indexer's scores are C kernels
+(``kernels.py``). Light per-row glue stays in numpy, with operations whose per-element
+result does not depend on the array's length: the embedding gather, RoPE's cos/sin table
+(once per forward), residual adds, the router's sigmoid and top-k selection over E scores,
+the DSA top-k over a row's scores, and the weighted sum of a row's expert outputs in
+ascending expert id order. So a row's logits are the same bytes alone or in any batch and
+for any thread count (spec §10, §15 kind (c)).
+
+States are ``colibri.reference.kv_cache.KVState`` (a plain data container: tokens, hidden
+states, growable per-layer cache arrays), so the COLIKV1 codec and persistence are shared.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from colibri.accelerated.kernels import F32, Kernels, Weight
+from colibri.accelerated.weights import (
+    ExpertSource,
+    Layer,
+    Mlp,
+    WeightLoader,
+    dequantized_experts,
+    finite_check,
+    load_layer,
+    mapped_experts,
+)
+from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
+from colibri.reference.errors import CheckpointError
+from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
+from colibri.reference.safetensors import Checkpoint
+
+I32 = npt.NDArray[np.int32]
+
+
+class ExpertLookup(Protocol):
+    def expert(self, layer: int, expert: int) -> Any: ...
+
+I64 = npt.NDArray[np.int64]
+
+
+def default_threads() -> int:
+    raw = os.environ.get("COLIBRI_THREADS") or os.environ.get("THREADS")
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"COLIBRI_THREADS must be a whole number, got {raw!r}") from None
+        if n >= 1:
+            return n
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else (os.cpu_count() or 1))
+
+
+def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
+    widths = {"latent": cfg.kv_lora_rank, "rope_key": cfg.qk_rope_head_dim}
+    if indexer_mode == "full":
+        widths["index_key"] = cfg.index_head_dim
+    return widths
+
+
+def inv_freq(dim: int, theta: float) -> F32:
+    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    out: F32 = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
+    return out
+
+
+def route(logits: F32, bias: F32, cfg: ModelConfig) -> tuple[I64, F32]:
+    """noaux_tc (spec §7.1): (expert ids ascending [K], weights [K]); ties to the lower id."""
+    scores = (np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))).astype(np.float32)
+    choice = (scores + bias).astype(np.float32)
+    if cfg.n_group > 1:
+        per = cfg.n_routed_experts // cfg.n_group
+        top2 = -np.sort(-choice.reshape(cfg.n_group, per), axis=-1)[:, :2]
+        group_scores = (top2[:, 0] + top2[:, 1]).astype(np.float32)
+        keep = np.argsort(-group_scores, kind="stable")[: cfg.topk_group]
+        mask = np.zeros(cfg.n_group, dtype=bool)
+        mask[keep] = True
+        choice = np.where(np.repeat(mask, per), choice, np.float32(-np.inf)).astype(np.float32)
+    chosen: I64 = np.sort(np.argsort(-choice, kind="stable")[: cfg.num_experts_per_tok])
+    chosen = chosen.astype(np.int64)
+    weights = scores[chosen]
+    if cfg.norm_topk_prob:
+        weights = weights / (np.sum(weights, dtype=np.float32) + np.float32(1e-20))
+    out: F32 = (weights * np.float32(cfg.routed_scaling_factor)).astype(np.float32)
+    return chosen, out
+
+
+def dsa_select(scores: F32, topk: int) -> I64 | None:
+    """Kept positions ascending (spec §6): best scores, ties to the earlier position."""
+    if scores.shape[0] <= topk:
+        return None
+    kept: I64 = np.sort(np.argsort(-scores, kind="stable")[:topk]).astype(np.int64)
+    return kept
+
+
+class Model:
+    def __init__(self, config: ModelConfig, checkpoint: Checkpoint, kernels: Kernels,
+                 experts: ExpertSource | None = None) -> None:
+        self.config = cfg = config
+        self.checkpoint = checkpoint
+        self.kernels = kernels
+        t = WeightLoader(checkpoint)
+        d, v = cfg.hidden_size, cfg.vocab_size
+        self.embed = t.matrix("model.embed_tokens.weight", (v, d))
+        self.final_norm = t.vector("model.norm.weight", (d,))
+        self.lm_head = self.embed if cfg.tie_word_embeddings else t.matrix("lm_head.weight",
+                                                                            (v, d))
+        self.indexer_modes: list[str | None] = [
+            cfg.indexer_types[i] if cfg.indexer_types else None
+            for i in range(cfg.num_hidden_layers)
+        ]
+        self.layers = [load_layer(t, cfg, i, cfg.is_sparse(i), self.indexer_modes[i] == "full")
+                       for i in range(cfg.num_hidden_layers)]
+        sparse = [i for i in range(cfg.num_hidden_layers) if cfg.is_sparse(i)]
+        n = cfg.num_hidden_layers
+        self.mtp_layer: Layer | None = None
+        self.mtp_indexer_mode: str | None = None
+        if t.has(f"model.layers.{n}.eh_proj.weight"):
+            p = f"model.layers.{n}."
+            self.mtp_indexer_mode = "full" if t.has(p + "self_attn.indexer.wk.weight") else None
+            self.eh_proj = t.matrix(p + "eh_proj.weight", (d, 2 * d))
+            self.enorm = t.vector(p + "enorm.weight", (d,))
+            self.hnorm = t.vector(p + "hnorm.weight", (d,))
+            self.head_norm = t.vector(p + "shared_head.norm.weight", (d,))
+            self.mtp_layer = load_layer(t, cfg, n, True, self.mtp_indexer_mode == "full")
+            sparse.append(n)
+        self.sparse_layers = sparse
+        self._read_expert = experts or mapped_experts(t, cfg, sparse)
+        self._experts: dict[tuple[int, int], Mlp] = {}
+        #: A tiered store (the backend's) that decides residency and counts lookups; the
+        #: model's own unbounded cache otherwise.
+        self.store: ExpertLookup | None = None
+        self.use_indexer = True
+        self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
+
+    @property
+    def mtp(self) -> Layer | None:
+        return self.mtp_layer
+
+    def read_expert(self, layer: int, e: int) -> Mlp:
+        """An expert straight from the checkpoint (a mapped view) or the dequantizing source."""
+        return self._read_expert(layer, e)
+
+    def expert(self, layer: int, e: int) -> Mlp:
+        if self.store is not None:
+            held = self.store.expert(layer, e)
+            assert isinstance(held, Mlp)
+            return held
+        found = self._experts.get((layer, e))
+        if found is None:
+            found = self._experts[(layer, e)] = self._read_expert(layer, e)
+        return found
+
+    def close(self) -> None:
+        self.kernels.close()
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _rope(self, positions: Sequence[int]) -> tuple[F32, F32]:
+        angles = np.asarray(positions).astype(np.float32)[:, None] * self._inv_freq[None, :]
+        return (np.ascontiguousarray(np.cos(angles), dtype=np.float32),
+                np.ascontiguousarray(np.sin(angles), dtype=np.float32))
+
+    def _embed(self, ids: Sequence[int]) -> F32:
+        for tok in ids:
+            if not 0 <= int(tok) < self.config.vocab_size:
+                raise ValueError(
+                    f"token id {tok} is outside the vocabulary [0, {self.config.vocab_size})"
+                )
+        out: F32 = np.ascontiguousarray(
+            self.embed.array[np.asarray(ids, dtype=np.int64)].astype(np.float32))
+        return out
+
+    # --- the model API --------------------------------------------------------------------------
+
+    def new_state(self) -> KVState:
+        layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
+        mtp = None
+        if self.mtp_layer is not None:
+            mtp = MtpCache(KVLayer(cache_widths(self.config, self.mtp_indexer_mode)))
+        return KVState(layers=layers, hidden_size=self.config.hidden_size, mtp=mtp)
+
+    def forward(self, ids: Sequence[int]) -> F32:
+        """Logits [T, vocab] for every position of ``ids`` (teacher forcing from position 0),
+        computed by the incremental path over a fresh state."""
+        if len(ids) == 0:
+            raise ValueError("forward needs at least one token")
+        return self.prefill(self.new_state(), ids)
+
+    def prefill(self, state: KVState, ids: Sequence[int]) -> F32:
+        return self.forward_rows([state] * len(ids), list(ids), [True] * len(ids))[0]
+
+    def decode(self, state: KVState, token: int) -> F32:
+        logits: F32 = self.forward_rows([state], [token], [True])[0][0]
+        return logits
+
+    def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int]) -> F32:
+        if len(states) != len(tokens):
+            raise ValueError(f"{len(states)} states but {len(tokens)} tokens")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("decode_batch needs distinct states (use prefill for one sequence)")
+        return self.forward_rows(states, tokens, [True] * len(states))[0]
+
+    def forward_rows(self, states: Sequence[KVState], tokens: Sequence[int],
+                     wants_logits: Sequence[bool]) -> tuple[F32, I32]:
+        """Append ``tokens[r]`` to ``states[r]`` for every row (a prefill: rows of one state;
+        a batched decode: one row per state). Returns (logits of the wanting rows, the
+        experts every row chose at every sparse decoder layer [rows, layers, k])."""
+        cfg = self.config
+        m = len(tokens)
+        if len(states) != m or len(wants_logits) != m:
+            raise ValueError(f"{len(states)} states, {m} tokens, {len(wants_logits)} flags")
+        if m == 0:
+            return (np.zeros((0, cfg.vocab_size), np.float32),
+                    np.zeros((0, 0, cfg.num_experts_per_tok), np.int32))
+        ahead: dict[int, int] = {}
+        positions: list[int] = []
+        for s in states:
+            offset = ahead.get(id(s), 0)
+            positions.append(s.length + offset)
+            ahead[id(s)] = offset + 1
+        x = self._embed(tokens)
+        needed: dict[int, tuple[KVState, int]] = {}
+        for s, p in zip(states, positions, strict=True):
+            needed[id(s)] = (s, max(p + 1, needed.get(id(s), (s, 0))[1]))
+        for s, capacity in needed.values():
+            s.reserve(capacity)
+        keeps: list[I64 | None] = [None] * m
+        rope = self._rope(positions)
+        routes: list[I32] = []
+        for i, lw in enumerate(self.layers):
+            caches = [s.layers[i] for s in states]
+            x, keeps, chosen = self._row_layer(x, lw, self.indexer_modes[i], positions, caches,
+                                               positions, keeps, rope)
+            if chosen is not None:
+                routes.append(chosen)
+        for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
+            s.hidden[pos] = hid
+            if pos == len(s.tokens):
+                s.tokens.append(int(tok))
+            else:
+                s.tokens[pos] = int(tok)
+        routed: I32 = (np.stack(routes, axis=1) if routes
+                       else np.zeros((m, 0, cfg.num_experts_per_tok), np.int32))
+        wanted = [r for r in range(m) if wants_logits[r]]
+        if not wanted:
+            return np.zeros((0, cfg.vocab_size), np.float32), routed
+        k = self.kernels
+        normed = k.rms_norm(np.ascontiguousarray(x[wanted]), self.final_norm, cfg.rms_norm_eps)
+        return k.matmul(normed, self.lm_head), routed
+
+    # --- one decoder layer over rows (spec §3) ----------------------------------------------
+
+    def _row_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
+                   caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
+                   rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
+        cfg, k = self.config, self.kernels
+        m = x.shape[0]
+        cos, sin = rope
+        heads, nope, rdim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        qk, kvl = cfg.qk_head_dim, cfg.kv_lora_rank
+        h = k.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+        aw = lw.attention
+        q_resid: F32 | None = None
+        if aw.q_a is not None and aw.q_a_norm is not None:
+            q_resid = k.rms_norm(k.matmul(h, aw.q_a), aw.q_a_norm, LATENT_NORM_EPS)
+            q = k.matmul(q_resid, aw.q_b)
+        else:
+            q = k.matmul(h, aw.q_b)
+        k.rope(q, heads, heads * qk, qk, nope, rdim, cos, sin, cfg.rope_interleave)
+        c = k.matmul(h, aw.kv_a)
+        latent = k.rms_norm(np.ascontiguousarray(c[:, :kvl]), aw.kv_a_norm, LATENT_NORM_EPS)
+        rope_key = np.ascontiguousarray(c[:, kvl:])
+        k.rope(rope_key, 1, rdim, rdim, 0, rdim, cos, sin, cfg.rope_interleave)
+        ix = aw.indexer
+        run_indexer = mode == "full" and ix is not None
+        select_rows = [self.use_indexer and run_indexer and slots[r] + 1 > cfg.index_topk
+                       for r in range(m)]
+        if run_indexer:
+            assert ix is not None
+            hd = cfg.index_head_dim
+            ikeys = k.layer_norm(k.matmul(h, ix.wk), ix.k_norm_weight, ix.k_norm_bias,
+                                 INDEXER_NORM_EPS)
+            k.rope(ikeys, 1, hd, hd, 0, rdim, cos, sin, True)
+        if any(select_rows):
+            assert ix is not None and q_resid is not None
+            nh = cfg.index_n_heads
+            iq = k.matmul(q_resid, ix.wq_b)
+            k.rope(iq, nh, nh * hd, hd, 0, rdim, cos, sin, True)
+            iw = k.matmul(h, ix.weights_proj) * np.float32(nh**-0.5)
+        for r in range(m):
+            caches[r]["latent"][slots[r]] = latent[r]
+            caches[r]["rope_key"][slots[r]] = rope_key[r]
+            if run_indexer:
+                caches[r]["index_key"][slots[r]] = ikeys[r]
+        keeps: list[I64 | None] = []
+        for r in range(m):
+            keep: I64 | None = None
+            if select_rows[r]:
+                scores = k.index_scores(np.ascontiguousarray(iq[r].reshape(nh, hd)),
+                                        np.ascontiguousarray(iw[r]), caches[r]["index_key"],
+                                        float(np.float32(hd**-0.5)))[: slots[r] + 1]
+                keep = dsa_select(scores, cfg.index_topk)
+            elif self.use_indexer and mode == "shared":
+                keep = prev_keep[r]
+            keeps.append(keep)
+        attn = k.mla_attention(q, heads, nope, rdim, cfg.v_head_dim, kvl,
+                               [cache["latent"] for cache in caches],
+                               [cache["rope_key"] for cache in caches],
+                               [s + 1 for s in slots], keeps, aw.kv_b,
+                               float(np.float32(cfg.attn_scale)))
+        x = x + k.matmul(attn, aw.o)
+        h = k.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+        if lw.dense is not None:
+            return x + k.swiglu(h, lw.dense.gate, lw.dense.up, lw.dense.down), keeps, None
+        y, chosen = self._moe(h, lw)
+        return x + y, keeps, chosen
+
+    def _moe(self, x: F32, lw: Layer) -> tuple[F32, I32]:
+        """Routed experts (each read once per step for all rows routed to it) + shared."""
+        cfg, k = self.config, self.kernels
+        assert lw.router_gate is not None and lw.router_bias is not None
+        t, top = x.shape[0], cfg.num_experts_per_tok
+        logits = k.matmul(x, lw.router_gate)
+        chosen = np.empty((t, top), np.int32)
+        weights: list[F32] = []
+        for row in range(t):
+            ids, w = route(logits[row], lw.router_bias, cfg)
+            chosen[row] = ids
+            weights.append(w)
+        outputs = np.empty((t, top, cfg.hidden_size), dtype=np.float32)
+        users: dict[int, list[tuple[int, int]]] = {}
+        for row in range(t):
+            for slot, e in enumerate(chosen[row]):
+                users.setdefault(int(e), []).append((row, slot))
+        for e in sorted(users):
+            ew = self.expert(lw.index, e)
+            rows = [r for r, _ in users[e]]
+            y = k.swiglu(np.ascontiguousarray(x[rows]), ew.gate, ew.up, ew.down)
+            for i, (r, slot) in enumerate(users[e]):
+                outputs[r, slot] = y[i]
+        out = np.zeros((t, cfg.hidden_size), dtype=np.float32)
+        for row in range(t):
+            acc = np.zeros(cfg.hidden_size, dtype=np.float32)
+            for slot in range(top):
+                acc = acc + weights[row][slot] * outputs[row, slot]
+            out[row] = acc
+        if lw.shared is not None:
+            out = out + k.swiglu(x, lw.shared.gate, lw.shared.up, lw.shared.down)
+        return out, chosen
+
+    # --- MTP (spec §9) -----------------------------------------------------------------------
+
+    def mtp_draft(self, state: KVState, token: int) -> F32:
+        return self.mtp_draft_routed(state, token)[0]
+
+    def mtp_draft_routed(self, state: KVState, token: int) -> tuple[F32, I32]:
+        if self.mtp_layer is None or state.mtp is None:
+            raise ValueError("this model has no MTP head")
+        if state.length == 0:
+            raise ValueError("mtp_draft needs a state with at least one position")
+        cfg, k = self.config, self.kernels
+        cache = state.mtp
+        last = state.length - 1
+        if cache.start is None:
+            cache.start = last
+            cache.length = 0
+        first = cache.start + min(cache.length, last - cache.start)
+        positions = list(range(first, last + 1))
+        next_tokens = [state.tokens[i + 1] for i in positions[:-1]] + [int(token)]
+        slots = [p - cache.start for p in positions]
+        cache.layer.reserve(slots[-1] + 1)
+        eps = cfg.rms_norm_eps
+        e = k.rms_norm(self._embed(next_tokens), self.enorm, eps)
+        hidden = np.ascontiguousarray(state.hidden[positions])
+        g = k.rms_norm(k.rms_norm(hidden, self.final_norm, eps), self.hnorm, eps)
+        z = k.matmul(np.ascontiguousarray(np.concatenate([e, g], axis=-1)), self.eh_proj)
+        z, _, chosen = self._row_layer(z, self.mtp_layer, self.mtp_indexer_mode, positions,
+                                       [cache.layer] * len(positions), slots,
+                                       [None] * len(positions), self._rope(positions))
+        cache.length = slots[-1] + 1
+        normed = k.rms_norm(np.ascontiguousarray(z[-1:]), self.head_norm, eps)
+        draft: F32 = k.matmul(normed, self.lm_head)[0]
+        assert chosen is not None
+        return draft, chosen
+
+
+def open_model(model_dir: str | Path, threads: int | None = None) -> Model:
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory")
+    config = ModelConfig.from_dir(path)
+    checkpoint = Checkpoint(path)
+    experts: ExpertSource | None = None
+    if any(name.endswith(".qs") for name in checkpoint.tensors):
+        experts = dequantized_experts(path, config)
+    kernels = Kernels(threads or default_threads())
+    return Model(config, checkpoint, kernels, experts)
+
+
+__all__ = ["Model", "Weight", "finite_check", "open_model"]

@@ -1,0 +1,487 @@
+"""Fused dequantize-and-dot over colibri's quantized expert formats (C, ``csrc/quant/``).
+
+``y = x @ W.T`` with ``W`` left in the bytes and ``.qs`` scales a container stores
+(spec/model.md §14): int8-row, int4-row, int4-grouped (any recognised group size),
+int3-g64, int2-row, e8-iq3-lattice and fp8-e4m3-b128. The kernels decode one chunk of a
+weight row onto the stack and dot it with every activation row, so an expert stays quantized
+in memory (memory-mapped from the container) and is read once per batch.
+
+How the accelerated model calls it for routed expert ``e`` of layer ``L`` (spec §7.2)::
+
+    ex = expert_matrices(container, L, e, hidden_size, moe_intermediate_size)  # once, at load
+    xs = hidden[rows_routed_to_e]                       # [n, D] float32, C-contiguous
+    if ex.rotated:                                      # e8: gate and up share one input,
+        xs = rotate(xs)                                 # so rotate it once (Q^T x) ...
+    g = qmatmul(ex.gate, xs, x_rotated=ex.rotated)      # [n, M]
+    u = qmatmul(ex.up, xs, x_rotated=ex.rotated)        # [n, M]
+    h = silu(g) * u
+    y = qmatmul(ex.down, h)                             # [n, D]; e8 rotates h itself
+
+A thread pool splits one product by output rows: give each worker its own ``o_range`` and
+the same ``out`` (and, for e8, an already rotated ``x`` with ``x_rotated=True``, so no worker
+repeats the rotation). Each output element has one summation order, fixed in the C source
+(``coli_quant.h``), whatever the batch size or split: a row's result is byte-identical alone
+or inside any batch, with 1 or N threads (sameness kind (c)). ctypes releases the GIL for
+the call.
+
+Sizes are validated in C before anything is read (``coli_q_matmul`` is O(1) in checks); the
+content a kernel trusts -- finite scales, no fp8 NaN byte, finite e8 super-scales, the e8
+tag -- is scanned once by :func:`quant_matrix` (``coli_q_check``). Every C error code is a
+named :class:`QuantKernelError` subclass.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+from colibri.accelerated.native import load_library
+from colibri.reference.quant.codec import group_size_from_scales
+from colibri.reference.quant.container import SCALE_SUFFIX, QuantContainer
+from colibri.reference.quant.errors import QuantFormatError
+from colibri.reference.quant.formats import FORMAT_NAMES, Fmt, parse_format
+
+F32 = npt.NDArray[np.float32]
+U8 = npt.NDArray[np.uint8]
+
+#: ``flags`` bit of ``coli_q_matmul``: ``x`` is already ``rotate(x)`` (e8 only).
+X_ROTATED = 1
+
+QUANT_FORMATS = (
+    Fmt.INT8_ROW,
+    Fmt.INT4_ROW,
+    Fmt.INT2_ROW,
+    Fmt.INT4_GROUPED,
+    Fmt.INT3_G64,
+    Fmt.E8_IQ3,
+    Fmt.FP8_E4M3_B128,
+)
+
+
+class QuantKernelError(ValueError):
+    """A quantized kernel refused its arguments (the C return code is ``code``)."""
+
+    code = -1
+
+    def __init__(self, tensor: str, detail: str) -> None:
+        super().__init__(f"{tensor}: {detail}")
+        self.tensor = tensor
+
+
+class UnknownFormatError(QuantKernelError):
+    code = 1
+
+
+class ShapeError(QuantKernelError):
+    code = 2
+
+
+class PayloadSizeError(QuantKernelError):
+    code = 3
+
+
+class ScaleCountError(QuantKernelError):
+    code = 4
+
+
+class GroupSizeError(QuantKernelError):
+    code = 5
+
+
+class OutputRangeError(QuantKernelError):
+    code = 6
+
+
+class StrideError(QuantKernelError):
+    code = 7
+
+
+class NullPointerError(QuantKernelError):
+    code = 8
+
+
+class NonFiniteScaleError(QuantKernelError):
+    code = 9
+
+
+class Fp8NanError(QuantKernelError):
+    code = 10
+
+
+class E8TagError(QuantKernelError):
+    code = 11
+
+
+class KernelMemoryError(QuantKernelError):
+    code = 12
+
+
+ERRORS: dict[int, type[QuantKernelError]] = {
+    cls.code: cls
+    for cls in (
+        UnknownFormatError,
+        ShapeError,
+        PayloadSizeError,
+        ScaleCountError,
+        GroupSizeError,
+        OutputRangeError,
+        StrideError,
+        NullPointerError,
+        NonFiniteScaleError,
+        Fp8NanError,
+        E8TagError,
+        KernelMemoryError,
+    )
+}
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+_INT = ctypes.c_int
+
+#: The one prototype table: name -> (restype, argtypes).
+PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
+    "coli_q_sizes": (_INT, [_INT, _INT, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64)]),
+    "coli_q_check": (_INT, [_INT, _INT, _PTR, _I64, _PTR, _I64, _I64, _I64]),
+    "coli_q_matmul": (
+        _INT,
+        [_INT, _INT, _PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _I64, _I64,
+         _I64, _INT],
+    ),
+    "coli_q_rotate": (_INT, [_PTR, _I64, _I64, _I64, _PTR, _I64]),
+    "coli_q_tables": (None, [_PTR, _PTR]),
+    "coli_q_strerror": (ctypes.c_char_p, [_INT]),
+}
+
+
+@dataclass(frozen=True)
+class QuantMatrix:
+    """One quantized ``[out_features, in_features]`` weight as the kernels read it.
+
+    ``payload`` is the flat ``uint8`` blob (typically a read-only memory map of the container,
+    never copied); ``scales`` the flat float32 ``.qs`` values (copied only when the file
+    leaves them unaligned: they are a tiny fraction of the payload).
+    """
+
+    name: str
+    fmt: Fmt
+    group_size: int
+    out_features: int
+    in_features: int
+    payload: U8
+    scales: F32
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.payload.nbytes + self.scales.nbytes)
+
+    @property
+    def rotated(self) -> bool:
+        """True for e8: its kernel dots with ``rotate(x)``."""
+        return self.fmt == Fmt.E8_IQ3
+
+
+@dataclass(frozen=True)
+class ExpertMatrices:
+    gate: QuantMatrix  # [M, D]
+    up: QuantMatrix  # [M, D]
+    down: QuantMatrix  # [D, M]
+
+    @property
+    def rotated(self) -> bool:
+        return self.gate.rotated
+
+
+class QuantKernels:
+    """The quantized kernels of one loaded library (the chosen variant, or any by path)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        for name, (restype, argtypes) in PROTOTYPES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        self.lib = lib
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> QuantKernels:
+        return cls(ctypes.CDLL(str(path)))
+
+    def _raise(self, code: int, tensor: str) -> None:
+        if code == 0:
+            return
+        detail = self.lib.coli_q_strerror(code)
+        text = detail.decode() if isinstance(detail, bytes) else str(detail)
+        raise ERRORS.get(code, QuantKernelError)(tensor, f"{text} (code {code})")
+
+    def sizes(self, fmt: Fmt, out_features: int, in_features: int, group_size: int = 0
+              ) -> tuple[int, int]:
+        """``(payload bytes, .qs float count)`` of an ``[out, in]`` tensor in ``fmt``."""
+        nb, ns = _I64(), _I64()
+        rc = self.lib.coli_q_sizes(int(fmt), group_size, out_features, in_features,
+                                   ctypes.byref(nb), ctypes.byref(ns))
+        self._raise(rc, FORMAT_NAMES.get(fmt, str(fmt)))
+        return nb.value, ns.value
+
+    def check(self, m: QuantMatrix) -> None:
+        rc = self.lib.coli_q_check(int(m.fmt), m.group_size, m.payload.ctypes.data,
+                                   m.payload.size, m.scales.ctypes.data, m.scales.size,
+                                   m.out_features, m.in_features)
+        self._raise(rc, m.name)
+
+    def matmul(
+        self,
+        m: QuantMatrix,
+        x: npt.ArrayLike,
+        out: F32 | None = None,
+        o_range: tuple[int, int] | None = None,
+        x_rotated: bool = False,
+    ) -> F32:
+        xa = _rows(x)
+        rows = xa.shape[0]
+        o0, o1 = (0, m.out_features) if o_range is None else (int(o_range[0]), int(o_range[1]))
+        if xa.shape[1] != m.in_features:
+            raise ShapeError(m.name, f"x has {xa.shape[1]} columns, the matrix {m.in_features}")
+        if out is None:
+            alloc = np.empty if o_range is None else np.zeros
+            y: F32 = alloc((rows, m.out_features), dtype=np.float32)
+        else:
+            y = out if out.ndim == 2 else out.reshape(1, -1)
+            if (
+                y.dtype != np.float32
+                or y.shape != (rows, m.out_features)
+                or y.strides[1] != 4
+                or y.strides[0] % 4
+                or not y.flags.writeable
+                or not y.flags.aligned
+            ):
+                raise StrideError(
+                    m.name,
+                    f"out must be a writeable float32 [{rows}, {m.out_features}] array with "
+                    f"contiguous rows, got {y.dtype} {y.shape} strides {y.strides}",
+                )
+        rc = self.lib.coli_q_matmul(
+            int(m.fmt), m.group_size, m.payload.ctypes.data, m.payload.size,
+            m.scales.ctypes.data, m.scales.size, m.out_features, m.in_features,
+            xa.ctypes.data, rows, xa.strides[0] // 4, y.ctypes.data, y.strides[0] // 4,
+            o0, o1, X_ROTATED if x_rotated else 0,
+        )
+        self._raise(rc, m.name)
+        if out is not None:
+            return out
+        return y.reshape(-1) if np.ndim(x) == 1 else y
+
+    def rotate(self, x: npt.ArrayLike) -> F32:
+        xa = _rows(x)
+        y = np.empty(xa.shape, dtype=np.float32)
+        rc = self.lib.coli_q_rotate(xa.ctypes.data, xa.shape[0], xa.strides[0] // 4,
+                                    xa.shape[1], y.ctypes.data, xa.shape[1])
+        self._raise(rc, "rotate")
+        return y.reshape(-1) if np.ndim(x) == 1 else y
+
+    def tables(self) -> tuple[U8, F32]:
+        """The iq3xxs grid ``[256, 4]`` and the e4m3 table ``[256]`` compiled into the kernels."""
+        grid = np.zeros((256, 4), dtype=np.uint8)
+        lut = np.zeros(256, dtype=np.float32)
+        self.lib.coli_q_tables(grid.ctypes.data, lut.ctypes.data)
+        return grid, lut
+
+
+def _rows(x: npt.ArrayLike) -> F32:
+    """``x`` as float32 rows the C side can walk (copied only when it is not already)."""
+    arr = np.asarray(x)
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2:
+        raise ShapeError("x", f"activations must be [rows, cols], got shape {arr.shape}")
+    if (
+        arr.dtype != np.float32
+        or arr.strides[1] != 4
+        or arr.strides[0] % 4
+        or arr.strides[0] < 4 * arr.shape[1]
+        or not arr.flags.aligned
+    ):
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+    return arr
+
+
+@cache
+def kernels() -> QuantKernels:
+    """The kernels of the library variant this CPU runs (``COLIBRI_ISA`` may force one)."""
+    return QuantKernels(load_library())
+
+
+def quant_matrix(
+    fmt: int | str | Fmt,
+    payload: npt.ArrayLike,
+    scales: npt.ArrayLike,
+    shape: Sequence[int],
+    *,
+    group_size: int | None = None,
+    name: str = "tensor",
+    check: bool = True,
+    lib: QuantKernels | None = None,
+) -> QuantMatrix:
+    """Wrap stored bytes and scales (as ``reference.quant.quantize`` returns them) for the kernels.
+
+    int4-grouped takes its group size from the scale count when none is given (the finest
+    match first, as the container reader does). ``check`` scans the content once.
+    """
+    f = parse_format(fmt)
+    if f not in QUANT_FORMATS:
+        raise UnknownFormatError(name, f"{FORMAT_NAMES.get(f, f)} has no quantized kernel")
+    rows, cols = (int(d) for d in shape)
+    data = np.asarray(payload)
+    if data.dtype != np.uint8:
+        raise PayloadSizeError(name, f"payload must be uint8 bytes, got {data.dtype}")
+    data = data.reshape(-1)
+    if not data.flags.c_contiguous:
+        data = np.ascontiguousarray(data)
+    sc = np.asarray(scales)
+    if sc.dtype != np.float32:
+        raise ScaleCountError(name, f".qs scales must be float32, got {sc.dtype}")
+    sc = sc.reshape(-1)
+    if not (sc.flags.c_contiguous and sc.flags.aligned):
+        sc = np.array(sc, dtype=np.float32)
+    gs = 0
+    if f == Fmt.INT4_GROUPED:
+        gs = group_size or group_size_from_scales(rows, cols, sc.size)
+    m = QuantMatrix(name, f, gs, rows, cols, data, sc)
+    k = lib or kernels()
+    if check:
+        k.check(m)
+    return m
+
+
+def container_matrix(
+    container: QuantContainer, name: str, shape: tuple[int, int], *, lib: QuantKernels | None = None
+) -> QuantMatrix:
+    """A container tensor, resolved and checked as the reference reader does, left quantized."""
+    info = container.tensor_format(name, shape)
+    if info.fmt == Fmt.F32:
+        raise UnknownFormatError(name, "stored as a float tensor, not quantized")
+    return quant_matrix(
+        info.fmt,
+        container.files.raw(name),
+        container.files.array(name + SCALE_SUFFIX),
+        shape,
+        group_size=info.group_size or None,
+        name=name,
+        lib=lib,
+    )
+
+
+def expert_matrices(
+    container: QuantContainer,
+    layer: int,
+    expert: int,
+    hidden_size: int,
+    moe_intermediate_size: int,
+    *,
+    lib: QuantKernels | None = None,
+) -> ExpertMatrices:
+    """The three projections of a routed expert; e8 must cover all three or none (§14)."""
+    prefix = f"model.layers.{layer}.mlp.experts.{expert}."
+    m, d = moe_intermediate_size, hidden_size
+    gate = container_matrix(container, prefix + "gate_proj.weight", (m, d), lib=lib)
+    up = container_matrix(container, prefix + "up_proj.weight", (m, d), lib=lib)
+    down = container_matrix(container, prefix + "down_proj.weight", (d, m), lib=lib)
+    e8 = [p.name for p in (gate, up, down) if p.rotated]
+    if e8 and len(e8) != 3:  # the container rule the reference loader enforces (§14)
+        raise QuantFormatError(
+            e8[0], "e8-iq3-lattice must cover all three projections of an expert"
+        )
+    return ExpertMatrices(gate, up, down)
+
+
+def qmatmul(
+    m: QuantMatrix,
+    x: npt.ArrayLike,
+    out: F32 | None = None,
+    o_range: tuple[int, int] | None = None,
+    x_rotated: bool = False,
+) -> F32:
+    """``x @ W.T`` for ``x`` of shape ``[rows, in_features]`` (or one row ``[in_features]``).
+
+    Returns ``[rows, out_features]`` float32 (into ``out`` when given). With ``o_range =
+    (o0, o1)`` only those output columns are written (the others of a fresh array are 0).
+    ``x_rotated``: for e8, ``x`` is already :func:`rotate` of the activations.
+    """
+    return kernels().matmul(m, x, out=out, o_range=o_range, x_rotated=x_rotated)
+
+
+def rotate(x: npt.ArrayLike) -> F32:
+    """fmt6's activation rotation ``Q^T x`` per row, bit-identical to the reference's."""
+    return kernels().rotate(x)
+
+
+def render_tables_header() -> str:
+    """The text of ``csrc/quant/coli_quant_tables.h`` (regenerate the file with it)."""
+    text = resources.files("colibri.reference.quant").joinpath("iq3xxs_grid.json").read_text()
+    grid = json.loads(text)
+    lut = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    lines = [
+        "/* Generated by colibri.accelerated.quant_kernels.render_tables_header() from",
+        " * reference/quant/iq3xxs_grid.json and ml_dtypes' float8_e4m3fn; a test keeps them"
+        " equal. */",
+        "#ifndef COLI_QUANT_TABLES_H",
+        "#define COLI_QUANT_TABLES_H",
+        "#include <math.h>",
+        "#include <stdint.h>",
+        "",
+        "/* iq3xxs grid: 256 rows of 4 doubled magnitudes (4, 12, ..., 52, 62). */",
+        "static const uint8_t coli_q_iq3_grid[256][4] = {",
+    ]
+    for i in range(0, 256, 4):
+        cells = " ".join("{" + ", ".join(str(v) for v in grid[j]) + "}," for j in range(i, i + 4))
+        lines.append("    " + cells)
+    lines += [
+        "};",
+        "",
+        "/* The same grid in weight units (halved), as the e8 decoder multiplies it. */",
+        "static const float coli_q_iq3_gridf[256][4] = {",
+    ]
+    for i in range(0, 256, 4):
+        cells = " ".join(
+            "{" + ", ".join(f"{v * 0.5!r}f" for v in grid[j]) + "},"
+            for j in range(i, i + 4)
+        )
+        lines.append("    " + cells)
+    lines += [
+        "};",
+        "",
+        "/* OCP e4m3fn byte -> float (0x7f and 0xff are NaN; the loader refuses them). */",
+        "static const float coli_q_e4m3_lut[256] = {",
+    ]
+    for i in range(0, 256, 8):
+        vals = [lut[j] for j in range(i, i + 8)]
+        lines.append(
+            "    " + " ".join(("NAN" if np.isnan(v) else float(v).hex() + "f") + "," for v in vals)
+        )
+    lines += ["};", "", "#endif"]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "ERRORS",
+    "PROTOTYPES",
+    "X_ROTATED",
+    "ExpertMatrices",
+    "QuantKernelError",
+    "QuantKernels",
+    "QuantMatrix",
+    "container_matrix",
+    "expert_matrices",
+    "kernels",
+    "qmatmul",
+    "quant_matrix",
+    "render_tables_header",
+    "rotate",
+]

@@ -1,0 +1,42 @@
+"""Helpers of the accelerated-engine tests: skip (naming `make build`) only when the C library
+is not built, and cached fixture models for both engines."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from colibri.reference import Model as ReferenceModel
+from colibri.reference import load_model as load_reference
+
+from colibri.resources import fixture_model_dir
+
+try:
+    from colibri.accelerated.native import LibraryNotBuilt, load_library
+
+    load_library()
+    BUILT = True
+    NOT_BUILT_REASON = ""
+except LibraryNotBuilt as exc:
+    BUILT = False
+    NOT_BUILT_REASON = f"the accelerated C library is not built ({exc}); run `make build`"
+
+needs_library = pytest.mark.skipif(not BUILT, reason=NOT_BUILT_REASON or "built")
+
+FLOAT_FIXTURES = (
+    "glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny", "glm5-tiny-mtp", "glm5-chat-tiny",
+)
+QUANT_FIXTURES = ("glm5-tiny-int4g64", "glm5-tiny-int4row", "glm5-tiny-fp8", "glm5-tiny-e8")
+ALL_FIXTURES = FLOAT_FIXTURES + QUANT_FIXTURES
+
+
+@cache
+def reference(name: str) -> ReferenceModel:
+    return load_reference(fixture_model_dir(name))
+
+
+@cache
+def accelerated(name: str, threads: int = 2):  # type: ignore[no-untyped-def]
+    from colibri.accelerated import load_model
+
+    return load_model(fixture_model_dir(name), threads=threads)
