@@ -511,15 +511,22 @@ class FrameParser:
         self._count += 1
         return frame
 
-    def _line(self) -> bytes | None:
-        """The next whole line (LF removed), or None until one is there."""
-        buf = self._buffer
-        newline = buf.find(b"\n")
+    def _peek(self) -> tuple[int, bytes, str] | None:
+        """(where its LF is, the next whole line, its kind) without taking it; None until
+        a whole line is there."""
+        newline = self._buffer.find(b"\n")
         if newline < 0:
             return None
-        line = bytes(buf[:newline])
-        del buf[: newline + 1]
-        return line
+        line = bytes(self._buffer[:newline])
+        return newline, line, line.split(b" ", 1)[0].decode("utf-8", "replace")
+
+    def _line(self) -> bytes | None:
+        """The next whole line (LF removed), taken; None until one is there."""
+        peeked = self._peek()
+        if peeked is None:
+            return None
+        del self._buffer[: peeked[0] + 1]
+        return peeked[1]
 
     def _take(self) -> WireFrame | None:
         buf = self._buffer
@@ -542,11 +549,10 @@ class FrameParser:
             return self._make(PREAMBLE, line, None)
         if self.legacy:
             return self._take_legacy()
-        newline = buf.find(b"\n")
-        if newline < 0:
+        peeked = self._peek()
+        if peeked is None:
             return None
-        line = bytes(buf[:newline])
-        kind = line.split(b" ", 1)[0].decode("utf-8", "replace")
+        newline, line, kind = peeked
         if kind in self._framed:
             parts = line.split(b" ")
             if len(parts) < 3 or not parts[2].isdigit() or int(parts[2]) > self._max_payload:
@@ -568,11 +574,10 @@ class FrameParser:
     def _take_legacy(self) -> WireFrame | None:
         buf = self._buffer
         if self._legacy_expect_status:
-            newline = buf.find(b"\n")
-            if newline < 0:
+            peeked = self._peek()
+            if peeked is None:
                 return None
-            line = bytes(buf[:newline])
-            kind = line.split(b" ", 1)[0].decode("utf-8", "replace")
+            newline, line, kind = peeked
             if kind in self._status:
                 del buf[: newline + 1]
                 if self._legacy_after_end:
