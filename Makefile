@@ -1,6 +1,7 @@
 # make serve  - set up .venv and serve the embedded default model on http://127.0.0.1:8000
-# make test   - set up .venv and run ruff, mypy --strict, the whole pytest suite and the web
-#               dashboard's tests (vitest; the browser suite when Chromium is installed)
+# make test   - set up .venv and run ruff, mypy --strict, the whole pytest suite, the control
+#               plane's tests again mypyc-compiled, and the web dashboard's tests (vitest; the
+#               browser suite when Chromium is installed)
 #
 # Stamps under .venv make a second run skip installation when pyproject.toml is unchanged.
 
@@ -11,7 +12,7 @@ PY     := $(BIN)/python
 HYPOTHESIS_PROFILE ?= ci
 export HYPOTHESIS_PROFILE
 
-.PHONY: serve test lint typecheck pytest webtest build oracle-deps oracle-check clean
+.PHONY: serve test lint typecheck pytest pytest-compiled webtest build sanitize-test oracle-deps oracle-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,20 +23,33 @@ $(VENV)/.stamp-runtime: pyproject.toml | $(BIN)/python
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
-# Test install: runtime plus the test and dev extras.
-$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
-	$(PY) -m pip install --quiet -e '.[test,dev]'
+# Build install: runtime plus mypy, whose mypyc compiles the control plane.
+$(VENV)/.stamp-build: pyproject.toml | $(BIN)/python
+	$(PY) -m pip install --quiet -e '.[build]'
 	touch $@ $(VENV)/.stamp-runtime
 
-# Compiled pieces (accelerated engine, web assets) are built here once they exist.
-build: $(VENV)/.stamp-runtime
+# Test install: runtime plus the test, dev and build extras.
+$(VENV)/.stamp-test: pyproject.toml | $(BIN)/python
+	$(PY) -m pip install --quiet -e '.[test,dev,build]'
+	touch $@ $(VENV)/.stamp-runtime $(VENV)/.stamp-build
+
+# Compiled pieces, each incremental (a stamp of its inputs; a second `make build` is quick):
+# the C library (build/accelerated), the mypyc control plane (build/mypyc), web assets.
+build: $(VENV)/.stamp-build
 	@if [ -n "$$(find accelerated/csrc -name '*.c' 2>/dev/null)" ]; then \
 	  $(PY) -m colibri.accelerated.native_build; \
 	fi
+	@$(PY) -m colibri.accelerated.mypyc_build
 	@if [ -f web/package.json ]; then \
 	  if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory web/dist/index.html; \
 	  else echo "make: npm not found; skipping the web dashboard build"; fi; \
 	fi
+
+# The C library built with ASan + UBSan (build/accelerated/sanitize), and the tests marked
+# `sanitize` (the loader's corrupt-input tests) run against it with the ASan runtime preloaded.
+sanitize-test: $(VENV)/.stamp-test
+	$(PY) -m colibri.accelerated.native_build --sanitize -- \
+	  $(BIN)/pytest -m sanitize -p no:cacheprovider -q
 
 web/dist/index.html: $(shell find web/src web/index.html web/package.json web/package-lock.json \
                        web/vite.config.ts web/tsconfig.json -type f 2>/dev/null)
@@ -56,6 +70,17 @@ typecheck: $(VENV)/.stamp-test
 pytest: $(VENV)/.stamp-test build
 	COLIBRI_REQUIRE_ACCELERATED=$$($(PY) -c 'from colibri.accelerated.native_build import compiler; print(int(compiler() is not None))') \
 	  $(BIN)/pytest
+
+# The control plane's tests again with it mypyc-compiled (what --accelerated processes run);
+# skipped, loudly, where `make build` could not compile it (no C compiler).
+COMPILED_TESTS := tests/test_engine_*.py tests/test_backend_contract.py tests/test_sampling.py \
+                  tests/test_submit_grammar.py tests/test_tokenizer.py tests/test_control_plane.py
+pytest-compiled: $(VENV)/.stamp-test build
+	@if $(PY) -c 'from colibri import control_plane as c; c.check_current(c.read_build())'; then \
+	  COLIBRI_CONTROL_PLANE=compiled $(BIN)/pytest -q $(COMPILED_TESTS); \
+	else \
+	  echo "## make pytest-compiled: no compiled control plane -- SKIPPED the compiled run ##"; \
+	fi
 
 # The dashboard: vitest unit tests, then the browser suite (web/e2e) against a real
 # `colibri serve` in headless Chromium. No Chromium means a loud skip, never a silent pass.
@@ -81,7 +106,7 @@ webtest: $(VENV)/.stamp-runtime build
 	  echo "########################################################################"; \
 	fi
 
-test: lint typecheck pytest webtest
+test: lint typecheck pytest pytest-compiled webtest
 
 # The oracle extra. torch comes only as the CPU wheel on this machine's disk: pip's configured
 # find-links (`pip config list`, PIP_FIND_LINKS) with --no-index, so no index is ever asked and

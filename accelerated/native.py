@@ -44,6 +44,10 @@ def supported_variants() -> list[str]:
 def chosen_variant() -> str:
     forced = os.environ.get("COLIBRI_ISA")
     supported = supported_variants()
+    # The ASan + UBSan build (``native_build --sanitize``) runs on any CPU; it is only ever
+    # chosen by name, by the process ``native_build --sanitize -- CMD`` starts.
+    if forced == "sanitize":
+        return forced
     if forced:
         if forced not in supported:
             raise LibraryNotBuilt(

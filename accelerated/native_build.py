@@ -15,10 +15,18 @@ kind (b) (spec/model.md §15).
 
 A variant is rebuilt only when a source, a header or the flags change: a stamp next to the
 library records the SHA-256 of all of them.
+
+``--sanitize`` builds one more variant, ``sanitize`` (ASan + UBSan, ``-O1 -g``, any UB fatal),
+into ``build/accelerated/sanitize/`` — never by default. A Python process can load it only with
+the ASan runtime preloaded; ``--sanitize -- COMMAND...`` builds it, then runs COMMAND with that
+environment (:func:`sanitizer_env`: ``LD_PRELOAD``, ``ASAN_OPTIONS``, ``UBSAN_OPTIONS``,
+``COLIBRI_ISA=sanitize``, ``COLIBRI_SANITIZE=1``). ``make sanitize-test`` runs the tests marked
+``sanitize`` (the loader's corrupt-input tests) that way.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import platform
@@ -50,6 +58,11 @@ def variants() -> list[Variant]:
     if platform.machine() in ("x86_64", "AMD64"):
         found.append(Variant("avx2", ("-mavx2", "-mfma")))
     return found
+
+
+#: ASan + UBSan: out-of-bounds reads/writes and undefined behaviour abort with a report.
+SANITIZE = Variant("sanitize", ("-O1", "-g", "-fno-omit-frame-pointer",
+                                "-fsanitize=address,undefined", "-fno-sanitize-recover=all"))
 
 
 def compiler() -> str | None:
@@ -109,20 +122,62 @@ def build(out: Path = DEFAULT_OUT) -> list[Path]:
     return [build_variant(cc, v, out) for v in variants()]
 
 
-def main() -> int:
+def build_sanitized(out: Path = DEFAULT_OUT) -> Path:
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler found (set CC, or install cc/gcc/clang)")
+    if not sources():
+        raise BuildError(f"no C sources under {SOURCE_DIR}")
+    return build_variant(cc, SANITIZE, out)
+
+
+def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment in which Python can load the sanitize variant: the compiler's ASan
+    runtime preloaded (it must come before any other library), leaks not reported (the
+    interpreter's own are not ours), the first error fatal."""
+    env = dict(os.environ if base is None else base)
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler found (set CC, or install cc/gcc/clang)")
+    runtime = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True,
+                             text=True, check=False).stdout.strip()
+    if not runtime or not Path(runtime).is_file():
+        raise BuildError(f"{cc} has no ASan runtime (libasan.so); install it (e.g. libasan8)")
+    env["LD_PRELOAD"] = " ".join(p for p in (runtime, env.get("LD_PRELOAD", "")) if p)
+    env["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=1:" + env.get("ASAN_OPTIONS", "")
+    env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1:" + env.get("UBSAN_OPTIONS", "")
+    env["COLIBRI_ISA"] = SANITIZE.name
+    env["COLIBRI_SANITIZE"] = "1"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m colibri.accelerated.native_build")
+    parser.add_argument("--sanitize", action="store_true",
+                        help="build the ASan + UBSan variant (build/accelerated/sanitize) only")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="with --sanitize: after --, a command to run with the sanitizer "
+                             "environment")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if command and not args.sanitize:
+        parser.error("a command is run only with --sanitize")
     if compiler() is None:
         # Not an error for the rest of colibri: the reference engine needs no compiler, and
         # `--accelerated` says which step is missing when asked for.
         print("colibri accelerated build skipped: no C compiler found (set CC, or install "
               "cc/gcc/clang); --accelerated will not be available", file=sys.stderr)
-        return 0
+        return 0 if not args.sanitize else 1
     try:
-        built = build()
+        built = [build_sanitized()] if args.sanitize else build()
+        env = sanitizer_env() if command else None
     except BuildError as exc:
         print(f"colibri accelerated build failed: {exc}", file=sys.stderr)
         return 1
     for path in built:
         print(f"built {path}")
+    if command:
+        return subprocess.run(command, env=env, check=False).returncode
     return 0
 
 

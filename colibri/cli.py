@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from colibri import __version__
+from colibri import __version__, control_plane
 
 #: Sub-command modules, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before any command module imports the control plane: --accelerated processes run the
+    # mypyc-compiled colibri.engine / colibri.text (colibri.control_plane says how).
+    try:
+        control_plane.select(sys.argv[1:] if argv is None else argv)
+    except control_plane.ControlPlaneError as exc:
+        print(f"colibri: {exc}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)

@@ -12,15 +12,14 @@ import ctypes
 import ctypes.util
 import importlib
 import importlib.metadata
-import os
 import platform
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal
 
-from colibri import resources
+from colibri import control_plane, resources
 
 Status = Literal["ok", "warn", "fail"]
 _SEVERITY: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
@@ -78,57 +77,68 @@ def check_default_model() -> Check:
     return Check("default_model", "ok", f"embedded default model at {model_dir}")
 
 
-def check_accelerated() -> Check:
-    """Whether the accelerated engine's C kernels (and any compiled modules) are built and load."""
+def _compiler_version(cc: str) -> str:
     try:
-        accelerated = importlib.import_module("colibri.accelerated")
-    except ImportError as exc:
-        return Check("accelerated", "fail", f"cannot import colibri.accelerated: {exc}")
-    kernels = _accelerated_kernels()
-    package_dir = Path(str(getattr(accelerated, "__path__", [""])[0]))
-    compiled = sorted(p.name for p in package_dir.glob("*.so"))
-    if kernels is None and not compiled:
-        return Check(
-            "accelerated",
-            "warn",
-            "accelerated engine not built (no compiled modules or kernels; run `make build`); "
-            "the reference engine is used",
-        )
-    failures = []
-    for name in compiled:
-        try:
-            ctypes.CDLL(str(package_dir / name))
-        except OSError as exc:
-            failures.append(f"{name}: {exc}")
-    if kernels is not None and kernels.startswith("fail:"):
-        failures.append(kernels[5:])
-    if failures:
-        return Check("accelerated", "fail", "accelerated engine fails to load: "
-                     + "; ".join(failures))
-    parts = [kernels] if kernels else []
-    if compiled:
-        parts.append("compiled modules: " + ", ".join(compiled))
-    return Check("accelerated", "ok", "; ".join(parts))
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return cc
+    first = out.stdout.strip().splitlines()
+    return f"{cc} ({first[0]})" if first else cc
 
 
-def _accelerated_kernels() -> str | None:
-    """'C kernels: PATH (variant V, ISA I)', 'fail: why', or None when not built."""
+def _default_threads() -> str:
+    try:
+        model = importlib.import_module("colibri.accelerated.model")
+        return f"threads {model.default_threads()} (COLIBRI_THREADS, else the usable CPUs)"
+    except (ImportError, ValueError) as exc:
+        return f"threads: {exc}"
+
+
+def check_accelerated() -> Check:
+    """The accelerated engine's pieces: the C library (path, variant, the ISA it runs), the
+    compiler that builds it, the kernel thread count, and the mypyc-compiled control plane.
+
+    ``warn`` means the C library is not built (the accelerated engine is unavailable; the HTTP
+    battery skips its accelerated run on it). A missing compiled control plane alone leaves
+    ``ok``: ``--accelerated`` then runs the interpreted one, identically, and the summary says so.
+    """
     try:
         native = importlib.import_module("colibri.accelerated.native")
-    except ImportError:
-        return None
-    path = native.library_path()
-    if not path.is_file():
-        return None
+        native_build = importlib.import_module("colibri.accelerated.native_build")
+    except ImportError as exc:
+        return Check("accelerated", "fail", f"cannot import colibri.accelerated: {exc}")
+    parts: list[str] = []
+    status: Status = "ok"
     try:
-        lib = native.load_library()
-        isa = lib.col_isa
-        isa.restype = ctypes.c_char_p
-        name = isa().decode()
-    except (native.LibraryNotBuilt, AttributeError, OSError) as exc:
-        return f"fail: C kernels at {path}: {exc}"
-    return (f"C kernels: {path} (variant {native.chosen_variant()}, ISA {name}, "
-            f"{os.cpu_count() or 1} CPUs)")
+        path = native.library_path()
+    except native.LibraryNotBuilt as exc:
+        return Check("accelerated", "fail", str(exc))
+    if path.is_file():
+        try:
+            lib = native.load_library()
+            isa = lib.col_isa
+            isa.restype = ctypes.c_char_p
+            name = isa().decode()
+        except (native.LibraryNotBuilt, AttributeError, OSError) as exc:
+            return Check("accelerated", "fail", f"C kernels at {path} fail to load: {exc}")
+        parts.append(f"C kernels: {path} (variant {native.chosen_variant()}, ISA {name})")
+    else:
+        status = "warn"
+        parts.append(f"accelerated engine not built: no C kernels at {path} (run `make build`); "
+                     "the reference engine is used")
+    cc = native_build.compiler()
+    parts.append(f"compiler {_compiler_version(cc)}" if cc else "no C compiler (set CC)")
+    parts.append(_default_threads())
+    try:
+        build = control_plane.read_build()
+        control_plane.check_current(build)
+    except control_plane.ControlPlaneError as exc:
+        parts.append(f"control plane interpreted: {exc}")
+    else:
+        names = sorted(n for n in build.files if n.startswith(("colibri.engine.", "colibri.text.")))
+        parts.append(f"control plane compiled by mypyc {build.mypy_version}: {len(names)} modules "
+                     f"in {build.directory} ({', '.join(n.split('.', 1)[1] for n in names)})")
+    return Check("accelerated", status, "; ".join(parts))
 
 
 def cuda_device_count() -> tuple[int, str]:

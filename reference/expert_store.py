@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -167,4 +168,4 @@ class TieredExpertStore:
         return TierCounts(0, len(resident), total - len(resident), 0, ram_bytes)
 
     def counters(self) -> StoreCounters:
-        return StoreCounters(**vars(self._counters))
+        return replace(self._counters)  # a snapshot; vars() fails on mypyc-compiled classes

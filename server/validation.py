@@ -14,6 +14,9 @@ from typing import Any
 
 from colibri.server.errors import APIError, bad
 
+from colibri.text.grammar import GrammarError
+from colibri.text.grammar import check as check_grammar
+
 JSON = dict[str, Any]
 
 EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
@@ -193,6 +196,12 @@ def _response_format(body: JSON) -> bytes:
     if len(data) > 1 << 20:
         raise bad("`response_format` grammar/schema exceeds 1 MiB.", "response_format",
                   "invalid_value")
+    try:
+        check_grammar(grammar)
+    except GrammarError as exc:
+        what = "schema" if kind.startswith("json") else "grammar"
+        raise bad(f"`response_format` {what} cannot be enforced: {exc}", "response_format",
+                  "invalid_value") from None
     return data
 
 

@@ -12,6 +12,14 @@ from hypothesis import HealthCheck, settings
 from syrupy.assertion import SnapshotAssertion
 from syrupy.extensions.json import JSONSnapshotExtension
 
+from colibri import control_plane
+
+# COLIBRI_CONTROL_PLANE=compiled runs the suite against the mypyc-compiled control plane
+# (engine subprocesses inherit the variable). It must be switched on before any test module
+# imports colibri.engine; a missing or stale build fails the session, never a silent fallback.
+if os.environ.get(control_plane.ENV) == "compiled":
+    control_plane.activate()
+
 # `dev` explores more; `ci` is bounded and derandomised so CI verdicts are reproducible.
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile(
@@ -75,6 +83,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     cache[marker] = probe()
                 if not cache[marker]:
                     item.add_marker(pytest.mark.skip(reason=f"needs {marker} (not available)"))
+        if "interpreted_only" in item.keywords and os.environ.get(control_plane.ENV) == "compiled":
+            item.add_marker(pytest.mark.skip(
+                reason="observes the control plane by monkeypatching its modules; compiled code "
+                "calls its functions natively, so the patch is not seen"))
 
 
 @pytest.fixture

@@ -15,34 +15,32 @@ from colibri.engine.mux import MuxEngine
 from colibri.engine.registry import BackendOptions, open_backend
 from colibri.engine.runtime import TextTokenizer
 from colibri.engine.settings import from_environment
-from colibri.engine.wire_input import ByteSource, BytesSource
+from colibri.engine.wire_input import BytesSource, FeedSource
 from colibri.engine.wire_output import FrameWriter
 from colibri.protocol import Frame, FrameReader
 
 
-class WavesSource(ByteSource):
-    """Scripted stdin in waves: the next wave arrives only once the engine is idle.
+class Waves:
+    """Scripted stdin in waves (a ``Feed``): the next wave arrives only once the engine is idle.
 
     The loop polls with timeout 0 while requests are active and waits when idle, so a wave is
     what a server sends after every earlier request has finished (DONE or ERROR).
     """
 
     def __init__(self, waves: list[bytes]) -> None:
-        super().__init__()
         self._waves = list(waves)
 
-    def _poll(self, timeout: float | None) -> bool:
+    def poll(self, timeout: float | None) -> bool:
         if timeout == 0.0:
             return False
         return True
 
-    def _fill(self) -> bool:
+    def fill(self) -> bytes:
         while self._waves:
             wave = self._waves.pop(0)
             if wave:
-                self._buf += wave
-                return True
-        return False
+                return wave
+        return b""
 
 
 @dataclass
@@ -116,7 +114,7 @@ def run_engine(
         backend = wrap(backend)
     runtime = build_runtime(settings, environment, log, backend=backend, tokenizer=tokenizer)
     stdout = io.BytesIO()
-    source = BytesSource(script) if isinstance(script, bytes) else WavesSource(script)
+    source = BytesSource(script) if isinstance(script, bytes) else FeedSource(Waves(script))
     engine = MuxEngine(runtime, source, FrameWriter(stdout))
     assert engine.run() == 0
     data = stdout.getvalue()

@@ -17,6 +17,10 @@ from reference_support import copy_fixture, rewrite_tensors
 if not BUILT:
     pytest.skip(NOT_BUILT_REASON, allow_module_level=True)
 
+# `make sanitize-test` (a step of .ci/run) runs this file again against the ASan + UBSan
+# build of the C library, so an out-of-bounds read a check missed is caught, not survived.
+pytestmark = pytest.mark.sanitize
+
 from colibri.accelerated import load_model  # noqa: E402
 from colibri.accelerated.kernels import (  # noqa: E402
     KernelInvalidArgument,
@@ -136,3 +140,13 @@ def test_the_backend_names_make_build_when_the_library_is_missing(
             native.load_library()
     finally:
         native.load_library.cache_clear()
+
+
+def test_the_sanitizer_run_loads_the_sanitized_library() -> None:
+    """Under `make sanitize-test` the checks above run against the ASan + UBSan build."""
+    import os
+
+    from colibri.accelerated.native import library_path
+
+    sanitizing = os.environ.get("COLIBRI_SANITIZE") == "1"
+    assert (library_path().parent.name == "sanitize") == sanitizing

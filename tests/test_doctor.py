@@ -62,3 +62,17 @@ def test_spec_data_is_found_through_the_resource_helper() -> None:
     assert resources.spec_path("DEVIATIONS.md").is_file()
     with pytest.raises(FileNotFoundError, match="no-such-file"):
         resources.spec_path("no-such-file.json")
+
+
+def test_accelerated_check_names_library_compiler_threads_and_control_plane() -> None:
+    check = doctor.check_accelerated()
+    assert check.status in ("ok", "warn")
+    summary = check.summary
+    assert "C kernels" in summary
+    assert "compiler " in summary or "no C compiler" in summary
+    assert "threads " in summary
+    assert "control plane compiled by mypyc" in summary or "control plane interpreted" in summary
+    # Not built is a warning naming the step that builds it, never a failure.
+    assert check.status == "ok" or "make build" in summary
+    if check.status == "ok":
+        assert "ISA " in summary

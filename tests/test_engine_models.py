@@ -167,6 +167,7 @@ def test_golden_transcript_default_chat_model(snapshot_json: SnapshotAssertion) 
     assert_same(transcript(run), snapshot_json, frames(Tolerance.for_model_dir(CHAT, 64)))
 
 
+@pytest.mark.interpreted_only
 @pytest.mark.parametrize(("model_dir", "script", "draws"),
                          [(TINY, TINY_GOLDEN, 2), (CHAT, CHAT_GOLDEN, 6)],
                          ids=["glm5-tiny", "default-chat-model"])

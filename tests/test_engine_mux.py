@@ -219,6 +219,7 @@ def test_golden_transcript(snapshot_json: SnapshotAssertion) -> None:
     assert transcript(run) == snapshot_json
 
 
+@pytest.mark.interpreted_only
 def test_data_tail_and_topk_share_one_normaliser_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
     from colibri.engine import sampling
 

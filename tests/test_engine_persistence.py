@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from pathlib import Path
@@ -110,7 +111,7 @@ def test_untrusted_files_are_ignored_with_a_message(
 
 def test_colibri_written_file_with_zero_tag_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / ".coli_kv"
-    _write(path, KvLayout(**{**LAYOUT.__dict__, "tag": 0}), [3, 4], _rows(2))
+    _write(path, dataclasses.replace(LAYOUT, tag=0), [3, 4], _rows(2))
     loaded = KvFile(path, LAYOUT, WRITER).load(100, io.StringIO())
     assert loaded is not None and loaded.tokens == [3, 4]
 
@@ -152,6 +153,7 @@ def test_a_rejected_file_has_its_count_reset_on_disk(tmp_path: Path) -> None:
     assert _count_on_disk(no_complete_record) == 0
 
 
+@pytest.mark.interpreted_only
 def test_a_kill_after_a_rejected_load_never_mixes_conversations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,6 +200,7 @@ class _Recorder:
         self.inner.close()
 
 
+@pytest.mark.interpreted_only
 def test_a_kill_at_any_write_leaves_old_or_new_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -244,6 +244,7 @@ def test_protocol_json_matches_its_schema() -> None:
         "CONTEXT_EXCEEDED",
         "NOT_FOUND",
         "CANCELLED",
+        "BAD_GRAMMAR",
     }
     assert set(spec.errors) == codes
 

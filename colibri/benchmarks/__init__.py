@@ -24,6 +24,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.quant_kernels",
     "colibri.benchmarks.engine_slots",
     "colibri.benchmarks.server_stream",
+    "colibri.benchmarks.control_plane_overhead",
 )
 
 

@@ -39,9 +39,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     from colibri import resources
+    from colibri.control_plane import describe
     from colibri.engine.main import main_from_environment
     from colibri.engine.settings import SettingsError, from_environment
 
+    # Which control plane runs (interpreted .py or mypyc-compiled) goes to stderr, never stdout.
+    print(describe(), file=sys.stderr)
     backend = available_backend(args, "colibri engine")
     if backend is None:
         return 2

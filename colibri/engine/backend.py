@@ -18,7 +18,7 @@ Backends are found by name in ``colibri.engine.registry``; this module imports n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -211,7 +211,7 @@ class ResidentExperts:
         return TierCounts(0, total, 0, 0, total * self.bytes_per_expert)
 
     def counters(self) -> StoreCounters:
-        return StoreCounters(**vars(self._counters))
+        return replace(self._counters)  # a snapshot (vars() needs a __dict__; mypyc has none)
 
     def pin(self, ranked: Sequence[tuple[int, int]], budget_bytes: int) -> int:
         return 0

@@ -68,8 +68,8 @@ def build_runtime(
             state_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(state_dir, os.W_OK):
                 raise PermissionError(f"{state_dir} is not writable")
-        except OSError as exc:
-            raise SettingsError(f"state directory {state_dir}: {exc}") from None
+        except OSError as error:  # not `exc`: mypyc gives a name one type per function
+            raise SettingsError(f"state directory {state_dir}: {error}") from None
     runtime = EngineRuntime(
         backend,
         tokenizer,

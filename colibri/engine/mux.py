@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from colibri.engine.backend import StepRow
+from colibri.engine.constraint import GrammarError, Matcher, build_vocabulary
 from colibri.engine.host_info import gpus_line, hwinfo_line, peak_rss_gb, physical_read_bytes
 from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
 from colibri.engine.request_sampling import (
@@ -50,6 +51,7 @@ from colibri.engine.wire_output import (
     f6,
 )
 from colibri.protocol import LIMITS, SPEC
+from colibri.text.grammar import GrammarVocabulary
 
 HITS_EVERY = LIMITS["hits_every_steps"]
 TOPK_COUNT = LIMITS["topk_count"]
@@ -86,6 +88,7 @@ class MuxEngine:
         self.mtp = MtpGuard()
         #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
         self.step_log: list[tuple[int, float]] = []
+        self.grammar_vocabulary: GrammarVocabulary | None = None
 
     # --- handshake -------------------------------------------------------------------
 
@@ -100,7 +103,7 @@ class MuxEngine:
             "echo": 1,
             "ids": 1,
             "seed": 1,
-            "grammar": 0,
+            "grammar": int(rt.tokenizer is not None),
             "topk": int(rt.settings.serve_topk),
             "hits_every": HITS_EVERY,
             "slots": rt.settings.kv_slots,
@@ -225,8 +228,31 @@ class MuxEngine:
         if len(tokens) > limit:
             self.out.line(f"ERROR {request.rid} CONTEXT_EXCEEDED {len(tokens)} {limit}")
             return
+        matcher = None
+        if request.grammar.strip():
+            matcher = self.grammar_matcher(request)
+            if matcher is None:
+                self.error(request.rid, "BAD_GRAMMAR")
+                return
         self.out.line(f"ACCEPT {request.rid} {len(tokens)}")
-        self.start(request, tokens, submitted_at)
+        self.start(request, tokens, submitted_at, matcher)
+
+    def grammar_matcher(self, request: SubmitRequest) -> Matcher | None:
+        """The SUBMIT's grammar as a matcher; None (after a log line) when it cannot be one."""
+        tokenizer = self.rt.tokenizer
+        if tokenizer is None:
+            print(f"[GRAMMAR] request {request.rid}: the model has no tokenizer", file=self.log)
+            return None
+        if self.grammar_vocabulary is None:
+            self.grammar_vocabulary = build_vocabulary(tokenizer, self.rt.vocab, self.rt.mux_stops)
+        try:
+            return self.grammar_vocabulary.matcher(request.grammar.decode("utf-8"))
+        except UnicodeDecodeError:
+            message = "the grammar is not UTF-8"
+        except GrammarError as exc:
+            message = str(exc)
+        print(f"[GRAMMAR] request {request.rid}: {message}", file=self.log)
+        return None
 
     def tokenize(self, request: SubmitRequest) -> list[int] | None:
         if request.ids:
@@ -239,7 +265,13 @@ class MuxEngine:
             return None
         return self.rt.tokenizer.encode(text)
 
-    def start(self, sub: SubmitRequest, tokens: list[int], submitted_at: float) -> None:
+    def start(
+        self,
+        sub: SubmitRequest,
+        tokens: list[int],
+        submitted_at: float,
+        matcher: Matcher | None = None,
+    ) -> None:
         rt = self.rt
         slot = self.slots[sub.slot]
         nt = len(tokens)
@@ -267,6 +299,7 @@ class MuxEngine:
             maximum=min(sub.max_tokens, rt.ctx - nt - 1),
             submitted_at=submitted_at,
             kv_seconds=kv_seconds,
+            matcher=matcher,
         )
         logits = rt.prefill(slot, tokens[keep:], all_logits=sub.logprobs > 0)
         request.forwards += 1
@@ -299,14 +332,23 @@ class MuxEngine:
     # --- decoding -----------------------------------------------------------------------
 
     def advance(self, request: Request, row: npt.NDArray[np.float32]) -> None:
-        """Sample the request's next token from `row` and emit it (or finish)."""
-        token = pick(row, request.temperature, request.top_p, request.rng)
+        """Sample the request's next token from `row` and emit it (or finish).
+
+        Under a grammar the token is drawn from the masked row; logprobs stay those of the
+        raw row (spec/protocol.md 2.7)."""
+        matcher = request.matcher
+        allowed = row if matcher is None else matcher.apply(row)
+        token = pick(allowed, request.temperature, request.top_p, request.rng)
         if token in self.rt.mux_stops:
             self.finish(request, length_limited=False)
             return
+        if matcher is not None:
+            matcher.consume(token)
         self.emit(request, token, row)
         if request.emitted >= request.maximum:
             self.finish(request, length_limited=True)
+        elif matcher is not None and matcher.complete():
+            self.finish(request, length_limited=False)
         else:
             request.pending = token
 
@@ -388,7 +430,12 @@ class MuxEngine:
         output is byte-identical to plain decoding (prefill rows equal decode rows)."""
         assert request.pending is not None
         pending = request.pending
-        draft = greedy(self.rt.draft(slot.state, pending))
+        matcher = request.matcher
+        # Under a grammar the head drafts from the masked row, and the draft is checked
+        # against the masked row of the pending token: it is kept only where plain
+        # constrained decoding would pick it.
+        draft_row = self.rt.draft(slot.state, pending)
+        draft = greedy(draft_row if matcher is None else matcher.apply(draft_row))
         started = time.perf_counter()
         step = self.rt.backend.step(
             [StepRow(slot.state, pending, True), StepRow(slot.state, draft, True)]
@@ -403,10 +450,16 @@ class MuxEngine:
         request.pending = None
         self.steps += 1
         self.rows += 2
-        accepted = greedy(rows[0]) == draft
+        accepted = greedy(rows[0] if matcher is None else matcher.apply(rows[0])) == draft
         # The draft's row counts for the turn only where plain decoding forwards it too.
+        if accepted and matcher is not None and draft not in self.rt.mux_stops:
+            matcher.consume(draft)
+        grammar_done = accepted and matcher is not None and matcher.complete()
         continues = (
-            accepted and draft not in self.rt.mux_stops and request.emitted + 1 < request.maximum
+            accepted
+            and draft not in self.rt.mux_stops
+            and request.emitted + 1 < request.maximum
+            and not grammar_done
         )
         self.rt.credit_step(step, [request.rid, request.rid if continues else None])
         if self.mtp.record(accepted):
@@ -429,6 +482,10 @@ class MuxEngine:
         if request.emitted >= request.maximum:
             self.rt.truncate_slot(slot, self.rt.length(slot) - 1)
             self.finish(request, length_limited=True)
+            return
+        if grammar_done:
+            self.rt.truncate_slot(slot, self.rt.length(slot) - 1)
+            self.finish(request, length_limited=False)
             return
         self.advance(request, rows[1])
 

@@ -20,6 +20,7 @@ Every rule here is normative (spec/model.md, "Sampling and RNG"):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -213,6 +214,13 @@ def _c_float(value: float) -> str:
     return f"{value:.6f}"
 
 
+def _ids_not_in(size: int, taken: list[int]) -> Iterator[int]:
+    # A generator function, not a generator expression: mypyc compiles the latter eagerly.
+    for i in range(size):
+        if i not in taken:
+            yield i
+
+
 def top_k_table(logits: npt.ArrayLike, k: int) -> list[int]:
     """Ids of the ``k`` largest logits, in colibri's slot order (k clipped to 32 and V).
 
@@ -259,7 +267,7 @@ def top_k_table(logits: npt.ArrayLike, k: int) -> list[int]:
                 break
         position += advance
     if filled < k:
-        unused = (i for i in range(row.size) if i not in ids)
+        unused = _ids_not_in(row.size, ids)
         ids = [i if i >= 0 else next(unused) for i in ids]
     return ids
 

@@ -10,6 +10,7 @@ from colibri.engine.backend import StepTiming, StoreCounters
 from colibri.engine.host_info import physical_read_bytes
 from colibri.engine.rng import Rng
 from colibri.engine.wire_output import f3, f6
+from colibri.text.grammar import Matcher
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Request:
         self.matmul_s += timing.matmul_s
         self.attention_s += timing.attention_s
         self.head_s += timing.head_s
+    #: The SUBMIT's grammar state; None when it sent no grammar.
+    matcher: Matcher | None = None
 
 
 @dataclass(frozen=True)

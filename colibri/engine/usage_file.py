@@ -64,7 +64,7 @@ def parse(data: bytes, n_layers: int, n_experts: int, routed: set[int]) -> npt.N
         if not fields:
             continue
         try:
-            a, b, c = (int(x) for x in fields)
+            a, b, c = [int(x) for x in fields]
         except ValueError:
             raise UsageFileError(f"line {number} is not three integers") from None
         if a == -1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import select
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 _CHUNK = 1 << 16
 
@@ -112,6 +112,39 @@ class BytesSource(ByteSource):
             return False
         self._buf += self._pending
         self._pending = None
+        return True
+
+
+class Feed(Protocol):
+    """Raw input for a :class:`FeedSource`: how a caller outside the engine supplies bytes.
+
+    mypyc compiles ``ByteSource`` as a native class, which interpreted code cannot subclass;
+    a feed is the seam instead (tests script their stdin with one)."""
+
+    def poll(self, timeout: float | None) -> bool:
+        """Whether ``fill`` would return without blocking."""
+        ...
+
+    def fill(self) -> bytes:
+        """The next bytes; empty at EOF."""
+        ...
+
+
+class FeedSource(ByteSource):
+    """A source whose bytes come from a :class:`Feed`."""
+
+    def __init__(self, feed: Feed) -> None:
+        super().__init__()
+        self._feed = feed
+
+    def _poll(self, timeout: float | None) -> bool:
+        return self._feed.poll(timeout)
+
+    def _fill(self) -> bool:
+        chunk = self._feed.fill()
+        if not chunk:
+            return False
+        self._buf += chunk
         return True
 
 

@@ -63,8 +63,8 @@ class AddedVocabulary:
     def __init__(self, tokens: Iterable[AddedToken]) -> None:
         token_list = list(tokens)
         self.tokens = token_list
-        self._raw = AddedTokenMatcher(t for t in token_list if not t.normalized)
-        self._normalized = AddedTokenMatcher(t for t in token_list if t.normalized)
+        self._raw = AddedTokenMatcher([t for t in token_list if not t.normalized])
+        self._normalized = AddedTokenMatcher([t for t in token_list if t.normalized])
 
     def split(self, text: str) -> list[Segment]:
         segments: list[Segment] = []

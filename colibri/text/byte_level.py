@@ -41,6 +41,6 @@ def chars_to_bytes(token: str) -> bytes:
     HF ``tokenizers``' ByteLevel decoder does, rather than silently losing characters.
     """
     try:
-        return bytes(CHAR_TO_BYTE[char] for char in token)
+        return bytes([CHAR_TO_BYTE[char] for char in token])
     except KeyError:
         return token.encode("utf-8")

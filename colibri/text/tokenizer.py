@@ -136,16 +136,19 @@ class Tokenizer:
             file = file / "tokenizer.json"
         try:
             text = file.read_text(encoding="utf-8")
-        except FileNotFoundError as exc:
-            raise TokenizerFileError(f"{file}: no such file") from exc
-        except OSError as exc:
-            raise TokenizerFileError(f"{file}: cannot be read: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise TokenizerFileError(f"{file}: not UTF-8 text ({exc.reason})") from exc
+        # One name per except clause: mypyc gives a name one type per function.
+        except FileNotFoundError as missing:
+            raise TokenizerFileError(f"{file}: no such file") from missing
+        except OSError as unreadable:
+            raise TokenizerFileError(
+                f"{file}: cannot be read: {unreadable.strerror or unreadable}"
+            ) from unreadable
+        except UnicodeDecodeError as bad_utf8:
+            raise TokenizerFileError(f"{file}: not UTF-8 text ({bad_utf8.reason})") from bad_utf8
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TokenizerFileError(f"{file}: not JSON: {exc}") from exc
+        except json.JSONDecodeError as not_json:
+            raise TokenizerFileError(f"{file}: not JSON: {not_json}") from not_json
         if not isinstance(data, dict):
             raise TokenizerFileError(f"{file}: top level is not an object")
         return cls.from_json(data)
@@ -206,7 +209,7 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``; invalid UTF-8 (e.g. a cut multi-byte character) gives U+FFFD."""
-        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+        return b"".join([self.token_bytes(i) for i in ids]).decode("utf-8", errors="replace")
 
     # ------------------------------------------------------------------ lookups
     def token_to_id(self, token: str) -> int | None:

@@ -1,0 +1,101 @@
+"""A backend whose step costs (almost) nothing: fixed logits and routes from preallocated
+arrays. Driving the engine with it leaves only the control plane's own work to time (bench
+section ``control-plane``). Import it only after the control plane has been chosen
+(``colibri.control_plane.select``): it imports ``colibri.engine.backend``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from colibri.engine.backend import Device, Draft, KvRecord, ResidentExperts, Step, StepRow
+
+
+@dataclass(frozen=True)
+class ZeroShape:
+    """The bench checkpoint's shape (vocab 8192, 8 layers of which 3 dense, 32 experts top-8)."""
+
+    vocab_size: int = 8192
+    num_hidden_layers: int = 8
+    n_routed_experts: int = 32
+    num_experts_per_tok: int = 8
+    kv_lora_rank: int = 4
+    qk_rope_head_dim: int = 2
+    index_head_dim: int = 0
+    indexer_types: tuple[str, ...] | None = None
+    num_nextn_predict_layers: int = 0
+    eos_token_ids: tuple[int, ...] = (1,)
+    model_type: str = "zero"
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer >= 3
+
+
+class ZeroBackend:
+    name = "zero"
+    build = "zero 1"  # computes nothing: any build of it writes the same (zero) KV
+    has_mtp = False
+    model_tag = 0x2E40
+
+    def __init__(self, max_rows: int = 16) -> None:
+        self.config = ZeroShape()
+        c = self.config
+        rng = np.random.default_rng(0)
+        self._logits = (rng.standard_normal((max_rows, c.vocab_size)) * 3).astype(np.float32)
+        self._routes = np.tile(np.arange(c.num_experts_per_tok, dtype=np.int32),
+                               (max_rows, c.num_hidden_layers - 3, 1))
+        self.resident = ResidentExperts()
+        #: Seconds spent inside step(): what the bench subtracts from the engine's wall time.
+        self.step_seconds = 0.0
+        self.steps = 0
+
+    @property
+    def shape(self) -> ZeroShape:
+        return self.config
+
+    @property
+    def tiers(self) -> ResidentExperts:
+        return self.resident
+
+    @property
+    def kv_record(self) -> KvRecord:
+        return KvRecord(self.config.num_hidden_layers * 6, 0)
+
+    def new_state(self) -> list[int]:
+        return [0]
+
+    def length(self, state: Any) -> int:
+        return int(state[0])
+
+    def truncate(self, state: Any, n: int) -> None:
+        state[0] = min(int(state[0]), n)
+
+    def step(self, rows: Sequence[StepRow]) -> Step:
+        started = time.perf_counter()
+        for row in rows:
+            row.state[0] += 1
+        n = len(rows)
+        step = Step(self._logits[:n], self._routes[:n])
+        self.step_seconds += time.perf_counter() - started
+        self.steps += 1
+        return step
+
+    def draft(self, state: Any, token: int) -> Draft:
+        raise ValueError("the zero backend has no MTP head")
+
+    def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
+        return np.zeros((stop - start, self.kv_record.record_floats), np.float32)
+
+    def import_kv(self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]) -> None:
+        state[0] = len(tokens)
+
+    def devices(self) -> list[Device]:
+        return []
+
+    def close(self) -> None:
+        pass

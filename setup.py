@@ -1,0 +1,77 @@
+"""The wheel's compiled pieces: setuptools' metadata lives in pyproject.toml; this file only
+adds a build step. A (non-editable) wheel build, which is what ``pip install`` of the sdist
+does, compiles the accelerated engine's C library (``accelerated/native_build.py``, when C
+sources exist) and the mypyc control plane (``accelerated/mypyc_build.py``) into the
+checkout's ``build/`` (incrementally, as ``make build`` does) and copies both into the wheel
+as ``colibri/build/{accelerated,mypyc}``, where the installed package looks for them.
+
+Where no C compiler (or no mypyc) exists the wheel is still built, without them, and the
+build says so; the reference engine needs neither. Editable installs (``pip install -e .``,
+the Makefile's) skip this step: ``make build`` builds in place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    # By file: `colibri.accelerated` is the folder `accelerated/` only once installed.
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _say(message: str) -> None:
+    print(f"colibri build: {message}", file=sys.stderr)
+
+
+def build_compiled(package_dir: Path) -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    here = ROOT / "accelerated"
+    native_build = _load("colibri.accelerated.native_build", here / "native_build.py")
+    mypyc_build = _load("colibri.accelerated.mypyc_build", here / "mypyc_build.py")
+    out = package_dir / "build"
+    if native_build.sources():
+        try:
+            native_build.build()
+        except native_build.BuildError as exc:
+            _say(f"WITHOUT the accelerated engine's C library: {exc}")
+        else:
+            shutil.copytree(native_build.DEFAULT_OUT, out / "accelerated", dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.stamp", "sanitize"))
+    mypyc_dir = ROOT / "build" / "mypyc"
+    try:
+        mypyc_build.build(mypyc_dir, root=ROOT)
+    except mypyc_build.BuildError as exc:
+        _say(f"WITHOUT the mypyc-compiled control plane (--accelerated runs it interpreted): {exc}")
+    else:
+        shutil.copytree(mypyc_dir, out / "mypyc", dirs_exist_ok=True)
+
+
+class BuildPyWithCompiled(build_py):
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:
+            build_compiled(Path(self.build_lib) / "colibri")
+
+
+class PlatformDistribution(Distribution):
+    def has_ext_modules(self) -> bool:
+        return True  # the wheel carries shared libraries: tag it for this platform
+
+
+setup(cmdclass={"build_py": BuildPyWithCompiled}, distclass=PlatformDistribution)
