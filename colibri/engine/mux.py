@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from colibri.engine.backend import StepRow
 from colibri.engine.constraint import GrammarError, Matcher, build_vocabulary
-from colibri.engine.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.engine.host_info import gpus_line, hwinfo_line, peak_rss_gb, physical_read_bytes
 from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
 from colibri.engine.request_sampling import (
     NO_PREDICTOR_TAIL,
@@ -31,6 +31,7 @@ from colibri.engine.request_sampling import (
 from colibri.engine.runtime import EngineRuntime, Slot
 from colibri.engine.submit_parse import (
     MAX_HEADER,
+    MAX_LOGPROBS,
     Control,
     SubmitRequest,
     frame_submit,
@@ -49,10 +50,11 @@ from colibri.engine.wire_output import (
     f2,
     f6,
 )
+from colibri.protocol import LIMITS, SPEC
 from colibri.text.grammar import GrammarVocabulary
 
-HITS_EVERY = 6
-TOPK_COUNT = 5
+HITS_EVERY = LIMITS["hits_every_steps"]
+TOPK_COUNT = LIMITS["topk_count"]
 
 
 @dataclass
@@ -91,12 +93,13 @@ class MuxEngine:
     # --- handshake -------------------------------------------------------------------
 
     def capabilities(self) -> str:
+        """CAPS: every key of spec/protocol.json ``capabilities``, in its order."""
         rt = self.rt
-        caps = {
-            "proto": 1,
+        values = {
+            "proto": SPEC.revision,
             "accept": 1,
             "stop": 1,
-            "logprobs": 32,
+            "logprobs": MAX_LOGPROBS,
             "echo": 1,
             "echo_at": 1,
             "ids": 1,
@@ -110,14 +113,18 @@ class MuxEngine:
             "tokenizer": int(rt.tokenizer is not None),
             "mtp": int(rt.drafting),
         }
-        return "CAPS " + " ".join(f"{k}={v}" for k, v in caps.items())
+        unknown = sorted(set(values) - set(SPEC.capabilities))
+        if unknown:
+            raise KeyError(f"CAPS keys not in spec/protocol.json: {unknown}")
+        return "CAPS " + " ".join(f"{k}={values[k]}" for k in SPEC.capabilities)
 
     def handshake(self) -> None:
         self.out.raw(READY)
         self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
         self.out.line(self.capabilities())
-        self.out.line(hwinfo_line())
-        self.out.line("GPUS 0")
+        devices = self.rt.backend.devices()
+        self.out.line(hwinfo_line(devices))
+        self.out.line(gpus_line(devices))
         self.out.line(self.rt.tiers_line())
         self.out.line(self.rt.emap_line())
 
@@ -408,7 +415,8 @@ class MuxEngine:
             assert request.pending is not None
             rows.append(StepRow(self.slots[slot_index].state, request.pending, True))
         started = time.perf_counter()
-        logits = self.rt.forward(rows, [r.rid for _, r in ready]).logits
+        step = self.rt.forward(rows, [r.rid for _, r in ready])
+        logits = step.logits
         elapsed = time.perf_counter() - started
         elapsed_ms = elapsed * 1000.0
         self.step_log.append((len(ready), elapsed))
@@ -420,6 +428,7 @@ class MuxEngine:
             request.pending = None
             request.forwards += 1
             request.forward_ms.append(elapsed_ms)
+            request.add_step(step.timing)
             self.advance(request, logits[row_index])
         self.after_step()
 
@@ -455,6 +464,7 @@ class MuxEngine:
         rows = step.logits
         elapsed = time.perf_counter() - started
         request.forward_ms.append(elapsed * 1000.0)
+        request.add_step(step.timing)
         self.step_log.append((2, elapsed))
         request.forwards += 1
         slot.history.extend([pending, draft])
@@ -508,8 +518,9 @@ class MuxEngine:
         slot = self.slots[request.slot]
         del self.active[request.slot]
         numbers = turn_numbers(request, rt.tiers.counters())
-        self.out.line(hwinfo_line())
-        self.out.line("GPUS 0")
+        devices = rt.backend.devices()
+        self.out.line(hwinfo_line(devices))
+        self.out.line(gpus_line(devices))
         kv_started = time.perf_counter()
         rt.save_usage()
         rt.persist_slot(slot)
