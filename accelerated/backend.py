@@ -10,6 +10,7 @@ reference reports for the same traffic.
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +47,14 @@ class AcceleratedBackend:
         self._codec = ReferenceKvCodec(model.new_state())
         self._tiers = store
         model.store = store
+
+    @property
+    def build(self) -> str:
+        """The kernel variant decides a step's bytes (``.coli_kv`` resumes only under it)."""
+        from colibri import __version__
+
+        isa = self.model.kernels.isa
+        return f"colibri {__version__}; kernels {isa}; numpy {np.__version__}; {platform.machine()}"
 
     @property
     def shape(self) -> ModelConfig:

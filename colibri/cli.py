@@ -26,6 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.engine",
     "colibri.commands.chat",
     "colibri.commands.conformance",
+    "colibri.commands.atlas",
+    "colibri.commands.plan",
 )
 
 

@@ -12,11 +12,13 @@ import ctypes
 import ctypes.util
 import importlib
 import importlib.metadata
+import json
 import platform
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 from colibri import control_plane, resources
@@ -191,9 +193,82 @@ def overall_status(checks: list[Check]) -> Status:
     return worst
 
 
-def report(checks: list[Check]) -> dict[str, object]:
-    return {
+def report(checks: list[Check], model: Path | None = None,
+           plan: dict[str, object] | None = None) -> dict[str, object]:
+    out: dict[str, object] = {
         "schema_version": SCHEMA_VERSION,
         "status": overall_status(checks),
         "checks": [asdict(check) for check in checks],
     }
+    if model is not None:
+        out["model"] = str(model)
+        out["plan"] = plan
+    return out
+
+
+def check_model(model: Path) -> list[Check]:
+    """A model's config readable, its weights complete and their formats recognised."""
+    from colibri.plan import PlanError, load_config
+    from colibri.reference.safetensors import DTYPES
+
+    try:
+        config, model_dir = load_config(model)
+    except PlanError as exc:
+        return [Check("model_config", "fail", str(exc))]
+    checks = [Check("model_config", "ok",
+                    f"{config.model_type}: {config.num_hidden_layers} layers, "
+                    f"{config.n_routed_experts} experts/layer, top-{config.num_experts_per_tok}")]
+    if model_dir is None:
+        return checks + [Check("model_weights", "warn", "config only: no weights to check")]
+    index = model_dir / "model.safetensors.index.json"
+    files = sorted(model_dir.glob("*.safetensors"))
+    missing: list[str] = []
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            return checks + [Check("model_weights", "fail", f"{index} is unreadable: {exc}")]
+        missing = sorted(s for s in shards if not (model_dir / s).is_file())
+    if not files:
+        return checks + [Check("model_weights", "fail", f"no *.safetensors in {model_dir}")]
+    if missing:
+        return checks + [Check("model_weights", "fail",
+                               f"{len(missing)} shard(s) listed in {index.name} are missing: "
+                               + ", ".join(missing[:5]))]
+    dtypes: set[str] = set()
+    for path in files:
+        try:
+            with open(path, "rb") as handle:
+                length = int.from_bytes(handle.read(8), "little")
+                if length <= 0 or length > path.stat().st_size - 8:
+                    raise ValueError("header length exceeds the file")
+                header = json.loads(handle.read(length))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items()
+                       if k != "__metadata__"), default=0)
+            if 8 + length + end > path.stat().st_size:
+                raise ValueError("tensor data runs past the end of the file (truncated?)")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return checks + [Check("model_weights", "fail", f"{path.name}: {exc}")]
+        dtypes.update(str(v["dtype"]) for k, v in header.items() if k != "__metadata__")
+    checks.append(Check("model_weights", "ok", f"{len(files)} safetensors file(s) complete"))
+    unknown = sorted(dtypes - set(DTYPES))
+    if unknown:
+        checks.append(Check("model_formats", "fail", "unrecognised tensor dtypes: "
+                            + ", ".join(unknown)))
+    else:
+        checks.append(Check("model_formats", "ok", "tensor dtypes " + ", ".join(sorted(dtypes))))
+    return checks
+
+
+def plan_summary(model: Path) -> dict[str, object] | None:
+    from colibri.plan import PlanError, Request, build
+
+    try:
+        plan = build(model, Request())
+    except PlanError:
+        return None
+    ram, kv = plan["tiers"]["ram"], plan["kv"]
+    return {"ram_budget_bytes": ram["budget_bytes"], "cache_slots_per_layer":
+            ram["cache_slots_per_layer"], "hot_experts": plan["tiers"]["vram"]["hot_experts"],
+            "kv_bytes_per_slot": kv["bytes_per_slot"], "kv_slots_that_fit": kv["slots_that_fit"],
+            "projected_hit_rate": plan["projected_hit_rate"]}

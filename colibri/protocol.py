@@ -1,10 +1,12 @@
-"""Typed access to spec/protocol.json, the grammar of the engine wire protocols.
+"""The one reader of spec/protocol.json, the grammar of the engine wire protocols.
 
-The server's engine client, the conformance suite and the reference engine's tests all read the
-same data through this module: ``load_spec()`` gives every line kind with its compiled regex and
-field grammar, ``parse_line()`` turns one line into typed values (or raises
-``ProtocolViolation`` naming the field), and ``FrameReader`` reads whole frames, payloads
-included, from an engine's stdout. spec/protocol.md is the prose behind every rule.
+The engine, the server's engine client and the conformance suite all take the wire from this
+module: ``load_spec()`` gives every line kind with its compiled regex and field grammar, the
+limits, payload kinds, error codes, extensions and capability keys; ``parse_line()`` turns
+one line into typed values (or raises ``ProtocolViolation`` naming the field);
+``FrameParser`` is the one frame reader, an I/O-free parser (bytes in, frames out) that each
+of them feeds from its own I/O (``FrameReader`` here does so from a blocking stream).
+spec/protocol.md is the prose behind every rule.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from colibri import resources
 #: A parsed field value: numbers, text, or the entries of a repeated group.
 Value = int | float | str | list[dict[str, Any]] | None
 
-READY_LINE = b"\x01\x01READY\x01\x01\n"
-END_LINE = b"\x01\x01END\x01\x01\n"
 
 _INT_TYPES = frozenset({"u64", "uint", "int", "flag", "req_uint"})
 _FLOAT_TYPES = frozenset({"fixed1", "fixed2", "fixed3", "fixed6", "logprob", "req_float"})
@@ -101,6 +101,37 @@ class ProtocolSpec:
     def line(self, kind: str, direction: str = "engine") -> LineSpec:
         table = self.engine_lines if direction == "engine" else self.request_lines
         return table[kind]
+
+    @property
+    def payload_kinds(self) -> frozenset[str]:
+        """Kinds followed by a byte-counted payload (DATA, ECHO)."""
+        return frozenset(self.mux["payload_kinds"])
+
+    @property
+    def foreign_payload_kinds(self) -> frozenset[str]:
+        """Payload kinds of colibri's other model families: consumed, then ignored."""
+        return frozenset(self.mux.get("foreign_payload_kinds", ()))
+
+    @property
+    def framed_kinds(self) -> frozenset[str]:
+        """Every kind a reader must read a payload for to stay in step."""
+        return self.payload_kinds | self.foreign_payload_kinds
+
+    @property
+    def tagged_kinds(self) -> frozenset[str]:
+        """Engine kinds whose first field is a request id (the foreign TOOL included)."""
+        own = {k for k, line in self.engine_lines.items() if line.tagged}
+        return frozenset(own) | frozenset(self.mux.get("foreign_tagged_kinds", ()))
+
+    def request_pattern(self, kind: str) -> re.Pattern[bytes]:
+        """A server-to-engine line's regex over bytes (match a line without its LF)."""
+        return re.compile(self.request_lines[kind].regex.pattern.encode("ascii"))
+
+    def sentinel(self, kind: str) -> bytes:
+        """An exact engine line (READY, END) without its LF."""
+        exact = self.engine_lines[kind].exact
+        assert exact is not None, kind
+        return exact.encode("latin-1")
 
 
 @dataclass(frozen=True)
@@ -197,6 +228,16 @@ def load_spec(path: Path | None = None) -> ProtocolSpec:
     """protocol.json from the installed spec data (or an explicit path)."""
     source = path if path is not None else resources.spec_path("protocol.json")
     return spec_from_dict(json.loads(source.read_text(encoding="utf-8")))
+
+
+SPEC = load_spec()
+#: The sentinels, with and without their LF (spec/protocol.json ``READY``/``END``).
+READY = SPEC.sentinel("READY")
+END = SPEC.sentinel("END")
+READY_LINE = READY + b"\n"
+END_LINE = END + b"\n"
+#: The numbers of ``limits`` the readers and writers of the wire obey.
+LIMITS: Mapping[str, int] = SPEC.limits
 
 
 # --- the field-grammar walker -------------------------------------------------------------
@@ -373,6 +414,189 @@ def parse_line(
 
 # --- frames from a byte stream ------------------------------------------------------------
 
+PREAMBLE = "PREAMBLE"
+BROKEN = "BROKEN"
+#: A header line longer than this is a framing error, not something to buffer forever.
+MAX_LINE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class WireFrame:
+    """One unit of engine output, as ``FrameParser`` splits it.
+
+    ``kind`` is the first word of the header (``PREAMBLE`` for lines before READY, ``READY``
+    for the sentinel, ``TEXT`` for a legacy answer, ``BROKEN`` when the bytes violate the
+    framing, with ``problem`` saying how). ``header`` is the header line without its LF;
+    ``payload`` is present for payload-framed kinds (and legacy text).
+    """
+
+    index: int
+    kind: str
+    header: bytes
+    payload: bytes | None = None
+    problem: str = ""
+
+    @property
+    def fields(self) -> list[str]:
+        return self.header.decode("utf-8", "replace").split(" ")
+
+    @property
+    def request_id(self) -> int | None:
+        if self.kind not in SPEC.tagged_kinds:
+            return None
+        parts = self.fields
+        if len(parts) < 2 or not parts[1].isdigit():
+            return None
+        return int(parts[1])
+
+    def wire(self) -> bytes:
+        """The exact bytes this frame occupied on the wire."""
+        if self.payload is None:
+            return self.header + b"\n"
+        return self.header + b"\n" + self.payload + b"\n"
+
+    def describe(self) -> str:
+        text = self.header.decode("utf-8", "backslashreplace")
+        if self.payload is not None:
+            text += " | " + self.payload.decode("utf-8", "backslashreplace")
+        return text[:200]
+
+
+@dataclass
+class FrameParser:
+    """The one frame reader of engine output: incremental and I/O-free. ``feed`` bytes as
+    they arrive (any split), take the frames they complete; ``finish`` at EOF.
+
+    Before READY every line is PREAMBLE. In mux mode a line is one frame, except the
+    payload-framed kinds (``framed_kinds``: byte count at field 2, that many raw bytes, LF);
+    a count that is not a number or exceeds ``limits.max_frame_payload_bytes``, or a payload
+    not followed by LF, is BROKEN. In legacy mode an answer is the raw text up to END
+    (``TEXT``), status lines are read only right after READY or END.
+    """
+
+    legacy: bool = False
+    seen_ready: bool = False
+    spec: ProtocolSpec = field(default_factory=lambda: SPEC)
+    _buffer: bytearray = field(default_factory=bytearray)
+    _count: int = 0
+    _legacy_expect_status: bool = True
+    _legacy_after_end: bool = False
+
+    def __post_init__(self) -> None:
+        self._framed = self.spec.framed_kinds
+        self._max_payload = self.spec.limits["max_frame_payload_bytes"]
+        self._status = frozenset(self.spec.legacy.get("status_kinds", ("STAT", "TIERS")))
+        self._ready = self.spec.sentinel("READY")
+        self._end = self.spec.sentinel("END")
+
+    def feed(self, data: bytes) -> list[WireFrame]:
+        self._buffer.extend(data)
+        out: list[WireFrame] = []
+        while (frame := self._take()) is not None:
+            out.append(frame)
+        return out
+
+    def finish(self) -> list[WireFrame]:
+        """Whatever is left at EOF becomes one BROKEN frame (a truncated line or payload)."""
+        if not self._buffer:
+            return []
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return [self._make(BROKEN, rest, None, "stream ended inside a frame")]
+
+    def _make(
+        self, kind: str, header: bytes, payload: bytes | None, problem: str = ""
+    ) -> WireFrame:
+        frame = WireFrame(self._count, kind, header, payload, problem)
+        self._count += 1
+        return frame
+
+    def _peek(self) -> tuple[int, bytes, str] | None:
+        """(where its LF is, the next whole line, its kind) without taking it; None until
+        a whole line is there."""
+        newline = self._buffer.find(b"\n")
+        if newline < 0:
+            return None
+        line = bytes(self._buffer[:newline])
+        return newline, line, line.split(b" ", 1)[0].decode("utf-8", "replace")
+
+    def _line(self) -> bytes | None:
+        """The next whole line (LF removed), taken; None until one is there."""
+        peeked = self._peek()
+        if peeked is None:
+            return None
+        del self._buffer[: peeked[0] + 1]
+        return peeked[1]
+
+    def _take(self) -> WireFrame | None:
+        buf = self._buffer
+        if buf.find(b"\n", 0, MAX_LINE_BYTES + 1) < 0 and len(buf) > MAX_LINE_BYTES:
+            if not (self.legacy and self.seen_ready and not self._legacy_expect_status):
+                head = bytes(buf[:64])
+                buf.clear()
+                return self._make(BROKEN, head, None, f"line longer than {MAX_LINE_BYTES} bytes")
+        if not self.seen_ready:
+            # READY may not be at a line start in a sloppy engine; the gateway scans bytes.
+            line = self._line()
+            if line is None:
+                return None
+            if line == self._ready:
+                self.seen_ready = True
+                return self._make("READY", line, None)
+            if self._ready in line:
+                self.seen_ready = True
+                return self._make("READY", line, None, "READY sentinel not alone on its line")
+            return self._make(PREAMBLE, line, None)
+        if self.legacy:
+            return self._take_legacy()
+        peeked = self._peek()
+        if peeked is None:
+            return None
+        newline, line, kind = peeked
+        if kind in self._framed:
+            parts = line.split(b" ")
+            if len(parts) < 3 or not parts[2].isdigit() or int(parts[2]) > self._max_payload:
+                del buf[: newline + 1]
+                return self._make(BROKEN, line, None, f"{kind} header without a valid byte count")
+            end = newline + 1 + int(parts[2])
+            if len(buf) < end + 1:
+                return None
+            payload = bytes(buf[newline + 1 : end])
+            terminator = buf[end]
+            del buf[: end + 1]
+            if terminator != 0x0A:
+                problem = f"{kind} payload not followed by LF (got {terminator:#04x})"
+                return self._make(BROKEN, line, payload, problem)
+            return self._make(kind, line, payload)
+        del buf[: newline + 1]
+        return self._make(kind, line, None)
+
+    def _take_legacy(self) -> WireFrame | None:
+        buf = self._buffer
+        if self._legacy_expect_status:
+            peeked = self._peek()
+            if peeked is None:
+                return None
+            newline, line, kind = peeked
+            if kind in self._status:
+                del buf[: newline + 1]
+                if self._legacy_after_end:
+                    # A reply ends with exactly one STAT line; text follows it.
+                    self._legacy_expect_status = False
+                    self._legacy_after_end = False
+                return self._make(kind, line, None)
+            self._legacy_expect_status = False
+        at = buf.find(self._end)
+        if at < 0:
+            return None
+        text = bytes(buf[:at])
+        del buf[: at + len(self._end)]
+        if buf[:1] == b"\n":
+            del buf[:1]
+        self._legacy_expect_status = True
+        self._legacy_after_end = True
+        return self._make("TEXT", b"TEXT", text)
+
 
 @dataclass(frozen=True)
 class Frame:
@@ -390,11 +614,12 @@ class Frame:
 
 
 class FrameReader:
-    """Reads engine frames from a binary stream (an engine's stdout) by the spec's rules.
+    """``FrameParser`` fed from a blocking binary stream (an engine's stdout), with every
+    known line parsed by its grammar.
 
     ``read_preamble()`` consumes everything up to and including READY; afterwards each
-    ``read_frame()`` returns one frame, reading a payload of exactly the announced length and
-    checking its terminator. Returns None at EOF.
+    ``read_frame()`` returns one frame. Returns None at EOF; broken framing raises
+    ``ProtocolViolation``.
     """
 
     def __init__(
@@ -406,39 +631,47 @@ class FrameReader:
         self.stream = stream
         self.spec = spec or load_spec()
         self.on_unknown = on_unknown
+        # A stream read without read_preamble() is already past READY.
+        self._parser = FrameParser(seen_ready=True, spec=self.spec)
+        self._ready: list[WireFrame] = []
+        self._eof = False
+
+    def _next(self) -> WireFrame | None:
+        while not self._ready:
+            if self._eof:
+                return None
+            # readline never blocks past the bytes a frame needs (payloads end in LF too).
+            chunk = self.stream.readline()
+            if chunk:
+                self._ready += self._parser.feed(chunk)
+            else:
+                self._eof = True
+                self._ready += self._parser.finish()
+        return self._ready.pop(0)
 
     def read_preamble(self) -> list[bytes]:
         """Lines before READY (free-form); raises EOFError if READY never comes."""
         lines: list[bytes] = []
-        while True:
-            line = self.stream.readline()
-            if not line:
-                raise EOFError("engine closed stdout before READY")
-            if line == READY_LINE:
+        self._parser.seen_ready = False
+        while (frame := self._next()) is not None:
+            if frame.kind == "READY":
                 return lines
-            lines.append(line)
+            lines.append(frame.header + b"\n")
+        raise EOFError("engine closed stdout before READY")
 
     def read_frame(self) -> Frame | None:
-        line = self.stream.readline()
-        if not line:
+        frame = self._next()
+        if frame is None:
             return None
-        if not line.endswith(b"\n"):
-            raise ProtocolViolation("?", "line without LF at EOF", line.decode("latin-1"))
-        parsed = parse_line(line[:-1], self.spec)
+        line = frame.header + b"\n"
+        if frame.kind == BROKEN:
+            raise ProtocolViolation("?", frame.problem, frame.header.decode("latin-1"))
+        parsed = parse_line(frame.header, self.spec)
         if parsed is None:
             if self.on_unknown is not None:
                 self.on_unknown(line)
-            return Frame(line, None, None)
-        payload = None
-        if parsed.spec.payload is not None:
-            n = parsed.payload_length
-            payload = self.stream.read(n)
-            if len(payload) != n:
-                raise ProtocolViolation(parsed.kind, "truncated payload", line.decode("latin-1"))
-            end = self.stream.read(1)
-            if end != parsed.spec.payload.terminator:
-                raise ProtocolViolation(parsed.kind, "bad payload terminator", repr(end))
-        return Frame(line, parsed, payload)
+            return Frame(line, None, frame.payload)
+        return Frame(line, parsed, frame.payload)
 
 
 def format_hex(data: bytes) -> str:

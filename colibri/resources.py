@@ -59,3 +59,17 @@ def default_model_dir() -> Path:
     if override:
         return Path(override)
     return fixture_model_dir(DEFAULT_MODEL_NAME)
+
+
+#: Where `colibri atlas analyze --web` writes the dashboard's atlas and `colibri serve`
+#: serves it as `/experts.json` (a state path: a dashboard build replaces web/dist).
+ATLAS_ENV = "COLI_ATLAS"
+
+
+def atlas_path() -> Path:
+    """``$COLI_ATLAS``, else ``$XDG_STATE_HOME/colibri/experts.json`` (~/.local/state)."""
+    override = os.environ.get(ATLAS_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "colibri" / "experts.json"

@@ -1,9 +1,6 @@
-"""The engine-output grammar, loaded from ``spec/protocol.json``.
-
-protocol.json is the single machine-readable description of the wire; the suite never
-keeps its own copy of the line formats. The loader accepts the entry shapes protocol.json
-uses (a mapping or a list of entries, each naming its kind and a regular expression for the
-header line) and keeps only engine-to-server lines.
+"""The engine-output grammar of ``spec/protocol.json`` (or another protocol.json given with
+``--protocol-json``), read through ``colibri.protocol``, the one reader of the format; the
+suite never keeps its own copy of the line formats.
 """
 
 from __future__ import annotations
@@ -12,22 +9,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from colibri.conformance.frames import BROKEN, PREAMBLE, Frame
 
-_REGEX_KEYS = ("regex", "pattern", "header_regex", "line_regex", "grammar")
-_KIND_KEYS = ("kind", "name", "frame", "line")
-_INBOUND = {
-    "server",
-    "request",
-    "requests",
-    "in",
-    "inbound",
-    "server_to_engine",
-    "server->engine",
-    "to_engine",
-}
+from colibri.protocol import load_spec
 
 
 class GrammarError(ValueError):
@@ -66,50 +51,21 @@ class Grammar:
         return None
 
 
-def _entries(document: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(kind, entry) pairs from whichever container layout protocol.json uses."""
-    found: list[tuple[str, dict[str, Any]]] = []
-
-    def walk(node: Any, inherited_direction: str | None, key_hint: str | None) -> None:
-        if isinstance(node, dict):
-            direction = node.get("direction", inherited_direction)
-            if any(k in node for k in _REGEX_KEYS) and isinstance(
-                next((node[k] for k in _REGEX_KEYS if k in node), None), str
-            ):
-                kind = next((node[k] for k in _KIND_KEYS if isinstance(node.get(k), str)), key_hint)
-                if kind and str(direction or "").lower() not in _INBOUND:
-                    found.append((kind, node))
-                return
-            for key, value in node.items():
-                next_direction = direction
-                if key.lower() in _INBOUND:
-                    next_direction = key
-                walk(value, next_direction, key if isinstance(value, dict) else key_hint)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item, inherited_direction, key_hint)
-
-    walk(document, None, None)
-    return found
-
-
 def load_grammar(path: Path) -> Grammar:
+    """The engine-output rules of a protocol.json, read by ``colibri.protocol``."""
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        spec = load_spec(path)
     except FileNotFoundError as exc:
         raise GrammarError(f"protocol grammar not found: {path}") from exc
     except json.JSONDecodeError as exc:
         raise GrammarError(f"{path} is not valid JSON: {exc}") from exc
-    rules: dict[str, LineRule] = {}
-    for kind, entry in _entries(document):
-        pattern = next(entry[k] for k in _REGEX_KEYS if isinstance(entry.get(k), str))
-        try:
-            regex = re.compile(pattern.encode("utf-8"), re.DOTALL)
-        except re.error as exc:
-            raise GrammarError(f"{path}: bad regex for {kind}: {exc}") from exc
-        payload = bool(entry.get("payload") or entry.get("payload_framed"))
-        word = kind.split()[0].upper() if kind.split() else kind
-        rules.setdefault(word, LineRule(word, regex, payload))
+    except (KeyError, TypeError, ValueError, re.error) as exc:
+        raise GrammarError(f"{path} is not a protocol.json: {exc!r}") from exc
+    rules = {
+        kind: LineRule(kind, re.compile(line.regex.pattern.encode("utf-8"), re.DOTALL),
+                       line.payload is not None)
+        for kind, line in spec.engine_lines.items()
+    }
     if not rules:
         raise GrammarError(f"{path} defines no engine output line with a regex")
     return Grammar(rules, str(path))

@@ -349,6 +349,8 @@ def body_schema(method: str, path: str, response: Response) -> str | None:
     if response.status >= 400:
         if response.json() is None:
             return None
+        if response.status == 422 and path.startswith("/v1/systemone"):
+            return "validation_error.json"
         return "anthropic_error.json" if path.startswith("/v1/messages") else "error.json"
     if response.status != 200:
         return None
@@ -356,6 +358,7 @@ def body_schema(method: str, path: str, response: Response) -> str | None:
         "/v1/chat/completions": ("chat_completion.json", "chat_completion_chunk.json"),
         "/v1/completions": ("completion.json", "completion_chunk.json"),
         "/v1/messages": ("message.json", "message_stream_event.json"),
+        "/v1/systemone": ("systemone.json", "systemone.json"),
     }
     if method == "POST" and path in posts:
         return posts[path][1 if response.is_sse else 0]

@@ -206,7 +206,8 @@ class HttpTarget:
 #: What every colibri server has. A server the suite starts itself (--server-cmd) that says it
 #: is colibri (``Server: colibri``) is held to these instead of probed for them, so a
 #: regression fails the cases that need them rather than turning them into skips.
-COLIBRI_SERVER_CAPABILITIES = frozenset({"colibri_ext", "metrics", "anthropic", "completions"})
+COLIBRI_SERVER_CAPABILITIES = frozenset({"colibri_ext", "metrics", "anthropic", "completions",
+                                         "systemone"})
 
 
 def identifies_as_colibri(endpoint: Endpoint) -> bool:
@@ -229,6 +230,10 @@ def probe(endpoint: Endpoint, model: str) -> set[str]:
         messages = endpoint.request("POST", "/v1/messages", body=b"{}")
         if isinstance(messages.json(), dict) and messages.json().get("type") == "error":
             caps.add("anthropic")
+        # System One answers an empty body with its 422 `detail` list (no model check).
+        decision = endpoint.request("POST", "/v1/systemone", body=b"{}")
+        if decision.status == 422 and isinstance((decision.json() or {}).get("detail"), list):
+            caps.add("systemone")
         # A model check may come before routing (404 model_not_found), so name the model.
         body = json.dumps({"model": model, "prompt": ""}).encode()
         completions = endpoint.request("POST", "/v1/completions", body=body)

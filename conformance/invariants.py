@@ -27,6 +27,8 @@ from colibri.conformance.frames import PREAMBLE, Frame
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import PromptCodec
 
+from colibri.protocol import LIMITS
+
 if TYPE_CHECKING:
     from colibri.conformance.protocol_checks import SessionView
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 TURN_END_BLOCK = ("HWINFO", "GPUS", "TIERS", "EMAP", "HITS", "ENTROPY", "PERF", "PROF")
 #: Lines that may fall between any two frames (§2.7); periodic HITS too, outside a block.
 ANYWHERE = frozenset({"REPIN"})
-TOPK_COUNT = 5
+TOPK_COUNT = LIMITS["topk_count"]
 #: `.coli_usage` engine id: FNV-1a-32("glm_moe_dsa") (§4.2).
 USAGE_ENGINE_ID = 3815245270
 
@@ -332,7 +334,8 @@ def length_limited(view: SessionView, codec: PromptCodec) -> None:
 def value_ranges(view: SessionView, codec: PromptCodec) -> None:
     """Flags are 0/1, percentages within 0..100, tok/s 0.00 without tokens, ACCEPT's nt
     within 1..CTX-2, RAM available <= total, GPU used <= total, EMAP tiers 0..2, entropies
-    within 0..log2(experts), TOPK logprobs <= 0, PROF's percentiles ordered."""
+    within 0..log2(experts), TOPK logprobs <= 0, PROF's percentiles ordered, PERF's expert
+    matmul, attention and lm_head seconds each within 0..dt (§2.6)."""
     ctx = _ctx(view)
     frames = _frames(view)
     cols = next((_emap(f).cols for f in frames if f.kind == "EMAP"), None)
@@ -368,6 +371,11 @@ def value_ranges(view: SessionView, codec: PromptCodec) -> None:
             for value in fields[1:]:
                 if not 0.0 <= float(value) <= ceiling:
                     raise CheckFailure(f"entropy {value} bits outside 0..log2({cols})")
+        elif frame.kind == "PERF":
+            dt = _float(fields, 2, "PERF dt")
+            for index, name in ((5, "t_emm"), (6, "t_attn"), (8, "t_head")):
+                if not 0.0 <= _float(fields, index, f"PERF {name}") <= dt + 0.0000015:
+                    raise CheckFailure(f"PERF {name} outside 0..dt: {frame.describe()!r}")
         elif frame.kind == "PROF":
             if fields[17:18] not in (["0"], ["1"]):
                 raise CheckFailure(f"PROF physical_valid is not 0 or 1: {frame.describe()!r}")

@@ -1,4 +1,7 @@
-"""The two nonlinearities, in float32: sigmoid (router scores) and SiLU (SwiGLU gates)."""
+"""The two nonlinearities, in float32: sigmoid (router scores) and SiLU (SwiGLU gates).
+
+Spec: spec/model.md §7.1 (sigmoid scores), §7.2 (SiLU).
+"""
 
 from __future__ import annotations
 

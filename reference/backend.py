@@ -7,6 +7,7 @@ pinned hot set) and the COLIKV1 codec; ``step`` is one ``Model.forward_rows`` ca
 from __future__ import annotations
 
 import hashlib
+import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,8 +54,17 @@ def model_fingerprint(model_dir: Path) -> int:
     return tag or 1
 
 
+def reference_build() -> str:
+    """numpy and its BLAS decide the bytes of the reference's products; the machine decides
+    which BLAS kernels run."""
+    from colibri import __version__
+
+    return f"colibri {__version__}; numpy {np.__version__}; {platform.machine()}"
+
+
 class ReferenceBackend:
     name = "reference"
+    build = reference_build()
 
     def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
         self.model = model
@@ -94,11 +104,16 @@ class ReferenceBackend:
         state.truncate(n)
 
     def step(self, rows: Sequence[StepRow]) -> Step:
+        clock = self.model.clock
+        clock.reset()
         started = time.perf_counter()
         logits, routes = self.model.forward_rows(
             [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
         )
-        return Step(logits, routes, StepTiming(total_s=time.perf_counter() - started))
+        total = time.perf_counter() - started
+        return Step(
+            logits, routes, StepTiming(total, clock.matmul_s, clock.attention_s, clock.head_s)
+        )
 
     def draft(self, state: Any, token: int) -> Draft:
         assert isinstance(state, KVState)
@@ -112,7 +127,7 @@ class ReferenceBackend:
         self._codec.restore(state, tokens, rows)
 
     def devices(self) -> list[Device]:
-        return []
+        return []  # numpy computes on the CPU: HWINFO counts no devices, GPUS is `GPUS 0`
 
     def close(self) -> None:
         pass

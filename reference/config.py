@@ -5,6 +5,8 @@ attention with a latent KV, sigmoid ``noaux_tc`` routing over routed experts plu
 experts, and a few dense layers first. GLM-5 adds the DSA lightning indexer. Keys that do not
 change the numbers (dropout, initializer range, ...) are ignored; keys that would change them
 in a way the reference does not implement are refused rather than silently ignored.
+
+Spec: spec/model.md §2.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ A query at position p sees keys 0..p. When there are at most ``index_topk`` of t
 of them (plain causal attention); otherwise it keeps the ``index_topk`` best-scoring keys.
 Tie rule (the reference's own; HF's top-k order is implementation-defined): higher score
 first, equal scores go to the earlier position.
+
+Spec: spec/model.md §6.
 """
 
 from __future__ import annotations

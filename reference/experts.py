@@ -5,6 +5,8 @@ tensors itself, so storage can change without touching the math: the plain store
 the float weights from the checkpoint and checks each expert the first time it is used;
 quantised stores (dequantise on first use) and tiered stores plug in behind the same protocol.
 ``is_resident`` lets telemetry report which experts have been brought in.
+
+Spec: spec/model.md §7.2.
 """
 
 from __future__ import annotations

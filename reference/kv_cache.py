@@ -5,6 +5,8 @@ rotated shared rope key [rope]) and, on DSA layers that run an indexer, the inde
 [index_head_dim]. The state also keeps the final pre-norm hidden state of every position (the
 MTP head's input). Arrays grow by doubling; ``truncate(n)`` forgets positions >= n, which is how
 a reused prompt prefix is kept.
+
+Spec: spec/model.md §10.
 """
 
 from __future__ import annotations

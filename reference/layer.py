@@ -11,10 +11,13 @@ absorbed MLA over the latent cache, and products that are computed row by row
 
 Both take the RoPE ``cos``/``sin`` of their rows' positions from the caller: they depend only
 on the positions, so the model computes them once per forward, not once per layer.
+
+Spec: spec/model.md §3.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +36,7 @@ from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.moe import moe
 from colibri.reference.norms import rms_norm
 from colibri.reference.tensors import F32, I32, I64, dense_matmul, row_matmul
+from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import LayerWeights
 
 
@@ -44,7 +48,8 @@ class LayerContext:
     store: ExpertStore
     #: "full" (runs its indexer), "shared" (reuses the last full layer's selection) or None.
     indexer_mode: str | None
-    use_indexer: bool
+    #: Attention and expert products add their seconds here (reference/timing.py).
+    clock: PhaseClock
 
 
 def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
@@ -60,7 +65,7 @@ def _feed_forward(
     """(the MLP's output, the experts each row chose; None on a dense layer)."""
     if lw.dense is not None:
         return swiglu(h, lw.dense.gate, lw.dense.up, lw.dense.down, mm), None
-    return moe(h, lw, ctx.store, ctx.cfg, mm)
+    return moe(h, lw, ctx.store, ctx.cfg, mm, ctx.clock)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,10 +86,11 @@ def full_sequence_layer(
     t = x.shape[0]
     cos, sin = rope
     h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+    started = time.perf_counter()
     aw = lw.attention
     p = project(h, aw, cfg, cos, sin, dense_matmul)
     allowed = np.tril(np.ones((t, t), dtype=bool))
-    if ctx.use_indexer and ctx.indexer_mode == "full" and aw.indexer is not None:
+    if ctx.indexer_mode == "full" and aw.indexer is not None:
         assert p.q_resid is not None
         keys = dsa.index_keys(h, aw.indexer, cfg, cos, sin, dense_matmul)
         queries = dsa.index_queries(p.q_resid, aw.indexer, cfg, cos, sin, dense_matmul)
@@ -95,10 +101,11 @@ def full_sequence_layer(
             if kept is not None:
                 allowed[i] = False
                 allowed[i, kept] = True
-    elif ctx.use_indexer and ctx.indexer_mode == "shared" and prev_allowed is not None:
+    elif ctx.indexer_mode == "shared" and prev_allowed is not None:
         allowed = prev_allowed
     attn = naive_attention(p, p.latent, p.rope_key, allowed, aw, cfg)
     x = x + dense_matmul(attn, aw.o)
+    ctx.clock.attention_s += time.perf_counter() - started
     h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
     y, _ = _feed_forward(h, lw, ctx, dense_matmul)
     return x + y, allowed
@@ -130,16 +137,15 @@ def row_layer(
     m = x.shape[0]
     cos, sin = rope
     h = rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+    started = time.perf_counter()
     aw = lw.attention
     p = project(h, aw, cfg, cos, sin, row_matmul)
     run_indexer = ctx.indexer_mode == "full" and aw.indexer is not None
     # A row that sees at most index_topk keys keeps them all (dsa.select), so the indexer's
-    # queries, head weights and scores matter only when the indexer is on and some row sees
-    # more; the keys are always cached, for the rows that will. Each row's products are
-    # computed row by row, so skipping them changes no byte of the rows that remain.
-    select_rows = [
-        ctx.use_indexer and run_indexer and slots[r] + 1 > cfg.index_topk for r in range(m)
-    ]
+    # queries, head weights and scores matter only when some row sees more; the keys are
+    # always cached, for the rows that will. Each row's products are computed row by row, so
+    # skipping them changes no byte of the rows that remain.
+    select_rows = [run_indexer and slots[r] + 1 > cfg.index_topk for r in range(m)]
     if run_indexer:
         assert aw.indexer is not None and p.q_resid is not None
         ikeys = dsa.index_keys(h, aw.indexer, cfg, cos, sin, row_matmul)
@@ -164,13 +170,14 @@ def row_layer(
         if select_rows[r]:
             scores = dsa.scores_row(iqueries[r], iweights[r], caches[r]["index_key"][:seen], cfg)
             keep = dsa.select(scores, cfg.index_topk)
-        elif ctx.use_indexer and ctx.indexer_mode == "shared":
+        elif ctx.indexer_mode == "shared":
             keep = prev_keep[r]
         keeps.append(keep)
         if keep is not None:
             latent, rope_key = latent[keep], rope_key[keep]
         context[r] = latent_attention_row(qabs[r], p.q_rope[r], latent, rope_key, cfg)
     x = x + row_matmul(expand_contexts(context, kv_b_v), aw.o)
+    ctx.clock.attention_s += time.perf_counter() - started
     h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
     y, chosen = _feed_forward(h, lw, ctx, row_matmul)
     return x + y, keeps, chosen

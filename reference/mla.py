@@ -23,6 +23,8 @@ and the output instead of into every key,
     out_h = kv_b_v_h @ (sum_t softmax_t(score_h) latent_t)
 
 Both give the same numbers up to float32 rounding (associativity of the products).
+
+Spec: spec/model.md §5.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """SwiGLU feed-forward: the dense MLP of the first layers, each routed expert, the shared expert.
 
     y = down( silu(gate x) * up x )
+
+Spec: spec/model.md §7.2, §7.3.
 """
 
 from __future__ import annotations

@@ -5,10 +5,13 @@ fixtures check. ``prefill`` / ``decode`` / ``decode_batch`` run the incremental 
 ``KVState`` (absorbed MLA over the latent cache, row-by-row products). The incremental path is
 batch-invariant by construction: a row's logits are the same bytes whether it is decoded alone,
 inside any batch, or as one position of a prefill.
+
+Spec: spec/model.md §3, §8, §10.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from colibri.reference.norms import rms_norm
 from colibri.reference.rope import cos_sin
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.tensors import F32, I32, I64, dense_matmul, row_matmul
+from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import TensorLoader, load_layer
 
 
@@ -67,8 +71,8 @@ class Model:
             mapped.check_present()
             expert_store = mapped
         self.experts: ExpertStore = expert_store
-        #: Turning the DSA indexer off makes every layer plain causal MLA (for experiments).
-        self.use_indexer = True
+        #: Seconds of attention, expert products and lm_head since the last reset.
+        self.clock = PhaseClock()
 
     def _load_mtp(self, loader: TensorLoader) -> MtpWeights:
         cfg = self.config
@@ -87,8 +91,7 @@ class Model:
     # helpers
 
     def _context(self, layer: int) -> LayerContext:
-        return LayerContext(self.config, self.experts, self.indexer_modes[layer],
-                            self.use_indexer)
+        return LayerContext(self.config, self.experts, self.indexer_modes[layer], self.clock)
 
     def _rope(self, positions: Sequence[int]) -> tuple[F32, F32]:
         """RoPE cos/sin of ``positions``, computed once per forward and shared by every layer."""
@@ -119,7 +122,9 @@ class Model:
         allowed: np.ndarray | None = None
         for i, lw in enumerate(self.layers):
             x, allowed = full_sequence_layer(x, lw, self._context(i), allowed, rope)
+        started = time.perf_counter()
         logits = dense_matmul(rms_norm(x, self.final_norm, self.config.rms_norm_eps), self.lm_head)
+        self.clock.head_s += time.perf_counter() - started
         return x, logits
 
     # -----------------------------------------------------------------------------------------
@@ -159,7 +164,7 @@ class Model:
         different states are independent (a batched decode). Returns (the logits of the rows
         with ``wants_logits``, [wanting rows, vocab]; the experts every row chose at every
         sparse decoder layer, [rows, sparse layers, k]). Each row's bytes are the same whatever
-        else is in the forward (spec/model.md, batch invariance), and only the rows that want
+        else is in the forward (spec/model.md §10), and only the rows that want
         logits pay for the lm_head.
         """
         cfg = self.config
@@ -203,8 +208,11 @@ class Model:
         wanted = [r for r in range(m) if wants_logits[r]]
         if not wanted:
             return np.zeros((0, cfg.vocab_size), np.float32), routed
+        started = time.perf_counter()
         normed = rms_norm(x[wanted], self.final_norm, cfg.rms_norm_eps)
-        return row_matmul(normed, self.lm_head), routed
+        logits = row_matmul(normed, self.lm_head)
+        self.clock.head_s += time.perf_counter() - started
+        return logits, routed
 
     # -----------------------------------------------------------------------------------------
     # MTP
@@ -236,12 +244,14 @@ class Model:
         e, g = mtp_input(self._embed(next_tokens), state.hidden[positions], self.final_norm,
                          self.mtp, self.config.rms_norm_eps)
         z = row_matmul(concat_halves(e, g), self.mtp.eh_proj)
-        ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.use_indexer)
+        ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.clock)
         z, _, chosen = row_layer(z, self.mtp.layer, ctx, positions, [cache.layer] * len(positions),
                          slots, [None] * len(positions), self._rope(positions))
         cache.length = slots[-1] + 1
+        started = time.perf_counter()
         normed = rms_norm(z[-1:], self.mtp.head_norm, self.config.rms_norm_eps)
         draft: F32 = row_matmul(normed, self.lm_head)[0]
+        self.clock.head_s += time.perf_counter() - started
         assert chosen is not None  # the MTP layer is always sparse
         return draft, chosen
 

@@ -5,9 +5,13 @@
 Each token's routed sum runs over its chosen experts in ascending id order, then the shared
 expert is added, so a token's result depends on no other token. Each expert chosen by several
 tokens is still applied to all of them in one product (its weights are read once per step).
+
+Spec: spec/model.md §7.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from colibri.reference.config import ModelConfig
@@ -15,13 +19,15 @@ from colibri.reference.experts import ExpertStore
 from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.router import select_experts
 from colibri.reference.tensors import F32, I32
+from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import LayerWeights
 
 
 def moe(
-    x: F32, lw: LayerWeights, store: ExpertStore, cfg: ModelConfig, mm: Matmul
+    x: F32, lw: LayerWeights, store: ExpertStore, cfg: ModelConfig, mm: Matmul, clock: PhaseClock
 ) -> tuple[F32, I32]:
-    """(y [T, D], the experts each token chose [T, k] in the router's order)."""
+    """(y [T, D], the experts each token chose [T, k] in the router's order). The expert
+    products add to ``clock.matmul_s``; reading an expert's weights does not."""
     assert lw.router is not None
     layer_id = lw.index
     t = x.shape[0]
@@ -41,7 +47,9 @@ def moe(
     for e in sorted(users):
         ew = store.expert(layer_id, e)
         rows = [r for r, _ in users[e]]
+        started = time.perf_counter()
         y = swiglu(x[rows], ew.gate, ew.up, ew.down, mm)
+        clock.matmul_s += time.perf_counter() - started
         for i, (r, slot) in enumerate(users[e]):
             outputs[r, slot] = y[i]
     out = np.zeros((t, cfg.hidden_size), dtype=np.float32)
@@ -51,5 +59,7 @@ def moe(
             acc = acc + weights[row][slot] * outputs[row, slot]
         out[row] = acc
     if lw.shared is not None:
+        started = time.perf_counter()
         out = out + swiglu(x, lw.shared.gate, lw.shared.up, lw.shared.down, mm)
+        clock.matmul_s += time.perf_counter() - started
     return out, chosen

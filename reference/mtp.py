@@ -15,6 +15,8 @@ The MTP cache starts at the position of the first draft and has an entry for eve
 from there on; entries the caller skipped (several tokens accepted at once) are filled lazily
 from the hidden states and tokens the main state keeps, so a draft never depends on how the
 earlier steps were batched.
+
+Spec: spec/model.md §9.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Statistics are accumulated in float64, as colibri does, then applied in float32: the result is
 the float32 rounding of a nearly exact normalisation, independent of summation order.
+
+Spec: spec/model.md §3.1, §3.2.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ halves and the classic rotate-half form is used.
 
 Angles follow HF exactly in float32: ``inv_freq = 1 / theta^(arange(0, d, 2) / d)`` and
 ``angle = float32(pos) * inv_freq``; cos and sin are taken of the float32 angle.
+
+Spec: spec/model.md §4.
 """
 
 from __future__ import annotations

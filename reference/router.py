@@ -16,6 +16,8 @@ the lower expert id (lower group id for groups). ``chosen`` is returned in ascen
 order, and every sum over the chosen experts (the normaliser here, the weighted expert sum in
 the MoE) runs in that order: the bias decides the set, and nothing about the order of the
 choice can leak into a weight or an output bit.
+
+Spec: spec/model.md §7.1.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ blocks (the cut depends only on the weight's shape) and every activation row is 
 every block with its own gemv call. A row's result is therefore a function of that row and
 the weight alone, bit for bit, whatever else is in the batch; and because the rows of a batch
 take turns on a block while it is in cache, each weight byte still comes from memory once per
-batched step. (spec/model.md, "Batch invariance".)
+batched step.
+
+Spec: spec/model.md §10.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+# The array aliases of the whole reference (defined here only).
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
+I8 = npt.NDArray[np.int8]
+U8 = npt.NDArray[np.uint8]
 
 #: Bytes of weight per row block: small enough to stay in a core's L2 while every row of the
 #: batch takes its turn, large enough that the per-call overhead stays small.

@@ -7,6 +7,8 @@ float dtypes are converted once, on first use.
 
 Routed experts are not loaded here: they go through an ``ExpertStore`` (experts.py), so that
 quantised or tiered storage can replace the plain memory-mapped one.
+
+Spec: spec/model.md §2, §3.
 """
 
 from __future__ import annotations

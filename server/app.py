@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 import tornado.iostream
 import tornado.web
-from colibri.server import anthropic_api, metrics, openai_api
+from colibri.server import anthropic_api, metrics, openai_api, systemone
 from colibri.server.context import JSON, ServerState, dumps
 from colibri.server.errors import APIError, ClientCancelled, EngineFailure, bad, engine_error
 from colibri.server.template import continue_assistant_enabled
@@ -43,7 +43,12 @@ POST_ROUTES: dict[str, Endpoint] = {
     "/v1/chat/completions": openai_api.chat_completion,
     "/v1/completions": openai_api.completion,
     "/v1/messages": anthropic_api.messages,
+    "/v1/systemone": systemone.systemone,
 }
+#: What this server answers, in /v1/models and /health (colibri's capability names).
+CAPABILITIES = ["chat", "systemone"]
+#: The one POST route colibri serves without checking `model` (it answers any model id).
+MODEL_FREE = "/v1/systemone"
 
 
 def host_of(header: str) -> str:
@@ -247,6 +252,8 @@ class Handler(tornado.web.RequestHandler):
             self._cors()
             self.finish(openapi_document())
             return
+        if path == "/experts.json" and self._atlas():
+            return
         if not path.startswith("/v1/") and self._static(path):
             return
         if not self.authenticated():
@@ -255,7 +262,7 @@ class Handler(tornado.web.RequestHandler):
         if path == "/v1/models":
             await self.send_json(200, {"object": "list", "data": [self._model()], "models": [
                 {"name": model_id, "description": "GLM-5 (colibri reference), served by "
-                 "colibri; POST /v1/chat/completions answers chat requests.",
+                 "colibri; POST /v1/systemone answers typed questions.",
                  "release_date": time.strftime("%Y-%m-%d",
                                                time.gmtime(self.state.created))}]})
             return
@@ -267,7 +274,7 @@ class Handler(tornado.web.RequestHandler):
     def _model(self) -> JSON:
         return {"id": self.state.config.model_id, "object": "model",
                 "created": self.state.created, "owned_by": "colibri",
-                "input_modalities": ["text"], "capabilities": ["chat"]}
+                "input_modalities": ["text"], "capabilities": list(CAPABILITIES)}
 
     def _experts(self) -> JSON:
         tele = self.state.supervisor.telemetry
@@ -292,10 +299,23 @@ class Handler(tornado.web.RequestHandler):
             body["tiers"] = sup.telemetry.tiers
         if sup.telemetry.hwinfo is not None:
             body["hwinfo"] = sup.telemetry.hwinfo
-        body["capabilities"] = ["chat"]
+        body["capabilities"] = list(CAPABILITIES)
         body["engine"] = {"state": sup.state, "restarts": sup.restarts, "pid": sup.pid,
                           "last_exit": sup.last_exit, "seeds": sup.supports_seeds}
         await self.send_json(code, body)
+
+    def _atlas(self) -> bool:
+        """The expert atlas `colibri atlas analyze --web` wrote (a state path, so a dashboard
+        build cannot replace it); False when there is none (web/dist may still have one)."""
+        configured = self.state.config.atlas_path
+        target = Path(configured) if configured else resources.atlas_path()
+        if not target.is_file():
+            return False
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-cache")
+        self._cors()
+        self.finish(target.read_bytes())
+        return True
 
     def _static(self, path: str) -> bool:
         """Serve a web/dist file or the SPA fallback; False when the path is not static."""
@@ -327,7 +347,7 @@ class Handler(tornado.web.RequestHandler):
             if not self.authenticated():
                 raise self._auth_error()
             body = self._body()
-            if body.get("model") != self.state.config.model_id:
+            if path != MODEL_FREE and body.get("model") != self.state.config.model_id:
                 raise APIError(404, f"The model `{body.get('model')}` does not exist.",
                                param="model", code="model_not_found")
             route = POST_ROUTES.get(path)

@@ -40,6 +40,8 @@ class ServerConfig:
     keepalive_text: str = ""
     think_default: bool = False
     web_dist: str | None = None
+    #: The expert atlas served as /experts.json (None: $COLI_ATLAS or the state default).
+    atlas_path: str | None = None
     max_connections: int = 64
     max_connections_per_ip: int = 8
     read_deadline_s: float = 30.0

@@ -1,9 +1,10 @@
 """An asyncio client for one engine process speaking the mux protocol on stdin/stdout.
 
-The client spawns the process, discards everything before READY, then one reader task
-demultiplexes frames by request id into per-request queues and keeps the untagged
-telemetry. Writes of one request are a single ``write`` so frames of concurrent requests
-never interleave. When the process exits every in-flight request receives an
+The client spawns the process and feeds its stdout, as it arrives, to
+``colibri.protocol.FrameParser`` (the one frame reader); it discards everything before
+READY, then one reader task demultiplexes frames by request id into per-request queues
+and keeps the untagged telemetry. Writes of one request are a single ``write`` so frames of
+concurrent requests never interleave. When the process exits every in-flight request receives an
 :class:`EngineDied` event; the supervisor decides what happens next.
 """
 
@@ -13,11 +14,17 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from colibri.server import frames
 from colibri.server.frames import DoneStats, FrameError, TokenRecord, TurnTelemetry
+
+from colibri.protocol import BROKEN, FrameParser, WireFrame
+
+#: How much of the engine's stdout one read takes.
+_READ_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,8 @@ class EngineProcess:
         self._reader: asyncio.Task[None] | None = None
         self.exited: asyncio.Future[str] | None = None
         self._write_lock = asyncio.Lock()
+        self._parser = FrameParser()
+        self._frames: deque[WireFrame] = deque()
 
     @property
     def pid(self) -> int | None:
@@ -142,9 +151,28 @@ class EngineProcess:
                 f"engine {self.argv[0]!r} did not become READY (exit status {code})") from exc
         self._reader = asyncio.create_task(self._read_loop(self.process.stdout))
 
+    async def _next_frame(
+        self, stdout: asyncio.StreamReader, timeout: float | None = None
+    ) -> WireFrame | None:
+        """The parser's next frame, reading more of stdout as needed; None at EOF."""
+        while not self._frames:
+            read = stdout.read(_READ_CHUNK)
+            chunk = await (asyncio.wait_for(read, timeout) if timeout is not None else read)
+            if not chunk:
+                self._frames.extend(self._parser.finish())
+                if not self._frames:
+                    return None
+                break
+            self._frames.extend(self._parser.feed(chunk))
+        frame = self._frames.popleft()
+        if frame.kind == BROKEN:
+            raise FrameError(f"invalid engine output ({frame.problem}): {frame.describe()!r}")
+        return frame
+
     async def _await_ready(self, stdout: asyncio.StreamReader) -> None:
-        await stdout.readuntil(frames.READY_SENTINEL)
-        await stdout.readline()  # the rest of the sentinel line
+        while (frame := await self._next_frame(stdout)) is None or frame.kind != "READY":
+            if frame is None:
+                raise asyncio.IncompleteReadError(b"", None)
         # Read the handshake (spec/protocol.md: STAT, CAPS, HWINFO, ...) before declaring the
         # engine ready, so capabilities such as per-request seeds are known before the first
         # request. colibri's own engines put CAPS before STAT and stop after EMAP; lines after
@@ -153,17 +181,16 @@ class EngineProcess:
         seen_stat = False
         while True:
             try:
-                line = await (asyncio.wait_for(stdout.readline(), HANDSHAKE_TAIL_S)
-                              if seen_stat else stdout.readline())
+                frame = await self._next_frame(stdout, HANDSHAKE_TAIL_S if seen_stat else None)
             except TimeoutError:
                 return
-            text = line.decode("utf-8", "replace")
-            fields = text.split()
-            if not line:
+            if frame is None:
                 raise asyncio.IncompleteReadError(b"", None)
+            text = frame.header.decode("utf-8", "replace")
+            fields = text.split()
             if not fields:
                 continue
-            if fields[0] in frames.PAYLOAD_KINDS:
+            if frame.payload is not None:
                 raise FrameError("unexpected payload frame during the handshake")
             self._dispatch(fields[0], fields, b"", text)
             seen_stat = seen_stat or fields[0] == "STAT"
@@ -224,21 +251,11 @@ class EngineProcess:
     async def _read_loop(self, stdout: asyncio.StreamReader) -> None:
         reason = "engine closed its stdout"
         try:
-            while True:
-                line = await stdout.readline()
-                if not line:
-                    break
-                fields = line.decode("utf-8", "replace").split()
-                if not fields:
-                    continue
-                kind = fields[0]
-                payload = b""
-                if kind in frames.PAYLOAD_KINDS:
-                    size = frames.parse_payload_size(fields)
-                    payload = await stdout.readexactly(size)
-                    if await stdout.readexactly(1) != b"\n":
-                        raise FrameError(f"invalid engine {kind} terminator")
-                self._dispatch(kind, fields, payload, line.decode("utf-8", "replace"))
+            while (frame := await self._next_frame(stdout)) is not None:
+                text = frame.header.decode("utf-8", "replace")
+                fields = text.split()
+                if fields:
+                    self._dispatch(fields[0], fields, frame.payload or b"", text)
         except (FrameError, asyncio.IncompleteReadError, ValueError) as exc:
             reason = f"engine protocol error: {exc}"
         except asyncio.CancelledError:

@@ -11,37 +11,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-READY_SENTINEL = b"\x01\x01READY\x01\x01"
+from colibri.protocol import LIMITS, READY, SPEC
 
-
-def _payload_kinds() -> frozenset[str]:
-    """Payload-framed kinds from spec/protocol.json, plus colibri's other families' kinds
-    (TOOL, GRPP, GRPG) so such an engine's payloads are still consumed, not misread."""
-    from colibri.protocol import load_spec
-
-    return frozenset(load_spec().mux["payload_kinds"]) | {"TOOL", "GRPP", "GRPG"}
-
-
-def _handshake() -> tuple[str, ...]:
-    from colibri.protocol import load_spec
-
-    return tuple(load_spec().mux["handshake"])
-
+READY_SENTINEL = READY
 
 #: The startup lines an engine sends after READY, in order (spec/protocol.json).
-HANDSHAKE: tuple[str, ...] = _handshake()
+HANDSHAKE: tuple[str, ...] = tuple(SPEC.mux["handshake"])
 
-#: Line kinds followed by ``<n>`` raw payload bytes and one ``\n``; the size is field 2.
-PAYLOAD_KINDS: frozenset[str] = _payload_kinds()
-
-def _max_payload() -> int:
-    from colibri.protocol import load_spec
-
-    return int(load_spec().limits["max_frame_payload_bytes"])
-
+#: Line kinds followed by ``<n>`` raw payload bytes and one ``\n`` (the size is field 2):
+#: DATA and ECHO, plus colibri's other families' kinds (TOOL, GRPP, GRPG) so such an
+#: engine's payloads are still consumed, not misread.
+PAYLOAD_KINDS: frozenset[str] = SPEC.framed_kinds
 
 #: Largest DATA/ECHO payload (spec/protocol.json ``limits.max_frame_payload_bytes``).
-MAX_PAYLOAD = _max_payload()
+MAX_PAYLOAD = LIMITS["max_frame_payload_bytes"]
+
+#: Largest logprob table an engine writes (``limits.max_logprobs``).
+MAX_LOGPROBS = LIMITS["max_logprobs"]
 
 
 class FrameError(ValueError):
@@ -90,15 +76,6 @@ def _int(text: str) -> int:
         raise FrameError(f"not an integer: {text!r}") from exc
 
 
-def parse_payload_size(fields: list[str]) -> int:
-    if len(fields) < 3:
-        raise FrameError(f"{fields[0]} frame without a size")
-    size = _int(fields[2])
-    if not 0 <= size <= MAX_PAYLOAD:
-        raise FrameError(f"invalid engine {fields[0]} size {size}")
-    return size
-
-
 def parse_logprob_tail(fields: list[str]) -> TokenRecord | None:
     """``<lp> <k> (<id> <lp>)×k`` or nothing (a plain frame)."""
     if not fields:
@@ -107,7 +84,7 @@ def parse_logprob_tail(fields: list[str]) -> TokenRecord | None:
         raise FrameError("logprob tail without a candidate count")
     lp = _float(fields[0])
     k = _int(fields[1])
-    if not 0 <= k <= 32 or len(fields) != 2 + 2 * k:
+    if not 0 <= k <= MAX_LOGPROBS or len(fields) != 2 + 2 * k:
         raise FrameError("logprob tail length does not match its count")
     candidates = []
     seen: set[int] = set()

@@ -24,6 +24,7 @@ from colibri.engine.backend import (
     ResidentExperts,
     Step,
     StepRow,
+    StepTiming,
     sparse_layers,
 )
 
@@ -57,13 +58,31 @@ class FakeState:
 
 
 class FakeBackend:
-    name = "fake"
     has_mtp = False
     model_tag = 0x1234
 
-    def __init__(self, config: FakeConfig | None = None, eos_bias: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: FakeConfig | None = None,
+        eos_bias: float = 0.0,
+        *,
+        timing: StepTiming | None = None,
+        devices: Sequence[Device] = (),
+        name: str = "fake",
+        build: str = "fake 1",
+    ) -> None:
+        #: Two fakes under different names or builds stand for two backends (persistence).
+        self.name = name
+        self.build = build
+        # Another build computes other KV rows (so mixing would show); the default build
+        # keeps the rows the recorded transcripts were made with.
+        self._salt = [] if build == "fake 1" else [zlib.crc32(build.encode())]
+        self.imported = 0
         self.config = config or FakeConfig()
         self.eos_bias = eos_bias
+        #: What every step reports as its timing (the fake measures nothing itself).
+        self.timing = timing or StepTiming()
+        self._devices = list(devices)
         self.forward_rows = 0
         self.resident = ResidentExperts()
 
@@ -98,7 +117,7 @@ class FakeBackend:
 
     def _kv_row(self, state: FakeState, token: int) -> npt.NDArray[np.float32]:
         prev = state.crcs[-1] if state.crcs else 0
-        rng = np.random.default_rng([prev, token, len(state.rows)])
+        rng = np.random.default_rng([prev, token, len(state.rows), *self._salt])
         return rng.standard_normal(self.record_floats).astype(np.float32)
 
     def _append(self, state: FakeState, row: npt.NDArray[np.float32]) -> None:
@@ -136,6 +155,7 @@ class FakeBackend:
         return Step(
             np.stack(logits) if logits else np.zeros((0, c.vocab_size), np.float32),
             np.stack(routes) if routes else np.zeros((0, 0, c.num_experts_per_tok), np.int32),
+            self.timing,
         )
 
     def draft(self, state: Any, token: int) -> Draft:
@@ -147,12 +167,13 @@ class FakeBackend:
     def import_kv(
         self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]
     ) -> None:
+        self.imported += 1
         self.truncate(state, 0)
         for row in rows:
             self._append(state, np.asarray(row, np.float32))
 
     def devices(self) -> list[Device]:
-        return []
+        return list(self._devices)
 
     def close(self) -> None:
         pass

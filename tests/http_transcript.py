@@ -54,6 +54,8 @@ def schema_for(method: str, path: str, status: int, streaming: bool) -> str | No
         return None
     if path == "/health" and method == "GET" and status in (200, 503):
         return "health"
+    if status == 422 and path == "/v1/systemone":
+        return "validation_error"
     if status >= 400:
         if path == "/v1/messages" and method == "POST":
             return "anthropic_error"
@@ -64,6 +66,7 @@ def schema_for(method: str, path: str, status: int, streaming: bool) -> str | No
         "/v1/messages": ("message", "message_stream_event"),
         "/v1/models": ("model_list", None), "/health": ("health", None),
         "/experts": ("experts", None), "/profile": ("profile", None),
+        "/v1/systemone": ("systemone", None),
     }
     if path.startswith("/v1/models/"):
         return "model"

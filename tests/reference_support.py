@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from functools import cache
@@ -9,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from colibri.reference import Model, load_model
-from colibri.reference.safetensors import read_all, write_safetensors
+from colibri.reference import Model, ModelConfig, load_model
+from colibri.reference.safetensors import Checkpoint, read_all, write_safetensors
 
 from colibri.resources import fixture_model_dir
 
@@ -26,6 +27,14 @@ def model(name: str) -> Model:
 
 def fresh_model(name: str) -> Model:
     return load_model(fixture_model_dir(name))
+
+
+def causal_model(name: str) -> Model:
+    """The fixture read as if its config declared no DSA indexer: every layer is plain
+    causal MLA (the experiments' "indexer off", as a config rather than a model switch)."""
+    path = fixture_model_dir(name)
+    config = dataclasses.replace(ModelConfig.from_dir(path), indexer_types=None)
+    return Model(config, Checkpoint(path))
 
 
 @cache

@@ -163,3 +163,24 @@ def test_the_registry_names_accelerated_and_says_when_it_is_not_built(
     with pytest.raises(BackendUnavailable, match="unknown backend"):
         check_available("nope")
     check_available("reference")
+
+
+def test_step_timing_is_consistent(make: Callable[[], Backend]) -> None:
+    """Phases are disjoint parts of the step: none negative, together at most its wall time."""
+    backend = make()
+    state = backend.new_state()
+    for step in (prefill(backend, state, PROMPT), backend.step([StepRow(state, 7, False)])):
+        t = step.timing
+        assert min(t.total_s, t.matmul_s, t.attention_s, t.head_s) >= 0.0
+        assert t.matmul_s + t.attention_s + t.head_s <= t.total_s
+
+
+def test_reference_measures_its_phases() -> None:
+    """The numpy backend times attention, expert products and lm_head; a step whose rows want
+    no logits runs no lm_head."""
+    backend = _reference()
+    state = backend.new_state()
+    timing = prefill(backend, state, PROMPT).timing
+    assert timing.total_s > 0 and timing.matmul_s > 0
+    assert timing.attention_s > 0 and timing.head_s > 0
+    assert backend.step([StepRow(state, 7, False)]).timing.head_s == 0.0

@@ -87,6 +87,7 @@ def test_nothing_to_check_is_a_failure(name: str) -> None:
         ("length-limited", "0.10 2 1\n", "0.10 2 0\n"),
         ("value-ranges", "HWINFO 2 16.0 8.0", "HWINFO 2 8.0 16.0"),
         ("value-ranges", "1.000 2.000 0 0 0", "3.000 2.000 0 0 0"),
+        ("value-ranges", "PERF 1 0.1 0.0 0.0 0.0", "PERF 1 0.1 0.0 0.0 0.2"),
         ("topk-table", "-2.000000 2032 -2.000000 2033", "-2.000000 2033 -2.000000 2032"),
         ("topk-table", "TOPK 1 5 -0.100000 2037", "TOPK 1 5 -0.100000 2036"),
         ("token-payloads", "ECHO 1 2 1 -0.500000 1 6 -0.500000\n 6", "ECHO 1 2 1 -0.5 0\n 9"),

@@ -15,9 +15,11 @@ from engine_fakes import FakeBackend, FakeConfig
 from engine_harness import ids, run_engine, submit
 
 from colibri.engine import kv_persist, usage_file
-from colibri.engine.kv_persist import HEADER_SIZE, KvFile, KvLayout
+from colibri.engine.backend import StepRow
+from colibri.engine.kv_persist import HEADER_SIZE, KvFile, KvLayout, KvWriter, writer_file
 
 LAYOUT = KvLayout(n_layers=3, kv_lora=4, qk_rope=2, index_hd=0, nic=0, vocab=64, tag=0x1234)
+WRITER = KvWriter("fake", "fake 1")
 
 
 def _model() -> FakeBackend:
@@ -71,7 +73,7 @@ def test_file_layout_is_colikv1(tmp_path: Path) -> None:
 
 
 def _write(path: Path, layout: KvLayout, tokens: list[int], rows: np.ndarray) -> None:
-    kv = KvFile(path, layout)
+    kv = KvFile(path, layout, WRITER)
     kv.append(tokens, rows.astype(np.float32))
 
 
@@ -103,14 +105,14 @@ def test_untrusted_files_are_ignored_with_a_message(
     _write(path, LAYOUT, [3, 4, 5], _rows(3))
     path.write_bytes(mutate(path.read_bytes()))
     log = io.StringIO()
-    assert KvFile(path, LAYOUT).load(100, log) is None
+    assert KvFile(path, LAYOUT, WRITER).load(100, log) is None
     assert message in log.getvalue()
 
 
 def test_colibri_written_file_with_zero_tag_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / ".coli_kv"
     _write(path, dataclasses.replace(LAYOUT, tag=0), [3, 4], _rows(2))
-    loaded = KvFile(path, LAYOUT).load(100, io.StringIO())
+    loaded = KvFile(path, LAYOUT, WRITER).load(100, io.StringIO())
     assert loaded is not None and loaded.tokens == [3, 4]
 
 
@@ -119,7 +121,7 @@ def test_truncated_file_keeps_complete_records(tmp_path: Path) -> None:
     _write(path, LAYOUT, [3, 4, 5], _rows(3))
     path.write_bytes(path.read_bytes()[:-5])
     log = io.StringIO()
-    loaded = KvFile(path, LAYOUT).load(100, log)
+    loaded = KvFile(path, LAYOUT, WRITER).load(100, log)
     assert loaded is not None and loaded.tokens == [3, 4]
     assert np.array_equal(loaded.rows, _rows(2))
     assert "only 2 of 3 records" in log.getvalue()
@@ -129,7 +131,7 @@ def test_too_long_for_the_context_starts_over(tmp_path: Path) -> None:
     path = tmp_path / ".coli_kv"
     _write(path, LAYOUT, list(range(2, 12)), _rows(10))
     log = io.StringIO()
-    assert KvFile(path, LAYOUT).load(10, log) is None
+    assert KvFile(path, LAYOUT, WRITER).load(10, log) is None
     assert "starting over" in log.getvalue()
 
 
@@ -140,13 +142,13 @@ def _count_on_disk(path: Path) -> int:
 def test_a_rejected_file_has_its_count_reset_on_disk(tmp_path: Path) -> None:
     too_long = tmp_path / ".coli_kv"
     _write(too_long, LAYOUT, list(range(2, 12)), _rows(10))
-    assert KvFile(too_long, LAYOUT).load(8, io.StringIO()) is None
+    assert KvFile(too_long, LAYOUT, WRITER).load(8, io.StringIO()) is None
     assert _count_on_disk(too_long) == 0
     no_complete_record = tmp_path / ".coli_kv.1"
     _write(no_complete_record, LAYOUT, [3, 4, 5], _rows(3))
     no_complete_record.write_bytes(no_complete_record.read_bytes()[: HEADER_SIZE + 5])
     log = io.StringIO()
-    assert KvFile(no_complete_record, LAYOUT).load(100, log) is None
+    assert KvFile(no_complete_record, LAYOUT, WRITER).load(100, log) is None
     assert "only 0 of 3 records" in log.getvalue()
     assert _count_on_disk(no_complete_record) == 0
 
@@ -157,7 +159,7 @@ def test_a_kill_after_a_rejected_load_never_mixes_conversations(
 ) -> None:
     path = tmp_path / ".coli_kv"
     _write(path, LAYOUT, list(range(2, 12)), _rows(10))
-    kv = KvFile(path, LAYOUT)
+    kv = KvFile(path, LAYOUT, WRITER)
     assert kv.load(8, io.StringIO()) is None
 
     class Killed(Exception):
@@ -175,7 +177,7 @@ def test_a_kill_after_a_rejected_load_never_mixes_conversations(
         kv.append([40, 41], _rows(2) + 100)
     monkeypatch.undo()
     # a restart with a larger context must not see new head + old tail
-    assert KvFile(path, LAYOUT).load(100, io.StringIO()) is None
+    assert KvFile(path, LAYOUT, WRITER).load(100, io.StringIO()) is None
 
 
 class _Recorder:
@@ -203,7 +205,7 @@ def test_a_kill_at_any_write_leaves_old_or_new_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / ".coli_kv"
-    kv = KvFile(path, LAYOUT)
+    kv = KvFile(path, LAYOUT, WRITER)
     kv.append([3, 4], _rows(2))
     before = path.read_bytes()
     writes: list[tuple[int, bytes]] = []
@@ -224,11 +226,11 @@ def test_a_kill_at_any_write_leaves_old_or_new_records(
                 partial = bytearray(state)
                 partial[offset : offset + cut] = data[:cut]
                 path.write_bytes(bytes(partial))
-                loaded = KvFile(path, LAYOUT).load(100, io.StringIO())
+                loaded = KvFile(path, LAYOUT, WRITER).load(100, io.StringIO())
                 assert loaded is not None and loaded.tokens in ([3, 4], [3, 4, 5, 6, 7])
             state[offset:end] = data
     path.write_bytes(bytes(state))
-    loaded = KvFile(path, LAYOUT).load(100, io.StringIO())
+    loaded = KvFile(path, LAYOUT, WRITER).load(100, io.StringIO())
     assert loaded is not None and loaded.tokens == [3, 4, 5, 6, 7]
 
 
@@ -329,3 +331,74 @@ def test_usage_decay_and_read_only_history(tmp_path: Path) -> None:
     assert path.read_bytes() == first  # read, never written
     run_engine([], model=_model(), state_dir=tmp_path, env={"COLI_USAGE_DECAY": "0.5"})
     assert total() == sum((c + 1) // 2 for c in counts)  # each count halved, half up
+
+
+# -- the writer: KV rows resume only under the backend and build that wrote them (4.3) ------
+
+
+def _conversation(tmp_path: Path, first: FakeBackend, second: FakeBackend) -> tuple[Any, Any]:
+    """Run 1 on `first` persists a turn; run 2 on `second` resumes and extends it. Also
+    returns the uninterrupted run on `second`."""
+    one = submit(1, 0, ids(3, 4, 5, 6), 5, ext="ids=1")
+    a = run_engine([one], model=first, state_dir=tmp_path)
+    answer = [int(f.payload or b"0") for f in a.for_id(1) if f.kind == "DATA"]
+    follow = submit(2, 0, ids(3, 4, 5, 6, *answer[:-1], 9), 4, ext="ids=1")
+    resumed = run_engine([follow], model=second, state_dir=tmp_path)
+    uninterrupted = run_engine([follow], model=_fake(second.name, second.build))
+    return resumed, uninterrupted
+
+
+def _fake(name: str = "fake", build: str = "fake 1") -> FakeBackend:
+    return FakeBackend(FakeConfig(eos_token_ids=()), name=name, build=build)
+
+
+def test_the_sidecar_names_the_writer(tmp_path: Path) -> None:
+    run_engine([submit(1, 0, ids(3, 4), 2, ext="ids=1")], model=_fake("a"), state_dir=tmp_path)
+    sidecar = writer_file(tmp_path / ".coli_kv")
+    assert sidecar.name == ".coli_kv.writer"
+    assert KvWriter.decode(sidecar.read_bytes()) == KvWriter("a", "fake 1")
+
+
+def test_same_writer_imports_the_rows(tmp_path: Path) -> None:
+    second = _fake("a")
+    resumed, _ = _conversation(tmp_path, _fake("a"), second)
+    assert second.imported == 1 and "re-prefilling" not in resumed.stderr
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(("a", "fake 1"), ("b", "fake 1")), (("a", "fake 1"), ("a", "fake 2"))],
+    ids=["other-backend", "other-build"],
+)
+def test_another_writer_is_re_prefilled_never_mixed(
+    tmp_path: Path, first: tuple[str, str], second: tuple[str, str]
+) -> None:
+    resumer = _fake(*second)
+    resumed, uninterrupted = _conversation(tmp_path, _fake(*first), resumer)
+    assert resumer.imported == 0
+    assert f"written by {first[0]} ({first[1]}), re-prefilling 8 tokens" in resumed.stderr
+    assert "resumed conversation from disk: 8 tokens" in resumed.stderr
+    assert "prefix 8/9" in resumed.stderr  # the conversation is kept, not its rows
+    # Rows computed here: the same bytes as a run that never saw the other writer's file.
+    assert _data(resumed, 2) == _data(uninterrupted, 2)
+    # ...and the file is now the resumer's, records and sidecar together.
+    ours = KvWriter(resumer.name, resumer.build)
+    assert KvWriter.decode(writer_file(tmp_path / ".coli_kv").read_bytes()) == ours
+    loaded = KvFile(tmp_path / ".coli_kv", LAYOUT, WRITER).load(100, io.StringIO())
+    assert loaded is not None and loaded.writer == ours
+    state = resumer.new_state()
+    resumer.step([StepRow(state, t, False) for t in loaded.tokens[:8]])
+    assert np.array_equal(loaded.rows[:8], resumer.export_kv(state, 0, 8))
+
+
+def test_a_file_without_a_writer_is_re_prefilled(tmp_path: Path) -> None:
+    """colibri writes no sidecar: its rows are another backend's."""
+    path = tmp_path / ".coli_kv"
+    _write(path, KvLayout(**{**LAYOUT.__dict__, "tag": 0}), [3, 4, 5], _rows(3))
+    writer_file(path).unlink()
+    resumer = _fake()
+    run = run_engine([submit(1, 0, ids(3, 4, 5, 6), 2, ext="ids=1")], model=resumer,
+                     state_dir=tmp_path)
+    assert "written by an unknown writer, re-prefilling 3 tokens" in run.stderr
+    assert "prefix 3/4" in run.stderr and resumer.imported == 0
+    assert KvWriter.decode(writer_file(path).read_bytes()) == WRITER

@@ -1,4 +1,5 @@
-"""spec/protocol.json: generated consistently, loadable, and its grammars mean what they say."""
+"""spec/protocol.json: its derived regexes and protocol.md's tables in step with it, loadable,
+and its grammars mean what they say."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from colibri.protocol import (
+    BROKEN,
+    LIMITS,
     READY_LINE,
+    FrameParser,
     FrameReader,
     ProtocolViolation,
     load_spec,
@@ -35,9 +39,27 @@ def _generator() -> object:
 
 
 def test_committed_json_matches_its_generator() -> None:
+    """Every regex is the one its field grammar derives (the rest is edited by hand)."""
     gen = _generator()
     committed = (ROOT / "spec" / "protocol.json").read_text()
     assert committed == gen.render()  # type: ignore[attr-defined]
+
+
+def test_protocol_md_tables_are_generated_from_protocol_json() -> None:
+    gen = _generator()
+    prose = (ROOT / "spec" / "protocol.md").read_text()
+    assert prose.count("<!-- generated: ") == len(gen.TABLES)  # type: ignore[attr-defined]
+    assert gen.render_prose(prose) == prose  # type: ignore[attr-defined]
+
+
+def test_protocol_md_frame_tables_name_only_kinds_of_protocol_json() -> None:
+    """The hand-written kind tables (2.5, 2.6) are checked against the JSON, both ways."""
+    prose = (ROOT / "spec" / "protocol.md").read_text()
+    start, stop = prose.index("### 2.5 Response frames"), prose.index("### 2.7 ")
+    listed = set(re.findall(r"^\| `([A-Z]+)` \|", prose[start:stop], flags=re.M))
+    spec = load_spec()
+    engine_mux = {k for k, v in spec.engine_lines.items() if "mux" in v.protocols}
+    assert listed == engine_mux - {"READY", "STAT", "CAPS"}
 
 
 def test_every_kind_documented_in_protocol_md() -> None:
@@ -239,3 +261,85 @@ def test_protocol_json_matches_its_schema() -> None:
 
     for line in document["lines"]:
         assert types(line["fields"]) <= set(spec.types), line["kind"]
+
+
+# --- one reader of the spec, one frame reader --------------------------------------------------
+
+PACKAGES = ("colibri", "server", "conformance", "reference", "accelerated")
+
+
+def _sources() -> list[Path]:
+    return [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
+
+
+def test_colibri_protocol_is_the_only_reader_of_protocol_json() -> None:
+    readers = [
+        str(p.relative_to(ROOT)) for p in _sources()
+        if '"protocol.json"' in (text := p.read_text(encoding="utf-8"))
+        and re.search(r"json\.loads?\(", text)
+    ]
+    assert readers == ["colibri/protocol.py"]
+
+
+def test_no_module_spells_the_wire_constants_itself() -> None:
+    """READY/END, the payload kinds and the limits come from colibri.protocol."""
+    patterns = {
+        "sentinel": re.compile(r"\\x01\\x01(READY|END)"),
+        "payload kinds": re.compile(r"\{\s*\"DATA\",\s*\"ECHO\""),
+        "limit": re.compile(r"\b(MAX_PAYLOAD|MAX_GRAMMAR|MAX_HEADER|MAX_LOGPROBS|HITS_EVERY|"
+                            r"TOPK_COUNT|MAX_KV_SLOTS)\s*=\s*[0-9(]"),
+    }
+    found = [
+        f"{p.relative_to(ROOT)}: {name}"
+        for p in _sources()
+        for name, pattern in patterns.items()
+        if pattern.search(p.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+
+
+STREAM = (
+    b"== banner ==\n" + READY_LINE + b"STAT 0 0.00 0.0 0.10\nACCEPT 1 2\n"
+    b"DATA 1 3\na\nb\nECHO 1 1 0 nan 0\n\x00\nTOOL 1 2\n{}\nGPUDETAIL 1 0\n"
+    b"DONE 1 STAT 1 1.00 0.0 0.10 2 0\n"
+)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_frame_parser_does_not_care_how_the_bytes_arrive(cuts: list[int]) -> None:
+    whole = FrameParser().feed(STREAM)
+    parser, got, start = FrameParser(), [], 0
+    for cut in sorted(cuts):
+        got += parser.feed(STREAM[start:cut])
+        start = cut
+    got += parser.feed(STREAM[start:]) + parser.finish()
+    assert got == whole
+    assert [f.kind for f in whole] == [
+        "PREAMBLE", "READY", "STAT", "ACCEPT", "DATA", "ECHO", "TOOL", "GPUDETAIL", "DONE"
+    ]
+    assert whole[4].payload == b"a\nb" and whole[6].payload == b"{}"
+    assert [f.request_id for f in whole[3:7]] == [1, 1, 1, 1]
+
+
+def test_frame_parser_breaks_on_oversized_counts_and_bad_terminators() -> None:
+    limit = LIMITS["max_frame_payload_bytes"]
+    over = FrameParser(seen_ready=True).feed(f"DATA 1 {limit + 1}\n".encode())
+    assert [f.kind for f in over] == [BROKEN]
+    bad = FrameParser(seen_ready=True).feed(b"DATA 1 2\nabX")
+    assert bad[0].kind == BROKEN and "not followed by LF" in bad[0].problem
+    cut = FrameParser(seen_ready=True)
+    assert cut.feed(b"DATA 1 5\nab") == [] and cut.finish()[0].kind == BROKEN
+
+
+def test_every_reader_takes_its_numbers_from_the_spec() -> None:
+    from colibri.conformance import frames as conformance_frames
+    from colibri.server import frames as server_frames
+
+    from colibri.engine import submit_parse
+
+    spec = load_spec()
+    assert conformance_frames.MAX_PAYLOAD == server_frames.MAX_PAYLOAD == 65536
+    assert conformance_frames.PAYLOAD_KINDS == server_frames.PAYLOAD_KINDS == spec.framed_kinds
+    assert submit_parse.MAX_PAYLOAD == spec.limits["max_payload_bytes"]
+    assert submit_parse.EXTENSION_RANGES["logprobs"] == (0, spec.limits["max_logprobs"])
+    assert conformance_frames.FrameSplitter is FrameParser

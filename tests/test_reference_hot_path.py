@@ -10,7 +10,7 @@ import colibri.reference.model as model_module
 import numpy as np
 import pytest
 from colibri.reference import dsa
-from reference_support import model
+from reference_support import causal_model, model
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int]:
@@ -40,16 +40,15 @@ def test_indexer_queries_wait_until_a_row_sees_more_than_index_topk(
     assert queries[0] > 0 and weights[0] > 0 and scores[0] > 0
 
 
-def test_disabled_indexer_computes_no_queries(monkeypatch: pytest.MonkeyPatch) -> None:
-    m = model("glm5-tiny-dsa")
-    monkeypatch.setattr(m, "use_indexer", False)
+def test_disabled_indexer_computes_no_indexer_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = causal_model("glm5-tiny-dsa")
     queries = _count(monkeypatch, dsa, "index_queries")
     keys = _count(monkeypatch, dsa, "index_keys")
     state = m.new_state()
     m.prefill(state, list(range(1, 2 * m.config.index_topk + 2)))
     m.decode(state, 5)
-    assert queries[0] == 0
-    assert keys[0] > 0  # keys are still cached, so the indexer can be switched back on
+    assert queries[0] == 0 and keys[0] == 0
+    assert all("index_key" not in layer.arrays for layer in state.layers)
 
 
 def test_rope_tables_are_computed_once_per_forward(monkeypatch: pytest.MonkeyPatch) -> None:

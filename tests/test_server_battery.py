@@ -56,6 +56,7 @@ def cmpl(prompt: Any, **extra: Any) -> dict[str, Any]:
 
 
 C, P, MS = "/v1/chat/completions", "/v1/completions", "/v1/messages"
+S1 = "/v1/systemone"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 # (id, server, method, path, body, headers, raw body)
@@ -248,6 +249,17 @@ CASES: list[tuple[str, str, str, str, Any, dict[str, str], bytes | None]] = [
     ("messages-wrong-model", "open", "POST", MS, {**msgs("q"), "model": "claude"}, {}, None),
     ("messages-image-block", "open", "POST", MS, {"model": M, "max_tokens": 5, "messages": [
         {"role": "user", "content": [{"type": "document", "source": {}}]}]}, {}, None),
+    # System One (spec/http.md 9a): p, entropy and the logprobs are kind (b).
+    ("systemone", "open", "POST", S1, {"model": M, "state": "The door is red.",
+                                       "question": "What colour is the door?",
+                                       "options": ["red", "blue", "red and blue"]}, {}, None),
+    ("systemone-mean-any-model", "open", "POST", S1, {
+        "model": "someone-else", "state": "", "question": "Pick one.",
+        "options": ["a", "ab"], "normalize": "mean"}, {}, None),
+    ("systemone-invalid", "open", "POST", S1, {"model": M, "state": 1, "question": "",
+                                               "options": ["x", "x", ""]}, {}, None),
+    ("systemone-keyed-no-auth", "keyed", "POST", S1, {"state": "", "question": "q",
+                                                      "options": ["a", "b"]}, {}, None),
 ]
 
 

@@ -328,6 +328,57 @@ MESSAGES_REQUEST: Schema = {
         "cache_slot": {"type": ["integer", "null"], "minimum": 0},
     }}
 
+# System One (spec/http.md "System One"). `model` is read by nobody: any value, or none.
+SYSTEMONE_REQUEST: Schema = {
+    "type": "object", "required": ["state", "question", "options"],
+    "additionalProperties": True,
+    "description": "Fields colibri reads. Unknown fields (model included) are ignored.",
+    "properties": {
+        "model": {"description": "Not checked on this route (colibri's behaviour)."},
+        "state": STR,
+        "question": {"type": "string", "minLength": 1},
+        "options": {"type": "array", "minItems": 2, "maxItems": 64, "uniqueItems": True,
+                    "items": {"type": "string", "minLength": 1}},
+        "normalize": enum("sum", "mean"),
+    }}
+
+# The option probabilities and the entropy are functions of the kind-(b) logprobs: compared
+# with the logprob tolerance, like the logprobs themselves.
+PROBABILITY: Schema = {"type": "number", "minimum": 0, "maximum": 1,
+                       "x-colibri-sameness": "logprob"}
+SYSTEMONE = obj({
+    "answer": STR,
+    "entropy": {"type": "number", "minimum": 0, "x-colibri-sameness": "logprob",
+                "description": "Entropy of the option distribution, in bits."},
+    "normalize": enum("sum", "mean"),
+    "choices": {"type": "array", "minItems": 2, "items": obj({
+        "option": STR, "p": PROBABILITY,
+        "logprob": {"type": "number", "maximum": 0, "x-colibri-sameness": "logprob"},
+        "mean_logprob": {"type": "number", "maximum": 0, "x-colibri-sameness": "logprob"},
+        "tokens": {"type": "integer", "minimum": 1}})},
+    "usage": obj({"prompt_tokens": INT, "completion_tokens": const(0), "read_tokens": INT,
+                  "total_tokens": INT}),
+})
+
+VALIDATION_ERROR = obj({"detail": {"type": "array", "minItems": 1, "items": obj({
+    "loc": {"type": "array", "prefixItems": [const("body")], "minItems": 2,
+            "items": {"type": ["string", "integer"]}},
+    "msg": STR, "type": STR})}})
+
+# `colibri atlas analyze --web` (notes: colibri-tools.md §1.4), served as /experts.json.
+ATLAS = obj({
+    "categories": {"type": "array", "minItems": 2, "items": STR},
+    "experts": {"type": "object", "additionalProperties": False, "patternProperties": {
+        "^[0-9]+:[0-9]+$": obj({
+            "affinity": {"type": "object", "additionalProperties": {
+                "type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+            "entropy": {"type": "number", "minimum": 0,
+                        "description": "-sum v*log2 v over the rounded affinity, in bits, "
+                                       "rounded to 2 decimals"},
+            "top": STR,
+            "label": {"type": "string", "pattern": "^(generalist|specialist: .+)$"}})}},
+})
+
 SCHEMAS: dict[str, tuple[str, Schema]] = {
     "error": ("OpenAI error envelope", ERROR),
     "anthropic_error": ("Anthropic error envelope", ANTHROPIC_ERROR),
@@ -346,6 +397,10 @@ SCHEMAS: dict[str, tuple[str, Schema]] = {
     "health": ("GET /health", HEALTH),
     "experts": ("GET /experts", EXPERTS),
     "profile": ("GET /profile", PROFILE),
+    "systemone_request": ("POST /v1/systemone body", SYSTEMONE_REQUEST),
+    "systemone": ("POST /v1/systemone reply", SYSTEMONE),
+    "validation_error": ("422 validation error (`detail` list)", VALIDATION_ERROR),
+    "atlas": ("GET /experts.json: the expert atlas (dashboard shape)", ATLAS),
 }
 
 
@@ -438,6 +493,18 @@ def openapi_document() -> Schema:
             "JSON, or named SSE events (no [DONE])", "message",
             "message_stream_event", "`event: <type>` + `data: <event>` pairs",
             _errors("anthropic_error", *gen_errors)),
+        "/v1/systemone": {"post": {
+            "summary": "System One: the probability of each option of a closed question",
+            "operationId": "systemOne",
+            "description": "Scores every option through the engine's logprob channel; "
+                           "generates nothing. `model` is not checked.",
+            "requestBody": {"required": True, "content": _json("systemone_request")},
+            "responses": {"200": {"description": "The decision", "headers": queue_header,
+                                  "content": _json("systemone")},
+                          "422": {"description": "Validation error, or a document or option "
+                                                 "that does not fit the context",
+                                  "content": _json("validation_error")},
+                          **_errors("error", 400, 401, 403, 429, 500, 503)}}},
         "/health": {"get": {
             "summary": "Liveness; full snapshot only when authenticated",
             "operationId": "health",
@@ -460,6 +527,11 @@ def openapi_document() -> Schema:
             "operationId": "profile",
             "responses": {"200": {"description": "PROF turns", "content": _json("profile")},
                           **_errors("error", 403)}}},
+        "/experts.json": {"get": {
+            "summary": "The expert atlas (`colibri atlas analyze --web`), when one was written",
+            "operationId": "atlas",
+            "responses": {"200": {"description": "experts.json", "content": _json("atlas")},
+                          **_errors("error", 403, 404)}}},
         "/openapi.json": {"get": {
             "summary": "This document", "operationId": "openapi",
             "responses": {"200": {"description": "OpenAPI 3.1",

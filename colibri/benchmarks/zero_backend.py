@@ -38,6 +38,7 @@ class ZeroShape:
 
 class ZeroBackend:
     name = "zero"
+    build = "zero 1"  # computes nothing: any build of it writes the same (zero) KV
     has_mtp = False
     model_tag = 0x2E40
 

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import IO
 
 from colibri.commands.backend_choice import add_backend_arguments, backend_name
-
-READY = b"\x01\x01READY\x01\x01\n"
-END = b"\x01\x01END\x01\x01\n"
+from colibri.protocol import END_LINE as END
+from colibri.protocol import READY_LINE as READY
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

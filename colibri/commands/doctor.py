@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -11,19 +12,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "doctor", help="check the installation (versions, package data, engines, GPU)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="also check this model (config, weights, formats) and summarise "
+                        "its memory plan (default: the embedded model)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from colibri import doctor
+    from colibri import doctor, resources
 
-    checks = doctor.run_checks()
-    result = doctor.report(checks)
+    model = args.model if args.model is not None else resources.default_model_dir()
+    checks = doctor.run_checks() + doctor.check_model(model)
+    result = doctor.report(checks, model, doctor.plan_summary(model))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         width = max(len(check.id) for check in checks)
         for check in checks:
             print(f"{check.status.upper():4}  {check.id:<{width}}  {check.summary}")
+        plan = result.get("plan")
+        if isinstance(plan, dict):
+            print("plan: " + ", ".join(f"{k}={v}" for k, v in plan.items()))
         print(f"status: {result['status']}")
     return 1 if result["status"] == "fail" else 0

@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exact origin to allow (repeat; '+origin' appends to defaults)")
     parser.add_argument("--allowed-host", action="append", default=[],
                         help="extra Host header to accept (repeat; env COLI_ALLOWED_HOSTS)")
+    parser.add_argument("--auto-tier", action="store_true",
+                        help="apply `colibri plan` to the engine: RAM_GB (expert cache), CTX, "
+                        "never overriding variables already set")
 
 
 def cors_origins(values: list[str]) -> tuple[str, ...]:
@@ -107,9 +110,25 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     model_dir = args.model or str(resources.default_model_dir())
     spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd, args.backend)
+    env = engine_env(spec, config)
+    if getattr(args, "auto_tier", False):
+        from pathlib import Path
+
+        from colibri.plan import PlanError, Request, build, environment_for_plan
+
+        try:
+            plan = build(Path(model_dir), Request(kv_slots=config.kv_slots))
+        except PlanError as exc:
+            print(f"colibri serve: --auto-tier: {exc}", file=sys.stderr)
+            return 1
+        env = environment_for_plan(plan, env)
+        ram = plan["tiers"]["ram"]
+        where = "VRAM" if plan["tiers"]["vram"]["hot_experts"] else "CPU"
+        print(f"[PLAN] RAM {float(env['RAM_GB']):.1f} GB · cap "
+              f"{ram['cache_slots_per_layer']}/layer · {where}", file=sys.stderr)
     try:
         return asyncio.run(serve_forever(config, engine_argv(spec, config.kv_slots),
-                                         engine_env(spec, config), args.port))
+                                         env, args.port))
     except OSError as exc:
         print(f"colibri serve: cannot listen on {args.host}:{args.port}: {exc}",
               file=sys.stderr)

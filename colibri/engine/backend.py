@@ -67,7 +67,9 @@ class StepRow(NamedTuple):
 
 @dataclass(frozen=True)
 class StepTiming:
-    """Seconds spent in one step, by phase (PERF/PROF). A phase a backend does not time is 0."""
+    """Seconds spent in one step: its wall time and, inside it, the backend's expert products
+    (``matmul_s``), attention and lm_head (PERF's t_emm, t_attn, t_head; spec/protocol.md
+    2.6). A phase a backend cannot time is 0, which PERF and PROF then report as 0."""
 
     total_s: float = 0.0
     matmul_s: float = 0.0
@@ -103,11 +105,16 @@ class KvRecord:
 
 @dataclass(frozen=True)
 class Device:
-    """An accelerator a backend computes on (HWINFO/GPUS); CPU backends report none."""
+    """An accelerator a backend computes on (HWINFO/GPUS); CPU backends report none.
+
+    ``memory_bytes`` is the device's total memory, ``used_bytes`` what the process holds on
+    it, ``experts`` how many routed experts are resident there (GPUS's three numbers)."""
 
     index: int
     name: str
     memory_bytes: int
+    used_bytes: int = 0
+    experts: int = 0
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,11 @@ class Backend(Protocol):
 
     @property
     def name(self) -> str: ...
+    @property
+    def build(self) -> str:
+        """What besides the weights decides the bytes of a step (versions, kernel variant):
+        KV written under one build is resumed only under the same (spec/protocol.md 4.3)."""
+        ...
     @property
     def shape(self) -> ModelShape: ...
     @property

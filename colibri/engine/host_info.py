@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Sequence
 from functools import lru_cache
+
+from colibri.engine.backend import Device
 
 
 def peak_rss_gb() -> float:
@@ -38,13 +41,23 @@ def cpu_name() -> str:
     return os.uname().machine
 
 
-def hwinfo_line() -> str:
+def hwinfo_line(devices: Sequence[Device]) -> str:
+    """HWINFO: the host, and the backend's devices (none on CPU: `0 0.0` and no GPU name)."""
     mem = _meminfo()
     total = mem.get("MemTotal", 0) / 1e6
     avail = mem.get("MemAvailable", 0) / 1e6
     cores = os.cpu_count() or 1
-    # The reference engine computes on the CPU only: it reports no devices.
-    return f"HWINFO {cores} {total:.1f} {avail:.1f} 0 0.0 {cpu_name()}|"
+    vram = sum(d.memory_bytes for d in devices) / 1e9
+    gpu = devices[0].name if devices else ""
+    return f"HWINFO {cores} {total:.1f} {avail:.1f} {len(devices)} {vram:.1f} {cpu_name()}|{gpu}"
+
+
+def gpus_line(devices: Sequence[Device]) -> str:
+    """GPUS: per device, used GB, total GB, resident experts; `GPUS 0` on CPU."""
+    parts = [f"GPUS {len(devices)}"]
+    for d in devices:
+        parts.append(f"{d.used_bytes / 1e9:.3f} {d.memory_bytes / 1e9:.3f} {d.experts}")
+    return " ".join(parts)
 
 
 def physical_read_bytes() -> int | None:

@@ -8,10 +8,17 @@ ones and synced before the record count (byte 32) is rewritten, so a kill at any
 leaves a file whose count describes complete records. Truncation and reset rewrite the count
 only. Loading trusts nothing: magic, dimensions, model tag, count, token range and float
 finiteness are all checked, and a file that fails is ignored with a message on stderr.
+
+COLIKV1 has no room for who wrote the rows, so a sidecar ``<file>.writer`` (JSON: backend and
+build) says it. It is written when a file is (re)created, after the file has been emptied and
+before any record, so a file's records and its sidecar always belong together. KV rows are
+resumed only under the backend and build that wrote them; the caller re-prefills the tokens
+otherwise.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import Sequence
@@ -60,6 +67,37 @@ class KvLayout:
         )
 
 
+@dataclass(frozen=True)
+class KvWriter:
+    """The backend (and its build) whose KV rows a file holds."""
+
+    backend: str
+    build: str
+
+    def encode(self) -> bytes:
+        return (json.dumps({"backend": self.backend, "build": self.build}) + "\n").encode()
+
+    @staticmethod
+    def decode(data: bytes) -> KvWriter | None:
+        try:
+            fields = json.loads(data)
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if not isinstance(fields, dict):
+            return None
+        backend, build = fields.get("backend"), fields.get("build")
+        if not isinstance(backend, str) or not isinstance(build, str):
+            return None
+        return KvWriter(backend, build)
+
+    def describe(self) -> str:
+        return f"{self.backend} ({self.build})"
+
+
+def writer_file(path: Path) -> Path:
+    return path.with_name(path.name + ".writer")
+
+
 def slot_file(state_dir: Path, slot: int) -> Path:
     return state_dir / (".coli_kv" if slot == 0 else f".coli_kv.{slot}")
 
@@ -68,14 +106,18 @@ def slot_file(state_dir: Path, slot: int) -> Path:
 class Loaded:
     tokens: list[int]
     rows: npt.NDArray[np.float32]
+    #: Who wrote the rows; None for a file without a readable sidecar (colibri writes none).
+    writer: KvWriter | None
 
 
 class KvFile:
     """One slot's file: what is committed on disk (``nrec``) and how to extend it."""
 
-    def __init__(self, path: Path, layout: KvLayout) -> None:
+    def __init__(self, path: Path, layout: KvLayout, writer: KvWriter) -> None:
         self.path = path
         self.layout = layout
+        #: Recorded beside every file this process (re)creates.
+        self.writer = writer
         self.nrec = 0
         self._ours = False  # the header on disk is ours (else the next append rewrites it)
 
@@ -134,7 +176,18 @@ class KvFile:
             self._ours = False
             return None
         self.nrec = nrec
-        return Loaded([int(t) for t in tokens], rows.astype(np.float32))
+        return Loaded([int(t) for t in tokens], rows.astype(np.float32), self._read_writer())
+
+    def _read_writer(self) -> KvWriter | None:
+        try:
+            return KvWriter.decode(writer_file(self.path).read_bytes())
+        except OSError:
+            return None
+
+    def start_over(self) -> None:
+        """Disown the file: the next append recreates it (count 0 first, sidecar, records)."""
+        self._start_over(self.nrec)
+        self._ours = False
 
     def _start_over(self, on_disk: int) -> None:
         # truncate() only rewrites the count when it shrinks what we know is committed; a
@@ -171,6 +224,9 @@ class KvFile:
         mode = "r+b" if self._ours and self.path.exists() else "w+b"
         with open(self.path, mode) as handle:
             if mode == "w+b":
+                # The file is empty now: whatever the sidecar says, no record is trusted
+                # until the header and records below are, and then they are this writer's.
+                self._write_writer()
                 handle.write(lay.header(0))
                 self.nrec = 0
             handle.seek(HEADER_SIZE + self.nrec * lay.record_size)
@@ -182,3 +238,12 @@ class KvFile:
             os.fsync(handle.fileno())
         self._ours = True
         self.nrec += len(tokens)
+
+    def _write_writer(self) -> None:
+        path = writer_file(self.path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as handle:
+            handle.write(self.writer.encode())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)

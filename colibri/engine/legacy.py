@@ -7,7 +7,6 @@ and the ``\\x02PROMPT`` API frame are the control lines.
 
 from __future__ import annotations
 
-import re
 import time
 
 import numpy as np
@@ -20,7 +19,6 @@ from colibri.engine.request_sampling import pick, request_rng
 from colibri.engine.rng import Rng
 from colibri.engine.runtime import EngineRuntime, Slot
 from colibri.engine.submit_parse import (
-    FLOAT,
     MAX_PAYLOAD,
     parse_id_payload,
     sampling_in_range,
@@ -28,12 +26,10 @@ from colibri.engine.submit_parse import (
 from colibri.engine.turn_report import hit_percent
 from colibri.engine.wire_input import ByteSource
 from colibri.engine.wire_output import END, READY, FrameWriter, f2, stat_line
+from colibri.protocol import SPEC
 from colibri.text import chat_format
 
-_PROMPT = re.compile(
-    rb"\x02PROMPT ([0-9]{1,20}) ([0-9]{1,20}) (" + FLOAT + rb") (" + FLOAT + rb")"
-    rb"(?: ([0-9]{1,20}))?"
-)
+_PROMPT = SPEC.request_pattern("PROMPT")
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_NUCLEUS = 0.9
 
@@ -130,9 +126,10 @@ class LegacyEngine:
         if match is None:
             self.fail(six=True)
             return
-        nbytes, max_tokens = int(match.group(1)), int(match.group(2))
-        temperature, top_p = float(match.group(3)), float(match.group(4))
-        slot_index = int(match.group(5)) if match.group(5) is not None else 0
+        nbytes, max_tokens = int(match.group("bytes")), int(match.group("max_tokens"))
+        temperature, top_p = float(match.group("temperature")), float(match.group("top_p"))
+        slot = match.group("kv_slot")
+        slot_index = int(slot) if slot is not None else 0
         if (
             nbytes > MAX_PAYLOAD
             or max_tokens < 1

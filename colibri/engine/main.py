@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from colibri.engine import usage_file
 from colibri.engine.backend import Backend
 from colibri.engine.legacy import LegacyEngine
 from colibri.engine.mux import MuxEngine, SignalFlags
@@ -138,13 +139,14 @@ def serve(
     )
     source = FdSource(stdin_fd)
     if not settings.mux:
-        return LegacyEngine(
+        status = LegacyEngine(
             runtime,
             source,
             out,
             temperature=settings.legacy_temperature,
             top_p=settings.legacy_top_p,
         ).run()
+        return dump_stats(runtime, env.get("STATS"), log, status)
     flags = SignalFlags()
 
     def on_interrupt(signum: int, frame: object) -> None:
@@ -155,7 +157,22 @@ def serve(
 
     signal.signal(signal.SIGINT, on_interrupt)
     signal.signal(signal.SIGTERM, on_terminate)
-    return MuxEngine(runtime, source, out, flags).run()
+    status = MuxEngine(runtime, source, out, flags).run()
+    return dump_stats(runtime, env.get("STATS"), log, status)
+
+
+def dump_stats(runtime: EngineRuntime, path: str | None, log: TextIO, status: int) -> int:
+    """`STATS=<path>`: at exit, the usage counters in `.coli_usage` format (spec/protocol.md
+    4.2 "STATS dump"); exit 1 when it cannot be written, since an atlas sweep reads it."""
+    if not path:
+        return status
+    try:
+        usage_file.save(Path(path), runtime.usage.counts)
+    except OSError as exc:
+        print(f"colibri engine: cannot write STATS {path}: {exc}", file=log)
+        return status or 1
+    print(f"[STATS] wrote {path}", file=log)
+    return status
 
 
 def main_from_environment(settings: EngineSettings, env: Mapping[str, str] | None = None) -> int:

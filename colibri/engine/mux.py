@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from colibri.engine.backend import StepRow
 from colibri.engine.constraint import GrammarError, Matcher, build_vocabulary
-from colibri.engine.host_info import hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.engine.host_info import gpus_line, hwinfo_line, peak_rss_gb, physical_read_bytes
 from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
 from colibri.engine.request_sampling import (
     NO_PREDICTOR_TAIL,
@@ -31,6 +31,7 @@ from colibri.engine.request_sampling import (
 from colibri.engine.runtime import EngineRuntime, Slot
 from colibri.engine.submit_parse import (
     MAX_HEADER,
+    MAX_LOGPROBS,
     Control,
     SubmitRequest,
     frame_submit,
@@ -49,10 +50,11 @@ from colibri.engine.wire_output import (
     f2,
     f6,
 )
+from colibri.protocol import LIMITS, SPEC
 from colibri.text.grammar import GrammarVocabulary
 
-HITS_EVERY = 6
-TOPK_COUNT = 5
+HITS_EVERY = LIMITS["hits_every_steps"]
+TOPK_COUNT = LIMITS["topk_count"]
 
 
 @dataclass
@@ -91,13 +93,15 @@ class MuxEngine:
     # --- handshake -------------------------------------------------------------------
 
     def capabilities(self) -> str:
+        """CAPS: every key of spec/protocol.json ``capabilities``, in its order."""
         rt = self.rt
-        caps = {
-            "proto": 1,
+        values = {
+            "proto": SPEC.revision,
             "accept": 1,
             "stop": 1,
-            "logprobs": 32,
+            "logprobs": MAX_LOGPROBS,
             "echo": 1,
+            "echo_at": 1,
             "ids": 1,
             "seed": 1,
             "grammar": int(rt.tokenizer is not None),
@@ -109,14 +113,18 @@ class MuxEngine:
             "tokenizer": int(rt.tokenizer is not None),
             "mtp": int(rt.drafting),
         }
-        return "CAPS " + " ".join(f"{k}={v}" for k, v in caps.items())
+        unknown = sorted(set(values) - set(SPEC.capabilities))
+        if unknown:
+            raise KeyError(f"CAPS keys not in spec/protocol.json: {unknown}")
+        return "CAPS " + " ".join(f"{k}={values[k]}" for k in SPEC.capabilities)
 
     def handshake(self) -> None:
         self.out.raw(READY)
         self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
         self.out.line(self.capabilities())
-        self.out.line(hwinfo_line())
-        self.out.line("GPUS 0")
+        devices = self.rt.backend.devices()
+        self.out.line(hwinfo_line(devices))
+        self.out.line(gpus_line(devices))
         self.out.line(self.rt.tiers_line())
         self.out.line(self.rt.emap_line())
 
@@ -268,8 +276,12 @@ class MuxEngine:
         rt = self.rt
         slot = self.slots[sub.slot]
         nt = len(tokens)
+        echo_from = 0
         if sub.logprobs > 0:
-            keep = 0  # echo needs every position's row: discard the cached prefix
+            # ECHO at position p needs the logit row of p-1, so the kept prefix ends before
+            # the first scored position (spec/protocol.md 2.8); echo_at=0 scores every one.
+            echo_from = first_token_at(self.token_ends(tokens), sub.echo_at)
+            keep = min(common_prefix(slot.history, tokens), max(echo_from - 1, 0), nt - 1)
         else:
             keep = common_prefix(slot.history, tokens)
             keep = min(keep, nt - 1)  # at least one token is forwarded to get logits
@@ -298,7 +310,7 @@ class MuxEngine:
         request.forwards += 1
         self.active[slot.index] = request
         if sub.logprobs > 0:
-            self.echo(request, tokens, logits)
+            self.echo(request, tokens, logits, keep, echo_from)
         # DONE's hit % and PERF/PROF's disk numbers cover the decode window (spec 2.5), so
         # the store and I/O baselines are taken here, after the prefill, like the clock.
         counters = rt.tiers.counters()
@@ -310,15 +322,31 @@ class MuxEngine:
             return
         self.advance(request, logits[-1])
 
+    def token_ends(self, tokens: Sequence[int]) -> list[int]:
+        """The payload byte offset where each token ends (its bytes concatenated in order)."""
+        ends: list[int] = []
+        at = 0
+        for token in tokens:
+            at += len(self.rt.token_payload(token))
+            ends.append(at)
+        return ends
+
     def echo(
-        self, request: Request, tokens: Sequence[int], logits: npt.NDArray[np.float32]
+        self,
+        request: Request,
+        tokens: Sequence[int],
+        logits: npt.NDArray[np.float32],
+        keep: int,
+        echo_from: int,
     ) -> None:
+        """ECHO frames for positions echo_from ... nt-1; `logits` row i is position keep+i."""
         k = min(request.logprobs, self.rt.vocab)
-        for pos, token in enumerate(tokens):
+        for pos in range(echo_from, len(tokens)):
+            token = tokens[pos]
             if pos == 0:
                 tail = NO_PREDICTOR_TAIL
             else:
-                tail = logprob_tail(logits[pos - 1], token, k)
+                tail = logprob_tail(logits[pos - 1 - keep], token, k)
             payload = self.rt.token_payload(token)
             self.out.payload(echo_header(request.rid, payload, pos, tail), payload)
 
@@ -387,7 +415,8 @@ class MuxEngine:
             assert request.pending is not None
             rows.append(StepRow(self.slots[slot_index].state, request.pending, True))
         started = time.perf_counter()
-        logits = self.rt.forward(rows, [r.rid for _, r in ready]).logits
+        step = self.rt.forward(rows, [r.rid for _, r in ready])
+        logits = step.logits
         elapsed = time.perf_counter() - started
         elapsed_ms = elapsed * 1000.0
         self.step_log.append((len(ready), elapsed))
@@ -399,6 +428,7 @@ class MuxEngine:
             request.pending = None
             request.forwards += 1
             request.forward_ms.append(elapsed_ms)
+            request.add_step(step.timing)
             self.advance(request, logits[row_index])
         self.after_step()
 
@@ -434,6 +464,7 @@ class MuxEngine:
         rows = step.logits
         elapsed = time.perf_counter() - started
         request.forward_ms.append(elapsed * 1000.0)
+        request.add_step(step.timing)
         self.step_log.append((2, elapsed))
         request.forwards += 1
         slot.history.extend([pending, draft])
@@ -487,8 +518,9 @@ class MuxEngine:
         slot = self.slots[request.slot]
         del self.active[request.slot]
         numbers = turn_numbers(request, rt.tiers.counters())
-        self.out.line(hwinfo_line())
-        self.out.line("GPUS 0")
+        devices = rt.backend.devices()
+        self.out.line(hwinfo_line(devices))
+        self.out.line(gpus_line(devices))
         kv_started = time.perf_counter()
         rt.save_usage()
         rt.persist_slot(slot)
@@ -513,6 +545,17 @@ class MuxEngine:
         )
 
 
+def first_token_at(ends: Sequence[int], byte: int) -> int:
+    """Index of the first token whose bytes reach past `byte` (len(ends) when none does):
+    the token that covers payload byte `byte`, a token merging across it included."""
+    if byte <= 0:
+        return 0
+    for i, end in enumerate(ends):
+        if end > byte:
+            return i
+    return len(ends)
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -521,4 +564,4 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-__all__ = ["MuxEngine", "SignalFlags", "common_prefix"]
+__all__ = ["MuxEngine", "SignalFlags", "common_prefix", "first_token_at"]

@@ -22,7 +22,7 @@ from colibri.engine.backend import (
     usage_rows,
 )
 from colibri.engine.expert_usage import ExpertUsage
-from colibri.engine.kv_persist import KvFile, KvLayout, slot_file
+from colibri.engine.kv_persist import KvFile, KvLayout, KvWriter, slot_file
 from colibri.engine.settings import DEFAULT_CTX, EngineSettings
 from colibri.engine.turn_routes import TurnRoutes
 from colibri.engine.wire_output import f2, f3
@@ -84,6 +84,7 @@ class EngineRuntime:
         self.state_dir = state_dir if self.persist else None
         self.kv_enabled = self.persist and settings.kv_save
         self.model_tag = backend.model_tag
+        self.writer = KvWriter(backend.name, backend.build)
         #: Single-slot MTP drafting: the model has an MTP head and DRAFT allows it.
         self.drafting = backend.has_mtp and settings.draft != 0
         self._lock: BinaryIO | None = None
@@ -207,15 +208,29 @@ class EngineRuntime:
         slot = Slot(index, self.backend.new_state())
         if not self.kv_enabled or self.state_dir is None:
             return slot
-        slot.kv_file = KvFile(slot_file(self.state_dir, index), self.kv_layout())
+        slot.kv_file = KvFile(slot_file(self.state_dir, index), self.kv_layout(), self.writer)
         loaded = slot.kv_file.load(self.ctx - 8, self.log)
-        if loaded is not None:
+        if loaded is None:
+            return slot
+        if loaded.writer == self.writer:
             self.backend.import_kv(slot.state, loaded.tokens, loaded.rows)
-            slot.history = list(loaded.tokens)
+        else:
+            # Another backend's (or build's) rows would mix two computations in one slot:
+            # keep the conversation, recompute its KV here, and make the file ours.
+            writer = loaded.writer.describe() if loaded.writer else "an unknown writer"
             print(
-                f"[KV] slot {index}: resumed conversation from disk: {len(loaded.tokens)} tokens",
+                f"[KV] slot {index}: written by {writer}, re-prefilling {len(loaded.tokens)} "
+                f"tokens on {self.writer.describe()}",
                 file=self.log,
             )
+            self.backend.step([StepRow(slot.state, t, False) for t in loaded.tokens])
+            slot.kv_file.start_over()
+        slot.history = list(loaded.tokens)
+        self.persist_slot(slot)
+        print(
+            f"[KV] slot {index}: resumed conversation from disk: {len(loaded.tokens)} tokens",
+            file=self.log,
+        )
         return slot
 
     def truncate_slot(self, slot: Slot, keep: int) -> None:

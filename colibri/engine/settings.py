@@ -12,13 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from colibri.protocol import LIMITS
+
 
 class SettingsError(ValueError):
     """A configuration value out of range; the engine exits 2 with this message."""
 
 
-MAX_KV_SLOTS = 16
-DEFAULT_CTX = 4096
+MIN_KV_SLOTS = LIMITS["kv_slots_min"]
+MAX_KV_SLOTS = LIMITS["kv_slots_max"]
+DEFAULT_KV_SLOTS = LIMITS["default_kv_slots"]
+DEFAULT_CTX = LIMITS["default_ctx"]
 MIN_CTX = 8
 DEFAULT_NGEN = 256
 _FALSE = frozenset({"0", "false", "off", "no"})
@@ -104,8 +108,11 @@ def from_environment(
         # colibri: SERVE=1 alone is the legacy loop; SERVE_BATCH=1 selects mux. `colibri engine`
         # without SERVE set at all speaks mux, the protocol new integrations use.
         legacy = env.get("SERVE") == "1" and env.get("SERVE_BATCH") != "1"
-    slots = kv_slots if kv_slots is not None else _int(env, "KV_SLOTS", 1, 1, MAX_KV_SLOTS)
-    if not 1 <= slots <= MAX_KV_SLOTS:
+    if kv_slots is not None:
+        slots = kv_slots
+    else:
+        slots = _int(env, "KV_SLOTS", DEFAULT_KV_SLOTS, MIN_KV_SLOTS, MAX_KV_SLOTS)
+    if not MIN_KV_SLOTS <= slots <= MAX_KV_SLOTS:
         raise SettingsError(f"KV_SLOTS must be between 1 and {MAX_KV_SLOTS}, got {slots}")
     context = ctx if ctx is not None else (_int(env, "CTX", 0, 0, 1 << 24) or None)
     if context is not None and context < MIN_CTX:

@@ -1,10 +1,11 @@
 """Parsing and validating mux commands (spec/protocol.md 2.2 and 2.3).
 
-A SUBMIT is handled in two stages because the engine must know the frame's length before it
-can answer with the request's id: ``frame_submit`` checks the header's shape (the SUBMIT
-regex of protocol.json and the two byte limits) and yields the byte counts; after payload,
-grammar and terminator are read, ``validate_submit`` checks every value and yields a
-``SubmitRequest`` or the error code.
+The grammar, the limits and the extension ranges are spec/protocol.json's, read through
+``colibri.protocol``. A SUBMIT is handled in two stages because the engine must know the
+frame's length before it can answer with the request's id: ``frame_submit`` checks the
+header's shape (the SUBMIT regex and the two byte limits) and yields the byte counts; after
+payload, grammar and terminator are read, ``validate_submit`` checks every value and yields
+a ``SubmitRequest`` or the error code.
 """
 
 from __future__ import annotations
@@ -14,30 +15,22 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-MAX_PAYLOAD = 16 * 1024 * 1024
-MAX_GRAMMAR = 1024 * 1024
-MAX_HEADER = 4096
-MAX_LOGPROBS = 32
+from colibri.protocol import LIMITS, SPEC
+
+MAX_PAYLOAD = LIMITS["max_payload_bytes"]
+MAX_GRAMMAR = LIMITS["max_grammar_bytes"]
+MAX_HEADER = LIMITS["max_header_bytes"]
+MAX_LOGPROBS = LIMITS["max_logprobs"]
 U64_MAX = (1 << 64) - 1
 I32_MAX = (1 << 31) - 1
 
-_UINT = rb"[0-9]{1,20}"
-FLOAT = rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-_EXT = rb"[a-z_]{1,15}=[0-9]{1,20}"
-_SUBMIT = re.compile(
-    rb"SUBMIT (?P<id>" + _UINT + rb") (?P<slot>" + _UINT + rb") (?P<bytes>" + _UINT + rb") "
-    rb"(?P<max_tokens>" + _UINT + rb") (?P<temperature>" + FLOAT + rb") "
-    rb"(?P<top_p>" + FLOAT + rb")(?: (?P<gbytes>" + _UINT + rb"))?"
-    rb"(?P<extensions>(?: " + _EXT + rb")*)"
-)
-_CONTROL = re.compile(rb"(STOP|CANCEL) ([0-9]{1,20})")
+_SUBMIT = SPEC.request_pattern("SUBMIT")
+_STOP = SPEC.request_pattern("STOP")
+_CANCEL = SPEC.request_pattern("CANCEL")
 
 #: Extension key -> inclusive (min, max).
 EXTENSION_RANGES: dict[str, tuple[int, int]] = {
-    "logprobs": (0, MAX_LOGPROBS),
-    "ids": (0, 1),
-    "pin": (0, 1),
-    "seed": (0, U64_MAX),
+    key: (ext.min, ext.max) for key, ext in SPEC.extensions.items()
 }
 
 
@@ -63,6 +56,8 @@ class SubmitRequest:
     seed: int | None
     payload: bytes
     grammar: bytes
+    #: Payload byte where ECHO scoring starts (0: every position, the cached prefix dropped).
+    echo_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,13 +70,13 @@ def parse_control(line: bytes) -> Control | Literal["bad"] | None:
     """STOP/CANCEL: a Control, 'bad' if malformed (ERROR 0 BAD_REQUEST), None if not one."""
     if not (line.startswith(b"STOP ") or line.startswith(b"CANCEL ")):
         return None
-    match = _CONTROL.fullmatch(line)
+    verb: Literal["STOP", "CANCEL"] = "STOP" if line.startswith(b"STOP ") else "CANCEL"
+    match = (_STOP if verb == "STOP" else _CANCEL).fullmatch(line)
     if match is None:
         return "bad"
-    rid = int(match.group(2))
+    rid = int(match.group("id"))
     if not 1 <= rid <= U64_MAX:
         return "bad"
-    verb: Literal["STOP", "CANCEL"] = "STOP" if match.group(1) == b"STOP" else "CANCEL"
     return Control(verb, rid)
 
 
@@ -145,6 +140,9 @@ def validate_submit(
     logprobs = extensions.get("logprobs", 0)
     if max_tokens == 0 and logprobs == 0:
         return None
+    echo_at = extensions.get("echo_at", 0)
+    if echo_at and (logprobs == 0 or extensions.get("ids", 0)):
+        return None
     if b"\0" in payload or b"\0" in grammar:
         return None
     return SubmitRequest(
@@ -158,6 +156,7 @@ def validate_submit(
         seed=extensions.get("seed"),
         payload=payload,
         grammar=grammar,
+        echo_at=echo_at,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from colibri.engine.backend import StoreCounters
+from colibri.engine.backend import StepTiming, StoreCounters
 from colibri.engine.host_info import physical_read_bytes
 from colibri.engine.rng import Rng
 from colibri.engine.wire_output import f3, f6
@@ -33,6 +33,16 @@ class Request:
     store_at_start: tuple[int, int, float] = (0, 0, 0.0)
     physical_at_start: int | None = None
     kv_seconds: float = 0.0
+    #: The backend's phase times of the decode steps this request took part in.
+    matmul_s: float = 0.0
+    attention_s: float = 0.0
+    head_s: float = 0.0
+
+    def add_step(self, timing: StepTiming) -> None:
+        """A decode step this request had a row in: all of its phases fell in its window."""
+        self.matmul_s += timing.matmul_s
+        self.attention_s += timing.attention_s
+        self.head_s += timing.head_s
     #: The SUBMIT's grammar state; None when it sent no grammar.
     matcher: Matcher | None = None
 
@@ -63,10 +73,12 @@ def hit_percent(lookups: int, hits: int) -> float:
 
 
 def perf_line(request: Request, numbers: TurnNumbers) -> str:
-    """PERF: what the reference measures (decode, disk, KV bookkeeping); 0 for the rest."""
+    """PERF: decode time, the store's disk time, the backend's phases, KV bookkeeping.
+    Expert waits are 0: no backend loads experts asynchronously (spec/protocol.md 2.6)."""
     return (
-        f"PERF {request.rid} {f6(numbers.decode_s)} {f6(numbers.disk_s)} {f6(0.0)} {f6(0.0)} "
-        f"{f6(0.0)} {f6(request.kv_seconds)} {f6(0.0)}"
+        f"PERF {request.rid} {f6(numbers.decode_s)} {f6(numbers.disk_s)} {f6(0.0)} "
+        f"{f6(request.matmul_s)} {f6(request.attention_s)} {f6(request.kv_seconds)} "
+        f"{f6(request.head_s)}"
     )
 
 
@@ -88,6 +100,7 @@ def prof_line(request: Request, numbers: TurnNumbers) -> str:
     )
     return (
         f"PROF {f3(numbers.decode_s)} {request.prompt_tokens} {request.emitted} "
-        f"{f3(numbers.disk_s)} {f3(0.0)} {f3(0.0)} {f3(0.0)} {f3(0.0)} {request.forwards} "
+        f"{f3(numbers.disk_s)} {f3(0.0)} {f3(request.matmul_s)} {f3(request.attention_s)} "
+        f"{f3(request.head_s)} {request.forwards} "
         f"{f3(p50)} {f3(p99)} {max(physical, 0)} 0 0 {f3(ttft)} {f3(0.0)} {int(valid)}"
     )

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from typing import BinaryIO
 
-READY = b"\x01\x01READY\x01\x01\n"
-END = b"\x01\x01END\x01\x01\n"
+from colibri.protocol import END_LINE, READY_LINE
+
+READY = READY_LINE
+END = END_LINE
 
 
 def f1(x: float) -> str:

@@ -3,6 +3,8 @@
 Public API: :func:`dequantize`, :func:`quantize`, :class:`Fmt`, :data:`FORMAT_NAMES`,
 :class:`QuantFormatError`, and the rotation helpers :func:`rotate_rows`,
 :func:`rotate_activations`, :func:`unrotate_rows`.
+
+Spec: spec/model.md §14.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 ``s = max(amax / qmax, 1e-8)`` and ``q = clamp(rint(w / s), -qmax - 1, qmax)``, computed in
 float32 with round-half-to-even (what C's ``lrintf`` does in the default rounding mode).
+
+Spec: spec/model.md §14 "Integer formats (1-5)".
 """
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-
-F32 = npt.NDArray[np.float32]
-I8 = npt.NDArray[np.int8]
+from colibri.reference.tensors import F32, I8
 
 #: Scale floor: an all-zero row or group still gets a positive, finite scale.
 MIN_SCALE = np.float32(1e-8)

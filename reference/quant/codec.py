@@ -5,6 +5,8 @@ model's own domain: for fmt6 the stored ``W Q`` is un-rotated back to ``W`` (use
 :func:`dequantize_stored` for the rotated values a fmt6 kernel multiplies with ``Q^T x``).
 ``quantize(fmt, weights, **params)`` returns ``(payload, scales)``: the flat ``uint8`` blob and
 the flat ``float32`` ``.qs`` sidecar exactly as a container stores them.
+
+Spec: spec/model.md §14.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 from colibri.reference.quant import e8_iq3, fp8, hadamard, int3, int_grouped, int_row
-from colibri.reference.quant.absmax import F32, check_weights
+from colibri.reference.quant.absmax import check_weights
 from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import (
     E8_BLOCK,
@@ -27,7 +29,7 @@ from colibri.reference.quant.formats import (
     payload_nbytes,
     scale_count,
 )
-from colibri.reference.quant.int_row import U8
+from colibri.reference.tensors import F32, U8
 
 DEFAULT_GROUP_SIZE = 64
 

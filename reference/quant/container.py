@@ -3,6 +3,8 @@
 A quantized tensor is a flat ``U8`` blob under its HF name plus a ``<name>.qs`` F32 sidecar;
 any other weight is a plain F32/F16/BF16 tensor. :class:`QuantContainer` turns either into the
 ``[O, I]`` float32 weights the model math wants, checking every rule of the format on the way.
+
+Spec: spec/model.md §14 "Container".
 """
 
 from __future__ import annotations

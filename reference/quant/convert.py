@@ -6,6 +6,8 @@ weights with ``<name>_scale_inv`` F32 block multipliers); fused expert tensors
 per expert. Output: ``model.safetensors`` (or numbered shards) where each quantized weight is a
 ``U8`` payload plus its ``.qs`` sidecar, the model's JSON files, and a ``colibri.fmt`` stamp for
 exactly the tensors whose byte sizes would otherwise resolve to another format.
+
+Spec: spec/model.md §14 "Engine use and fixtures".
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ from colibri.reference.quant.safetensors_file import (
     SafetensorsDir,
     write_safetensors,
 )
-
-F32 = npt.NDArray[np.float32]
+from colibri.reference.tensors import F32
 
 #: ``--experts`` / ``--dense`` choices -> (format, group size).
 SCHEMES: dict[str, tuple[Fmt, int]] = {

@@ -12,6 +12,8 @@ Super-block layout (weights are stored pre-rotated, see :mod:`.hadamard`):
 ``w = +-(grid[idx][j] * 0.5) * db`` with ``db = d * (0.5 + code) * 0.5`` in float32 -- half of
 llama.cpp's IQ3_XXS value. ``d`` is decoded as colibri's engine does: normal and
 non-finite halves exactly, subnormal halves as ``2^-14 * (1 + man/1024)``.
+
+Spec: spec/model.md §14 "e8-iq3-lattice (6)".
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ from importlib import resources
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.quant.absmax import F32
 from colibri.reference.quant.formats import E8_BLOCK, E8_BLOCK_BYTES, E8_SUB_BLOCK
-from colibri.reference.quant.int_row import U8
+from colibri.reference.tensors import F32, U8
 
 GROUPS_PER_BLOCK = E8_BLOCK // 4
 SUB_BLOCKS = E8_BLOCK // E8_SUB_BLOCK

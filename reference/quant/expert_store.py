@@ -4,6 +4,8 @@ numpy dequantization costs about a hundred times the matmul it feeds, so an expe
 once and kept while it stays among the most recently used within ``budget_bytes`` of float32
 weights. The three projections of an expert are decoded together: routing selects experts,
 not single matrices.
+
+Spec: spec/model.md §14 "Engine use and fixtures".
 """
 
 from __future__ import annotations

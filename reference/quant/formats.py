@@ -3,6 +3,8 @@
 A container never stores the format of a tensor. The reader infers it from the byte sizes of
 the payload and of its ``.qs`` scale sidecar against the tensor's ``[O, I]`` shape, exactly
 as colibri's ``qt_resolve_fmt`` does; this module holds that arithmetic.
+
+Spec: spec/model.md §14.
 """
 
 from __future__ import annotations

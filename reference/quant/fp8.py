@@ -3,15 +3,16 @@
 The payload is ``[O, I]`` e4m3 bytes (bias 7, no infinities, ``0x7f``/``0xff`` are NaN). The
 scales are ``[ceil(O/128), ceil(I/128)]`` f32 and multiply (HF's ``weight_scale_inv`` is
 already the multiplier). A UE8M0 (power-of-two byte) scale grid is refused for GLM.
+
+Spec: spec/model.md §14 "fp8-e4m3-b128 (8)".
 """
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-from colibri.reference.quant.absmax import F32
 from colibri.reference.quant.formats import FP8_BLOCK, ceil_div
-from colibri.reference.quant.int_row import U8
+from colibri.reference.tensors import F32, U8
 
 #: Largest finite e4m3fn magnitude.
 E4M3_MAX = np.float32(448.0)

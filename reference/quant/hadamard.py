@@ -12,6 +12,8 @@ two dividing the remaining width (its lowest set bit), halved while above 32768,
 Arithmetic follows colibri's scalar loop in float32 (sign flip, ``u + v`` / ``u - v``
 butterflies with growing span, then a multiply by ``1 / sqrtf(n)``), so results are
 bit-identical to it.
+
+Spec: spec/model.md §14 "e8-iq3-lattice (6)".
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-
-F32 = npt.NDArray[np.float32]
+from colibri.reference.tensors import F32
 
 _MASK64 = (1 << 64) - 1
 _SIGN_MULTIPLIER = 2685821657736338717

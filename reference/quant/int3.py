@@ -4,14 +4,16 @@ Per group: a 16-byte low plane (bits 0-1 of element ``k`` at byte ``k >> 2``, sh
 ``(k & 3) * 2``) then an 8-byte high plane (bit 2 of element ``k`` at byte ``16 + (k >> 3)``,
 bit ``k & 7``). Stored ``u = q + 4`` with ``q`` in ``[-4, 3]`` and ``s = amax / 3``. Columns
 past the end of a short last group are zero bits, as colibri's packer leaves them.
+
+Spec: spec/model.md §14 "Integer formats (1-5)".
 """
 
 from __future__ import annotations
 
 import numpy as np
-from colibri.reference.quant.absmax import F32, absmax_scales, quantize_values
+from colibri.reference.quant.absmax import absmax_scales, quantize_values
 from colibri.reference.quant.formats import INT3_GROUP, INT3_GROUP_BYTES, ceil_div
-from colibri.reference.quant.int_row import U8
+from colibri.reference.tensors import F32, U8
 
 _LOW_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
 

@@ -2,14 +2,17 @@
 
 Scales are laid out ``[O, ceil(I/gs)]``; the last group of a row may be short. The group
 size is not stored: a reader derives it from the scale count (finest candidate first).
+
+Spec: spec/model.md §14 "Integer formats (1-5)".
 """
 
 from __future__ import annotations
 
 import numpy as np
-from colibri.reference.quant.absmax import F32, absmax_scales, quantize_values
+from colibri.reference.quant.absmax import absmax_scales, quantize_values
 from colibri.reference.quant.formats import ceil_div
-from colibri.reference.quant.int_row import U8, pack_nibbles, unpack_nibbles
+from colibri.reference.quant.int_row import pack_nibbles, unpack_nibbles
+from colibri.reference.tensors import F32, U8
 
 
 def _grouped(weights: F32, group_size: int) -> F32:

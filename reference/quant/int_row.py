@@ -8,16 +8,16 @@ pair is the low nibble):
   stored as ``u = q + 8``; an odd width pads the last high nibble with ``q = 0`` (``u = 8``).
 - int2: byte ``k`` holds columns ``4k+j`` at bits ``2j..2j+1``, stored as ``u = q + 2`` with
   ``q`` in ``[-2, 1]``; missing columns of the last byte are zero bits.
+
+Spec: spec/model.md §14 "Integer formats (1-5)".
 """
 
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
-from colibri.reference.quant.absmax import F32, absmax_scales, quantize_values
+from colibri.reference.quant.absmax import absmax_scales, quantize_values
 from colibri.reference.quant.formats import ceil_div
-
-U8 = npt.NDArray[np.uint8]
+from colibri.reference.tensors import F32, U8
 
 
 def pack_nibbles(u: U8) -> U8:

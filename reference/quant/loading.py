@@ -4,6 +4,8 @@ A directory holding any ``.qs`` sidecar is a colibri container: its routed exper
 :class:`QuantizedExpertStore` (dequantized on first use, kept in a byte-bounded LRU) and every
 expert's format is resolved at load time, so a bad container is refused before the first token.
 Quantized dense weights are dequantized once by the engine's ``TensorLoader``.
+
+Spec: spec/model.md §14 "Engine use and fixtures".
 """
 
 from __future__ import annotations

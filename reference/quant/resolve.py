@@ -6,6 +6,8 @@ Every format whose payload AND scale sizes both fit is a candidate. Unstamped ti
 colibri does: int8-row over fp8 (the fmt1/fmt8 byte collision), int4-grouped over int4-row,
 row formats over int3-g64; an e8 vs fp8 tie (width 98) is refused. A stamp must name one of
 the candidates and then decides. Anything else is refused with the tensor named.
+
+Spec: spec/model.md §14 "Format resolution".
 """
 
 from __future__ import annotations

@@ -222,11 +222,15 @@ describe("colibri dashboard", () => {
     await page.waitForSelector("text=Import failed: Unknown format");
   });
 
-  it("System One and the atlas say they are not available on this server", async () => {
+  it("System One answers on this server; the atlas says none was written", async () => {
     await goto("systemone");
     await page.click("[data-testid=s1-ask]");
-    await page.waitForSelector("[data-testid=s1-absent]");
-    await shoot("systemone-absent-desktop");
+    // the server scores the default options through the engine's logprob channel
+    await page.waitForSelector("[data-testid=s1-result]");
+    const shown = await page.textContent("[data-testid=s1-result]");
+    assert.ok(shown.includes("yes") && shown.includes("no"), shown);
+    assert.equal(await page.$("[data-testid=s1-absent]"), null);
+    await shoot("systemone-result-desktop");
     await goto("brain");
     await page.click("[data-testid=tab-explore]");
     await page.waitForSelector("[data-testid=atlas-empty]");

@@ -1,0 +1,62 @@
+"""``colibri plan``: RAM/VRAM budgets, bytes per expert per format, KV per token and per slot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="memory plan for the expert tiers and KV slots of a model on this machine")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--model", type=Path, default=None,
+                       help="model directory or a config.json (default: the embedded model)")
+    where.add_argument("--config", default=None, metavar="NAME",
+                       help="a shipped config, e.g. glm5-744b (the real GLM-5 sizes)")
+    parser.add_argument("--ctx", type=int, default=None,
+                        help="context length (default: min(4096, max_position_embeddings))")
+    parser.add_argument("--kv-slots", type=int, default=None,
+                        help="KV slots to budget (default: $COLI_KV_SLOTS or 1)")
+    parser.add_argument("--ram", type=float, default=None, metavar="GB",
+                        help="RAM budget in GB (default: 0.88 x MemAvailable)")
+    parser.add_argument("--vram", type=float, default=None, metavar="GB",
+                        help="expert-tier VRAM budget in GB (default: free - 2 GB per GPU)")
+    parser.add_argument("--usage", type=Path, default=None,
+                        help="a .coli_usage or STATS dump: suggest the pin set from it")
+    parser.add_argument("--format", default="bf16", dest="expert_format",
+                        help="expert format to size a plan from a config alone (int4-g64, "
+                        "fp8-e4m3-b128, e8-iq3-lattice, ...); measured weights win")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=run)
+
+
+def model_path(args: argparse.Namespace) -> Path:
+    from colibri import resources
+    from colibri.plan import shipped_config
+
+    if args.config:
+        return shipped_config(args.config)
+    return args.model if args.model is not None else resources.default_model_dir()
+
+
+def run(args: argparse.Namespace) -> int:
+    from colibri.plan import PlanError, Request, build, format_plan
+
+    try:
+        slots = args.kv_slots if args.kv_slots is not None else int(
+            os.environ.get("COLI_KV_SLOTS", "1"))
+        plan = build(model_path(args), Request(args.ctx, slots, args.ram, args.vram,
+                                               args.usage, args.expert_format))
+    except (PlanError, ValueError) as exc:
+        print(f"colibri plan: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(plan, indent=2))
+    else:
+        for line in format_plan(plan):
+            print(line)
+    return 0

@@ -1,0 +1,116 @@
+"""`colibri plan` (spec/plan.md) and doctor's model checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from colibri import resources
+from colibri.doctor import check_model
+from colibri.plan import PlanError, Request, build, environment_for_plan, shipped_config
+
+HOST = {"MemAvailable": 100 * 10**9}
+GLM5 = shipped_config("glm5-744b")
+
+
+def test_glm5_config_alone() -> None:
+    plan = build(GLM5, Request(ctx=8192, kv_slots=2, expert_format="int4-g64"), HOST, [])
+    assert plan["schema_version"] == 1
+    assert plan["model"]["routed_experts"] == 76 * 256 == 19456  # 75 MoE layers + MTP
+    # 79 attention layers (78 + MTP) x (512 latent + 64 rope + 128 indexer key) floats
+    assert plan["kv"]["bytes_per_token"] == 79 * (512 + 64 + 128) * 4
+    assert plan["kv"]["bytes_per_slot"] == 8192 * plan["kv"]["bytes_per_token"]
+    # int4-g64: 4-bit payload + one f32 scale per 64 inputs, gate/up [2048, 6144], down [6144, 2048]
+    expected = 2 * (2048 * 3072 + 4 * 2048 * 96) + (6144 * 1024 + 4 * 6144 * 32)
+    assert plan["expert_bytes"]["int4-g64"] == expected == 21_233_664
+    assert plan["expert_bytes"]["bf16"] == 3 * 2048 * 6144 * 2
+    ram = plan["tiers"]["ram"]
+    assert ram["budget_bytes"] == int(0.88 * HOST["MemAvailable"])
+    assert ram["expert_cache_bytes"] == ram["budget_bytes"] - ram["dense_bytes"] - ram[
+        "runtime_bytes"]
+    assert ram["cache_slots_per_layer"] == ram["expert_cache_bytes"] // (expected * 76)
+
+
+def test_more_ram_fits_more_and_slots_cost_kv() -> None:
+    small = build(GLM5, Request(ram_gb=200, expert_format="int4-g64"), HOST, [])
+    big = build(GLM5, Request(ram_gb=600, expert_format="int4-g64"), HOST, [])
+    assert big["tiers"]["ram"]["warm_experts"] > small["tiers"]["ram"]["warm_experts"]
+    assert big["projected_hit_rate"] == 1.0 > small["projected_hit_rate"]
+    one = build(GLM5, Request(ram_gb=200, kv_slots=1), HOST, [])
+    four = build(GLM5, Request(ram_gb=200, kv_slots=4), HOST, [])
+    assert (four["tiers"]["ram"]["runtime_bytes"] - one["tiers"]["ram"]["runtime_bytes"]
+            == 3 * one["kv"]["bytes_per_slot"])
+    gpu = [{"index": 0, "name": "H200", "total_bytes": 141 * 10**9,
+            "free_bytes": 140 * 10**9, "usable_bytes": 138 * 10**9}]
+    hot = build(GLM5, Request(ram_gb=200, expert_format="int4-g64"), HOST, gpu)
+    assert hot["tiers"]["vram"]["hot_experts"] == 138 * 10**9 // 21_233_664
+
+
+def test_pin_set_from_a_usage_file(tmp_path: Path) -> None:
+    usage = tmp_path / "stats.txt"
+    usage.write_text("-1 5 8\n-2 1 3815245270\n3 1 5\n4 7 9\n3 0 9\n4 2 1\n")
+    plan = build(resources.default_model_dir(), Request(usage=usage), HOST, [])
+    assert plan["pin"]["experts"][:3] == ["3:0", "4:7", "3:1"]  # ties: lower layer first
+    assert plan["env"]["PIN"] == str(usage)
+    usage.write_text("3 x 1\n")
+    with pytest.raises(PlanError, match="corrupt"):
+        build(resources.default_model_dir(), Request(usage=usage), HOST, [])
+
+
+def test_auto_tier_environment_never_overrides() -> None:
+    plan = build(resources.default_model_dir(), Request(), HOST, [])
+    env = environment_for_plan(plan, {"CTX": "512"})
+    assert env["CTX"] == "512" and env["RAM_GB"] == plan["env"]["RAM_GB"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "colibri", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_cli_text_json_and_named_errors(tmp_path: Path) -> None:
+    done = run_cli("plan", "--config", "glm5-744b", "--format", "int4-g64", "--json")
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["schema_version"] == 1
+    done = run_cli("plan")
+    assert done.returncode == 0 and "KV " in done.stdout and "env RAM_GB=" in done.stdout
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    done = run_cli("plan", "--model", str(tmp_path))
+    assert done.returncode == 1 and "cannot read" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = run_cli("plan", "--config", "nope")
+    assert done.returncode == 1 and "no shipped config named 'nope'" in done.stderr
+    done = run_cli("plan", "--format", "int5")
+    assert done.returncode == 1 and "unknown expert format" in done.stderr
+
+
+def test_doctor_model_checks(tmp_path: Path) -> None:
+    ok = {c.id: c.status for c in check_model(resources.default_model_dir())}
+    assert ok == {"model_config": "ok", "model_weights": "ok", "model_formats": "ok"}
+    assert {c.id: c.status for c in check_model(GLM5)}["model_weights"] == "warn"
+    broken = tmp_path / "m"
+    shutil.copytree(resources.default_model_dir(), broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    got = {c.id: c for c in check_model(broken)}
+    assert got["model_weights"].status == "fail" and "truncated" in got["model_weights"].summary
+    weights.unlink()
+    (broken / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"x": "model-00001-of-00002.safetensors"}}))
+    (broken / "other.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
+    got = {c.id: c for c in check_model(broken)}
+    assert got["model_weights"].status == "fail" and "missing" in got["model_weights"].summary
+    assert check_model(tmp_path / "absent")[0].status == "fail"
+
+
+def test_doctor_json_keeps_schema_version_and_adds_the_plan() -> None:
+    done = run_cli("doctor", "--json")
+    doc = json.loads(done.stdout)
+    assert doc["schema_version"] == 1 and doc["model"] and doc["plan"]["kv_slots_that_fit"] >= 1
+    assert {"model_config", "model_weights", "model_formats"} <= {c["id"] for c in doc["checks"]}
