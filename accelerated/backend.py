@@ -17,20 +17,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-import numpy.typing as npt
 from colibri.accelerated.kernels import KernelError
 from colibri.accelerated.model import Model, open_model
 from colibri.accelerated.native import LibraryNotBuilt
-from colibri.reference.backend import model_fingerprint
-from colibri.reference.config import ModelConfig
+from colibri.reference.backend import KVStateBackend, model_fingerprint
 from colibri.reference.expert_store import TieredExpertStore
-from colibri.reference.kv_cache import KVState
-from colibri.reference.kv_codec import ReferenceKvCodec
 
 from colibri.engine.backend import (
-    Device,
-    Draft,
-    KvRecord,
     Step,
     StepRow,
     StepTiming,
@@ -38,14 +31,12 @@ from colibri.engine.backend import (
 from colibri.engine.registry import BackendOptions, BackendUnavailable
 
 
-class AcceleratedBackend:
+class AcceleratedBackend(KVStateBackend):
     name = "accelerated"
 
     def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
+        super().__init__(model, store, model_tag)
         self.model = model
-        self._tag = model_tag
-        self._codec = ReferenceKvCodec(model.new_state())
-        self._tiers = store
         model.store = store
 
     @property
@@ -56,57 +47,12 @@ class AcceleratedBackend:
         isa = self.model.kernels.isa
         return f"colibri {__version__}; kernels {isa}; numpy {np.__version__}; {platform.machine()}"
 
-    @property
-    def shape(self) -> ModelConfig:
-        return self.model.config
-
-    @property
-    def model_tag(self) -> int:
-        return self._tag
-
-    @property
-    def has_mtp(self) -> bool:
-        return self.model.mtp is not None
-
-    @property
-    def kv_record(self) -> KvRecord:
-        return KvRecord(self._codec.record_floats, self._codec.indexer_layers)
-
-    @property
-    def tiers(self) -> TieredExpertStore:
-        return self._tiers
-
-    def new_state(self) -> KVState:
-        return self.model.new_state()
-
-    def length(self, state: Any) -> int:
-        assert isinstance(state, KVState)
-        return state.length
-
-    def truncate(self, state: Any, n: int) -> None:
-        assert isinstance(state, KVState)
-        state.truncate(n)
-
     def step(self, rows: Sequence[StepRow]) -> Step:
         started = time.perf_counter()
         logits, routes = self.model.forward_rows(
             [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
         )
         return Step(logits, routes, StepTiming(total_s=time.perf_counter() - started))
-
-    def draft(self, state: Any, token: int) -> Draft:
-        assert isinstance(state, KVState)
-        logits, routes = self.model.mtp_draft_routed(state, token)
-        return Draft(logits, routes)
-
-    def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
-        return self._codec.export_rows(state, start, stop)
-
-    def import_kv(self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]) -> None:
-        self._codec.restore(state, tokens, rows)
-
-    def devices(self) -> list[Device]:
-        return []
 
     def close(self) -> None:
         self.model.close()

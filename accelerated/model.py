@@ -40,7 +40,7 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
+from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, step_positions
 from colibri.reference.safetensors import Checkpoint
 
 I32 = npt.NDArray[np.int32]
@@ -231,18 +231,8 @@ class Model:
         if m == 0:
             return (np.zeros((0, cfg.vocab_size), np.float32),
                     np.zeros((0, 0, cfg.num_experts_per_tok), np.int32))
-        ahead: dict[int, int] = {}
-        positions: list[int] = []
-        for s in states:
-            offset = ahead.get(id(s), 0)
-            positions.append(s.length + offset)
-            ahead[id(s)] = offset + 1
+        positions = step_positions(list(states))
         x = self._embed(tokens)
-        needed: dict[int, tuple[KVState, int]] = {}
-        for s, p in zip(states, positions, strict=True):
-            needed[id(s)] = (s, max(p + 1, needed.get(id(s), (s, 0))[1]))
-        for s, capacity in needed.values():
-            s.reserve(capacity)
         keeps: list[I64 | None] = [None] * m
         rope = self._rope(positions)
         routes: list[I32] = []

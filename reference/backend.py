@@ -11,7 +11,7 @@ import platform
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -62,19 +62,35 @@ def reference_build() -> str:
     return f"colibri {__version__}; numpy {np.__version__}; {platform.machine()}"
 
 
-class ReferenceBackend:
-    name = "reference"
-    build = reference_build()
+class KVStateModel(Protocol):
+    """What :class:`KVStateBackend` needs of a model: the reference's, or any model that keeps
+    its cache in :class:`KVState` (the accelerated engine's does, so both share the COLIKV1
+    codec and ``.coli_kv`` files)."""
 
-    def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
-        self.model = model
+    @property
+    def config(self) -> ModelConfig: ...
+    @property
+    def mtp(self) -> object | None: ...
+    def new_state(self) -> KVState: ...
+    def mtp_draft_routed(
+        self, state: KVState, token: int
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]: ...
+
+
+class KVStateBackend:
+    """The seam's bookkeeping for a backend whose states are :class:`KVState`: shape, model
+    tag, KV record layout and codec, tiers, state length/truncation, MTP drafts, no devices.
+    A backend adds ``name``, ``build``, ``step`` and ``close``."""
+
+    def __init__(self, model: KVStateModel, store: TieredExpertStore, model_tag: int) -> None:
+        self._kv_model = model
         self.store = store
         self._tag = model_tag
         self._codec = ReferenceKvCodec(model.new_state())
 
     @property
     def shape(self) -> ModelConfig:
-        return self.model.config
+        return self._kv_model.config
 
     @property
     def model_tag(self) -> int:
@@ -82,7 +98,7 @@ class ReferenceBackend:
 
     @property
     def has_mtp(self) -> bool:
-        return self.model.mtp is not None
+        return self._kv_model.mtp is not None
 
     @property
     def kv_record(self) -> KvRecord:
@@ -93,7 +109,7 @@ class ReferenceBackend:
         return self.store
 
     def new_state(self) -> KVState:
-        return self.model.new_state()
+        return self._kv_model.new_state()
 
     def length(self, state: Any) -> int:
         assert isinstance(state, KVState)
@@ -102,6 +118,29 @@ class ReferenceBackend:
     def truncate(self, state: Any, n: int) -> None:
         assert isinstance(state, KVState)
         state.truncate(n)
+
+    def draft(self, state: Any, token: int) -> Draft:
+        assert isinstance(state, KVState)
+        logits, routes = self._kv_model.mtp_draft_routed(state, token)
+        return Draft(logits, routes)
+
+    def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
+        return self._codec.export_rows(state, start, stop)
+
+    def import_kv(self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]) -> None:
+        self._codec.restore(state, tokens, rows)
+
+    def devices(self) -> list[Device]:
+        return []  # both compute on the CPU: HWINFO counts no devices, GPUS is `GPUS 0`
+
+
+class ReferenceBackend(KVStateBackend):
+    name = "reference"
+    build = reference_build()
+
+    def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
+        super().__init__(model, store, model_tag)
+        self.model = model
 
     def step(self, rows: Sequence[StepRow]) -> Step:
         clock = self.model.clock
@@ -114,20 +153,6 @@ class ReferenceBackend:
         return Step(
             logits, routes, StepTiming(total, clock.matmul_s, clock.attention_s, clock.head_s)
         )
-
-    def draft(self, state: Any, token: int) -> Draft:
-        assert isinstance(state, KVState)
-        logits, routes = self.model.mtp_draft_routed(state, token)
-        return Draft(logits, routes)
-
-    def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
-        return self._codec.export_rows(state, start, stop)
-
-    def import_kv(self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]) -> None:
-        self._codec.restore(state, tokens, rows)
-
-    def devices(self) -> list[Device]:
-        return []  # numpy computes on the CPU: HWINFO counts no devices, GPUS is `GPUS 0`
 
     def close(self) -> None:
         pass

@@ -135,3 +135,23 @@ class KVState:
             for name in layer.widths:
                 layer.arrays[name][:n] = arrays[f"layers.{i}.{name}"]
         self.tokens.extend(int(t) for t in tokens)
+
+
+def step_positions(states: list[KVState]) -> list[int]:
+    """The position of every row of one engine step, with room reserved for it (spec §10).
+
+    A state may appear in several rows (a prefill is rows of one state): its rows take its
+    next positions in row order. Every state's cache grows once, to its last row's position.
+    """
+    ahead: dict[int, int] = {}
+    positions: list[int] = []
+    for s in states:
+        offset = ahead.get(id(s), 0)
+        positions.append(s.length + offset)
+        ahead[id(s)] = offset + 1
+    needed: dict[int, tuple[KVState, int]] = {}
+    for s, p in zip(states, positions, strict=True):
+        needed[id(s)] = (s, max(p + 1, needed.get(id(s), (s, 0))[1]))
+    for s, capacity in needed.values():
+        s.reserve(capacity)
+    return positions
