@@ -40,7 +40,7 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, step_positions
+from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
 from colibri.reference.safetensors import Checkpoint
 
 I32 = npt.NDArray[np.int32]
@@ -371,21 +371,12 @@ class Model:
         return self.mtp_draft_routed(state, token)[0]
 
     def mtp_draft_routed(self, state: KVState, token: int) -> tuple[F32, I32]:
-        if self.mtp_layer is None or state.mtp is None:
+        if self.mtp_layer is None:
             raise ValueError("this model has no MTP head")
-        if state.length == 0:
-            raise ValueError("mtp_draft needs a state with at least one position")
+        positions, next_tokens, slots = mtp_rows(state, token)
         cfg, k = self.config, self.kernels
         cache = state.mtp
-        last = state.length - 1
-        if cache.start is None:
-            cache.start = last
-            cache.length = 0
-        first = cache.start + min(cache.length, last - cache.start)
-        positions = list(range(first, last + 1))
-        next_tokens = [state.tokens[i + 1] for i in positions[:-1]] + [int(token)]
-        slots = [p - cache.start for p in positions]
-        cache.layer.reserve(slots[-1] + 1)
+        assert cache is not None
         eps = cfg.rms_norm_eps
         e = k.rms_norm(self._embed(next_tokens), self.enorm, eps)
         hidden = np.ascontiguousarray(state.hidden[positions])

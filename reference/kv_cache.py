@@ -155,3 +155,28 @@ def step_positions(states: list[KVState]) -> list[int]:
     for s, capacity in needed.values():
         s.reserve(capacity)
     return positions
+
+
+def mtp_rows(state: KVState, token: int) -> tuple[list[int], list[int], list[int]]:
+    """What an MTP draft forwards (spec §9): the positions, the next token of each, and each
+    one's slot in the MTP cache, whose room is reserved here.
+
+    The MTP cache fills lazily from the first position drafted at: it is rebuilt from its
+    first missing entry, and the entry for the last position is always recomputed because
+    its token may differ from an earlier draft at the same position.
+    """
+    cache = state.mtp
+    if cache is None:
+        raise ValueError("this model has no MTP head")
+    if state.length == 0:
+        raise ValueError("mtp_draft needs a state with at least one position")
+    last = state.length - 1
+    if cache.start is None:
+        cache.start = last
+        cache.length = 0
+    first = cache.start + min(cache.length, last - cache.start)
+    positions = list(range(first, last + 1))
+    next_tokens = [state.tokens[i + 1] for i in positions[:-1]] + [int(token)]
+    slots = [p - cache.start for p in positions]
+    cache.layer.reserve(slots[-1] + 1)
+    return positions, next_tokens, slots

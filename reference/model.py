@@ -19,7 +19,7 @@ import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, MappedExpertStore
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, step_positions
+from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
 from colibri.reference.layer import LayerContext, cache_widths, full_sequence_layer, row_layer
 from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
 from colibri.reference.norms import rms_norm
@@ -215,22 +215,11 @@ class Model:
     def mtp_draft_routed(self, state: KVState, token: int) -> tuple[F32, I32]:
         """``mtp_draft`` and the experts the MTP layer chose for every position it forwarded
         ([positions, k]: the MTP cache fills lazily, so a draft may forward several)."""
-        if self.mtp is None or state.mtp is None:
+        if self.mtp is None:
             raise ValueError("this model has no MTP head")
-        if state.length == 0:
-            raise ValueError("mtp_draft needs a state with at least one position")
+        positions, next_tokens, slots = mtp_rows(state, token)
         cache = state.mtp
-        last = state.length - 1
-        if cache.start is None:
-            cache.start = last
-            cache.length = 0
-        # Rebuild from the first missing entry; the entry for `last` is always recomputed
-        # because its token may differ from an earlier draft at the same position.
-        first = cache.start + min(cache.length, last - cache.start)
-        positions = list(range(first, last + 1))
-        next_tokens = [state.tokens[i + 1] for i in positions[:-1]] + [int(token)]
-        slots = [p - cache.start for p in positions]
-        cache.layer.reserve(slots[-1] + 1)
+        assert cache is not None
         e, g = mtp_input(self._embed(next_tokens), state.hidden[positions], self.final_norm,
                          self.mtp, self.config.rms_norm_eps)
         z = row_matmul(concat_halves(e, g), self.mtp.eh_proj)
