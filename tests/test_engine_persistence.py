@@ -394,7 +394,7 @@ def test_another_writer_is_re_prefilled_never_mixed(
 def test_a_file_without_a_writer_is_re_prefilled(tmp_path: Path) -> None:
     """colibri writes no sidecar: its rows are another backend's."""
     path = tmp_path / ".coli_kv"
-    _write(path, KvLayout(**{**LAYOUT.__dict__, "tag": 0}), [3, 4, 5], _rows(3))
+    _write(path, dataclasses.replace(LAYOUT, tag=0), [3, 4, 5], _rows(3))
     writer_file(path).unlink()
     resumer = _fake()
     run = run_engine([submit(1, 0, ids(3, 4, 5, 6), 2, ext="ids=1")], model=resumer,
