@@ -16,8 +16,9 @@ with ``u = 2**-24`` (float32 unit roundoff), ``n`` the longest reduction of the 
 pass (:func:`reduction_length`) and ``s`` the model's logit scale, the largest absolute
 logit of its oracle (``max |oracle_logits|``). Reordering a sum of ``n`` float32 terms of
 magnitude ``s`` moves it by about ``u * sqrt(n) * s`` (rounding errors behave like a random
-walk; Higham, *Accuracy and Stability of Numerical Algorithms*, on summation); the factor covers the depth of the network (every layer adds its own reordering
-error to the residual stream) and was measured, not guessed: spec/model.md §15 gives the
+walk; Higham, *Accuracy and Stability of Numerical Algorithms*, on summation); the factor
+covers the depth of the network (every layer adds its own reordering error to the residual
+stream) and was measured, not guessed: spec/model.md §15 gives the
 numbers. A logprob is ``z_i - logsumexp(z)``; each term moves by at most ``tau_logit``,
 hence the factor 2.
 """
