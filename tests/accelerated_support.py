@@ -4,6 +4,7 @@ is not built, and cached fixture models for both engines."""
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import pytest
 from colibri.reference import Model as ReferenceModel
@@ -40,3 +41,20 @@ def accelerated(name: str, threads: int = 2):  # type: ignore[no-untyped-def]
     from colibri.accelerated import load_model
 
     return load_model(fixture_model_dir(name), threads=threads)
+
+
+def assert_decode_batch_invariant(m: object, prompts: list[list[int]], token: int = 42) -> None:
+    """Each prompt's next-token logits are the same bytes decoded alone and inside one batch
+    of all of them (sameness kind (c), spec/model.md §15)."""
+    model: Any = m
+    alone = []
+    for p in prompts:
+        s = model.new_state()
+        model.prefill(s, p)
+        alone.append(model.decode(s, token))
+    states = [model.new_state() for _ in prompts]
+    for s, p in zip(states, prompts, strict=True):
+        model.prefill(s, p)
+    batched = model.decode_batch(states, [token] * len(prompts))
+    for i in range(len(prompts)):
+        assert batched[i].tobytes() == alone[i].tobytes(), f"row {i} differs in the batch"

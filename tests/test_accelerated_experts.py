@@ -9,7 +9,13 @@ import mmap
 
 import numpy as np
 import pytest
-from accelerated_support import BUILT, NOT_BUILT_REASON, QUANT_FIXTURES, accelerated
+from accelerated_support import (
+    BUILT,
+    NOT_BUILT_REASON,
+    QUANT_FIXTURES,
+    accelerated,
+    assert_decode_batch_invariant,
+)
 
 from colibri.resources import fixture_model_dir
 
@@ -58,17 +64,7 @@ def test_row_is_byte_identical_alone_and_in_a_batch_of_six(name: str, threads: i
     m = accelerated(name, threads=threads)
     prompts = [[3, 14, 159, 26, 53], [7, 8, 9], [200, 11, 77, 240, 5, 99, 1, 2], [4],
                [9, 9, 9, 9], [61, 62]]
-    alone = []
-    for p in prompts:
-        s = m.new_state()
-        m.prefill(s, p)
-        alone.append(m.decode(s, 42))
-    states = [m.new_state() for _ in prompts]
-    for s, p in zip(states, prompts, strict=True):
-        m.prefill(s, p)
-    batched = m.decode_batch(states, [42] * len(prompts))
-    for i in range(len(prompts)):
-        assert batched[i].tobytes() == alone[i].tobytes()
+    assert_decode_batch_invariant(m, prompts)
 
 
 @pytest.mark.parametrize("name", ["glm5-tiny-int4g64", "glm5-tiny-e8"])

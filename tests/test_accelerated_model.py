@@ -18,6 +18,7 @@ from accelerated_support import (
     BUILT,
     NOT_BUILT_REASON,
     accelerated,
+    assert_decode_batch_invariant,
     reference,
 )
 from colibri.conformance.sameness import Tolerance, max_excess
@@ -90,17 +91,7 @@ def test_logits_are_byte_identical_for_1_2_and_4_threads(name: str) -> None:
 def test_a_row_is_byte_identical_alone_and_inside_a_batch(name: str) -> None:
     m = accelerated(name)
     prompts = [[3, 14, 159, 26, 53, 58], [7, 8, 9], [200, 11, 77, 240, 5, 99, 1, 2]]
-    alone = []
-    for p in prompts:
-        s = m.new_state()
-        m.prefill(s, p)
-        alone.append(m.decode(s, 42))
-    states = [m.new_state() for _ in prompts]
-    for s, p in zip(states, prompts, strict=True):
-        m.prefill(s, p)
-    batched = m.decode_batch(states, [42] * len(prompts))
-    for i in range(len(prompts)):
-        assert batched[i].tobytes() == alone[i].tobytes()
+    assert_decode_batch_invariant(m, prompts)
 
 
 def test_prefill_chunking_is_byte_identical() -> None:
