@@ -34,6 +34,7 @@ PROTOCOL_EXPECTATIONS = frozenset(
         "interleave",
         "logprobs",
         "state_files",
+        "file",
         "invariant",
     }
 )
