@@ -359,6 +359,7 @@ def body_schema(method: str, path: str, response: Response) -> str | None:
         "/v1/completions": ("completion.json", "completion_chunk.json"),
         "/v1/messages": ("message.json", "message_stream_event.json"),
         "/v1/systemone": ("systemone.json", "systemone.json"),
+        "/v1/messages/count_tokens": ("count_tokens.json", "count_tokens.json"),
     }
     if method == "POST" and path in posts:
         return posts[path][1 if response.is_sse else 0]

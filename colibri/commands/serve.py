@@ -85,6 +85,17 @@ def auto_tier(model_dir: Path, kv_slots: int, usage: Path | None, env: dict[str,
     return out
 
 
+def served_tokenizer(model: str | None, engine_cmd: str | None) -> str | None:
+    """The tokenizer.json of the model the engine serves, when this process knows it: an
+    `--engine-cmd` without `--model` may serve any model, so its tokenizer is unknown."""
+    from colibri import resources
+
+    if model is None and engine_cmd:
+        return None
+    path = Path(model or resources.default_model_dir()) / "tokenizer.json"
+    return str(path) if path.is_file() else None
+
+
 def cors_origins(values: list[str]) -> tuple[str, ...]:
     from colibri.server.context import DEFAULT_CORS_ORIGINS
 
@@ -125,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         web_dist=os.environ.get("COLI_WEB_DIST"),
         max_connections=int(os.environ.get("COLI_MAX_CONNECTIONS", "64")),
         max_connections_per_ip=int(os.environ.get("COLI_MAX_CONNECTIONS_PER_IP", "8")),
-        read_deadline_s=float(os.environ.get("COLI_READ_DEADLINE", "30")))
+        read_deadline_s=float(os.environ.get("COLI_READ_DEADLINE", "30")),
+        tokenizer_path=served_tokenizer(args.model, args.engine_cmd))
     try:
         validate(config, args.port)
     except ConfigError as exc:
