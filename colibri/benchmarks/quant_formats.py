@@ -44,6 +44,7 @@ def container_for(base: Path, scheme: str, cache_dir: Path) -> tuple[Path, float
     """The container of ``base`` with ``scheme`` experts (converted once, then reused)."""
     if scheme == "f32":
         return base, None
+    from colibri.commands.progress import byte_progress
     from colibri.reference.quant.convert import convert
 
     target = cache_dir / f"{base.name}-{scheme}"
@@ -56,7 +57,11 @@ def container_for(base: Path, scheme: str, cache_dir: Path) -> tuple[Path, float
             path.unlink()
         target.rmdir()
     t0 = time.perf_counter()
-    report = convert(base, target, scheme, progress=sys.stderr)
+    advance, close = byte_progress(f"convert {scheme}")
+    try:
+        report = convert(base, target, scheme, progress=advance)
+    finally:
+        close()
     seconds = time.perf_counter() - t0
     done.write_text(json.dumps({**report.as_dict(), "convert_s": seconds}, indent=2) + "\n")
     return target, seconds
