@@ -134,7 +134,6 @@ def run_layers(args: argparse.Namespace) -> int:
 
 def run_diff(args: argparse.Namespace) -> int:
     from colibri.conformance.layer_diff import DumpError, diff, load
-
     from colibri.resources import fixtures_dir
 
     golden_path = args.golden
