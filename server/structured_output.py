@@ -51,8 +51,11 @@ def constrain_output(
             try:
                 check_grammar(json.dumps(params))
             except GrammarError as exc:
-                raise bad(f"Tool `parameters` cannot be enforced: {exc}",
-                          parameters_param(i, tool), "invalid_value") from None
+                param = parameters_param(i, tool)
+                # The field's own name in the message: Anthropic errors carry no `param`.
+                field = param.rsplit(".", 1)[-1]
+                raise bad(f"Tool `{field}` cannot be enforced: {exc}", param,
+                          "invalid_value") from None
         required = spec.forced is not None or spec.choice == "required"
         shaping.grammar = tool_envelope(spec.functions, required, thinking, answer).encode()
     elif answer is not None and thinking:
