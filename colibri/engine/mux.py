@@ -91,6 +91,9 @@ class MuxEngine:
         self.step_log: list[tuple[int, float]] = []
         self.grammar_vocabulary: GrammarVocabulary | None = None
         self.masks = MaskOverlap(runtime.settings.grammar_overlap)
+        #: Seconds the loop's own thread spent on grammars (masking, consuming, waiting for
+        #: the mask worker): what `colibri bench`'s grammar section reports per token.
+        self.grammar_seconds = 0.0
 
     # --- handshake -------------------------------------------------------------------
 
@@ -365,17 +368,26 @@ class MuxEngine:
         Under a grammar the token is drawn from the masked row; logprobs stay those of the
         raw row (spec/protocol.md 2.7)."""
         matcher = request.matcher
-        allowed = row if matcher is None else matcher.apply(row)
-        token = pick(allowed, request.temperature, request.top_p, request.rng)
+        if matcher is None:
+            token = pick(row, request.temperature, request.top_p, request.rng)
+            complete = False
+        else:
+            started = time.perf_counter()
+            masked = matcher.apply(row)
+            masked_at = time.perf_counter()
+            token = pick(masked, request.temperature, request.top_p, request.rng)
+            picked_at = time.perf_counter()
+            if token not in self.rt.mux_stops:
+                matcher.consume(token)
+            complete = matcher.complete()
+            self.grammar_seconds += masked_at - started + time.perf_counter() - picked_at
         if token in self.rt.mux_stops:
             self.finish(request, length_limited=False)
             return
-        if matcher is not None:
-            matcher.consume(token)
         self.emit(request, token, row)
         if request.emitted >= request.maximum:
             self.finish(request, length_limited=True)
-        elif matcher is not None and matcher.complete():
+        elif complete:
             self.finish(request, length_limited=False)
         else:
             request.pending = token
@@ -428,8 +440,10 @@ class MuxEngine:
         try:
             step = self.rt.forward(rows, [r.rid for _, r in ready])
         finally:
-            elapsed = time.perf_counter() - started
+            done = time.perf_counter()
+            elapsed = done - started
             self.masks.wait(pending_masks)
+            self.grammar_seconds += time.perf_counter() - done
         logits = step.logits
         elapsed_ms = elapsed * 1000.0
         self.step_log.append((len(ready), elapsed))
