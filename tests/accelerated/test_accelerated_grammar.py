@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 from support.accelerated_support import needs_library
 from support.engine_harness import run_engine, submit
+from support.grammar_cases import PERSON, PROMPT
 
 from colibri import resources
 from colibri.text.tool_grammar import tool_envelope
@@ -22,17 +23,6 @@ from colibri.text.tool_grammar import tool_envelope
 pytestmark = needs_library
 
 MODEL = resources.default_model_dir()
-PROMPT = b"[gMASK]<sop><|user|>Describe a person.<|assistant|><think></think>"
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "name": "get_weather",
     "parameters": {

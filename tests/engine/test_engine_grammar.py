@@ -15,22 +15,12 @@ from hypothesis import strategies as st
 from support.engine_fakes import ByteTokenizer
 from support.engine_harness import EngineRun, run_engine, submit
 from support.engine_waves import comparable
+from support.grammar_cases import PERSON, PROMPT
 
 from colibri import resources
 from colibri.protocol import parse_line
 
 MODEL = resources.default_model_dir()
-PROMPT = b"[gMASK]<sop><|user|>Describe a person.<|assistant|><think></think>"
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
 
 
 def reply(

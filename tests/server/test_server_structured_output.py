@@ -54,10 +54,11 @@ def server() -> Iterator[LiveServer]:
     live.stop()
 
 
-def post(server: LiveServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def post(server: LiveServer, body: dict[str, Any],
+         path: str = "/v1/chat/completions") -> tuple[int, dict[str, Any]]:
     client = tornado.httpclient.HTTPClient()
     try:
-        response = client.fetch(server.url + "/v1/chat/completions", method="POST",
+        response = client.fetch(server.url + path, method="POST",
                                 body=json.dumps(body), raise_error=False,
                                 headers={"Content-Type": "application/json"},
                                 request_timeout=120)
@@ -191,18 +192,6 @@ def test_with_thinking_the_format_applies_after_the_reasoning(
     assert check(choice["message"]["content"])
 
 
-def anthropic(server: LiveServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    client = tornado.httpclient.HTTPClient()
-    try:
-        response = client.fetch(server.url + "/v1/messages", method="POST",
-                                body=json.dumps(body), raise_error=False,
-                                headers={"Content-Type": "application/json"},
-                                request_timeout=120)
-    finally:
-        client.close()
-    return response.code, json.loads(response.body)
-
-
 ANTHROPIC_WEATHER = {"name": "get_weather", "strict": True,
                      "input_schema": WEATHER["function"]["parameters"]}  # type: ignore[index]
 
@@ -210,9 +199,10 @@ ANTHROPIC_WEATHER = {"name": "get_weather", "strict": True,
 @pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
 def test_anthropic_strict_tool_input_follows_the_schema(
         server: LiveServer, choice: dict[str, Any]) -> None:
-    code, body = anthropic(server, {
+    code, body = post(server, {
         "model": "m", "max_tokens": 200, "temperature": 0, "tools": [ANTHROPIC_WEATHER],
-        "tool_choice": choice, "messages": [{"role": "user", "content": "Weather?"}]})
+        "tool_choice": choice, "messages": [{"role": "user", "content": "Weather?"}]},
+        "/v1/messages")
     assert code == 200, body
     assert body["stop_reason"] == "tool_use"
     uses = [b for b in body["content"] if b["type"] == "tool_use"]
@@ -248,15 +238,9 @@ NOT_SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}, "not": 
 ])
 def test_unsupported_schema_feature_is_a_named_400_on_every_surface(
         server: LiveServer, path: str, body: dict[str, Any], param: str) -> None:
-    client = tornado.httpclient.HTTPClient()
-    try:
-        response = client.fetch(server.url + path, method="POST", body=json.dumps(body),
-                                raise_error=False, request_timeout=60,
-                                headers={"Content-Type": "application/json"})
-    finally:
-        client.close()
-    assert response.code == 400, response.body
-    error = json.loads(response.body)["error"]
+    code, reply = post(server, body, path)
+    assert code == 400, reply
+    error = reply["error"]
     assert '"not"' in error["message"], error
     if path == "/v1/messages":  # Anthropic's envelope has no param: the message names it
         assert error["type"] == "invalid_request_error", error
