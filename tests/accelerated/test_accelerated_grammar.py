@@ -5,6 +5,7 @@ JSON Schema and for the strict tool-call envelope the server builds."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from support.engine_harness import run_engine, submit
 from support.grammar_cases import PERSON, PROMPT
 
 from colibri import resources
+from colibri.protocol import FrameReader
 from colibri.text.tool_grammar import tool_envelope
 
 pytestmark = needs_library
@@ -91,5 +93,10 @@ def test_accelerated_engine_process_matches_the_reference() -> None:
     )
     assert proc.returncode == 0, proc.stderr.decode()
     assert b"[CONTROL] compiled" in proc.stderr, proc.stderr.decode()
-    reference = b"".join(tokens("reference", ENVELOPE, "0.9", seed=11))
-    assert reference and reference in proc.stdout
+    reader = FrameReader(io.BytesIO(proc.stdout))
+    reader.read_preamble()
+    data = []
+    while (frame := reader.read_frame()) is not None:
+        if frame.kind == "DATA":
+            data.append(frame.payload or b"")
+    assert data == tokens("reference", ENVELOPE, "0.9", seed=11)
