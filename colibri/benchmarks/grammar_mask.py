@@ -144,7 +144,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     from colibri import resources
     from colibri.engine.registry import BackendUnavailable, check_available
 
-    tokens = max(options.tokens, 8) * 8
+    tokens = max(options.tokens, 1) * 8
     models = [resources.default_model_dir()]
     if options.model is not None and options.model.resolve() != models[0].resolve():
         models.append(options.model)
