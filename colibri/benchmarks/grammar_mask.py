@@ -14,8 +14,9 @@ its minimum over ``REPEATS`` runs, modes interleaved per round (a burst of load 
 then hits all alike). The decode step is the plain runs' least time inside the forward per token.
 ``mask_us`` is the matcher alone (a walk over the same grammar, no model), for
 scale. Models: the embedded default (its own tokenizer); with ``--model`` that model too,
-where a model without a tokenizer borrows the default's (ids past it are never allowed, the
-mask still spans the model's vocabulary), which the entry says.
+where a model without a tokenizer borrows the default's, its ids past the default's
+vocabulary spelled as filler words (so the mask spans the model's vocabulary), which the
+entry says.
 """
 
 from __future__ import annotations
@@ -48,15 +49,45 @@ MODES = ("plain", "inline", "overlapped")
 REPEATS = 5
 
 
+class _PaddedTokenizer:
+    """The default model's tokenizer over a larger vocabulary: ids past it are filler words
+    ``w<id>`` (so the mask spans the model's whole vocabulary, as a real tokenizer's would)."""
+
+    def __init__(self, inner: Any, known: int) -> None:
+        self.inner = inner
+        self.known = known
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = self.inner.encode(text)
+        return out
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id >= self.known:
+            return f"w{token_id}".encode()
+        data: bytes = self.inner.token_bytes(token_id)
+        return data
+
+    def token_to_id(self, token: str) -> int | None:
+        found: int | None = self.inner.token_to_id(token)
+        return found
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        ids: frozenset[int] = self.inner.special_ids
+        return ids
+
+
 def _tokenizer(model_dir: Path) -> tuple[Any, bool]:
-    """The model's tokenizer, or the default model's (True: borrowed)."""
+    """The model's tokenizer, or the default model's padded to this vocabulary (True:
+    borrowed)."""
     from colibri import resources
     from colibri.text.tokenizer import Tokenizer
 
     own = model_dir / "tokenizer.json"
     if own.is_file():
         return Tokenizer.from_file(own), False
-    return Tokenizer.from_file(resources.default_model_dir() / "tokenizer.json"), True
+    default = resources.default_model_dir()
+    return _PaddedTokenizer(Tokenizer.from_file(default / "tokenizer.json"), _vocab(default)), True
 
 
 def _one_run(backend_name: str, model_dir: Path, tokenizer: Any, mode: str,
@@ -116,7 +147,8 @@ def measure(backend_name: str, model_dir: Path, tokens: int) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "backend": backend_name,
         "model": model_dir.name,
-        "tokenizer": "borrowed from the default model" if borrowed else "the model's",
+        "tokenizer": "the default model's, ids past it filler words" if borrowed
+                     else "the model's",
         "tokens": tokens,
         "decode_step_us": step_us,
         "mask_us": min(mask_us_per_token(tokenizer, _vocab(model_dir), tokens)
