@@ -46,7 +46,7 @@ SCHEMA: dict[str, Any] = {
 }
 PROMPT = b"[gMASK]<sop><|user|>List people.<|assistant|><think></think>"
 MODES = ("plain", "inline", "overlapped")
-REPEATS = 5
+REPEATS = 3
 
 
 class _PaddedTokenizer:
@@ -183,7 +183,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     result: dict[str, Any] = {
         "method": "mux loop, one greedy request; grammar time on the loop's thread "
                   "(mask, consume, wait for the worker) per token, ratio over the decode step "
-                  "(forward time per token, plain run); minimum of 5 runs each, modes interleaved",
+                  "(forward time per token, plain run); minimum of 3 runs each, modes interleaved",
         "schema": "array of >= 200 {name <= 12 chars, age 0..120} objects",
         "runs": [],
     }
