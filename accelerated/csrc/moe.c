@@ -36,17 +36,15 @@ typedef struct {
 
 static int mat_rows(const col_mat *w, const float *x, size_t n, size_t ldx, float *y,
                     size_t ldy, size_t o0, size_t o1, float *scratch) {
+    if (w->fmt == 0 && w->dtype == COL_F32) {
+        col_dot_block(w->data, o0, o1, x, n, ldx, w->cols, y, ldy);
+        return COL_OK;
+    }
     if (w->fmt == 0) {
         for (size_t o = o0; o < o1; o++) {
-            const float *wn;
-            if (w->dtype == COL_F32) {
-                wn = (const float *)w->data + o * w->cols;
-            } else {
-                int rc = col_row_to_f32(w->data, w->dtype, o, w->cols, scratch);
-                if (rc) return rc;
-                wn = scratch;
-            }
-            col_dot_rows(wn, x, n, ldx, w->cols, y + o, ldy);
+            int rc = col_row_to_f32(w->data, w->dtype, o, w->cols, scratch);
+            if (rc) return rc;
+            col_dot_rows(scratch, x, n, ldx, w->cols, y + o, ldy);
         }
         return COL_OK;
     }
