@@ -37,7 +37,6 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                c_void_p]),
     "col_rope": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t, c_void_p,
                          c_void_p, c_int]),
-    "col_silu_mul": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p]),
     "col_mla_attention": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t,
                                   c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                   c_void_p, c_void_p, c_int, c_float, c_void_p]),
@@ -252,16 +251,6 @@ class Kernels:
         self._check(self.lib.col_rope(base, m, heads, row_stride, head_stride, d,
                                       _ptr(cos, m * d // 2, "cos"), _ptr(sin, m * d // 2, "sin"),
                                       int(interleaved)), "col_rope")
-
-    def silu_mul(self, g: F32, u: F32) -> F32:
-        out = np.empty_like(g)
-        n = g.size
-        self._check(self.lib.col_silu_mul(_ptr(g, n, "gate"), _ptr(u, n, "up"), n,
-                                          _ptr(out, n, "out")), "col_silu_mul")
-        return out
-
-    def swiglu(self, x: F32, gate: Weight, up: Weight, down: Weight) -> F32:
-        return self.matmul(self.silu_mul(self.matmul(x, gate), self.matmul(x, up)), down)
 
     def moe(self, x: F32, descriptors: np.ndarray, start: npt.NDArray[np.int64],
             rows: npt.NDArray[np.int64]) -> F32:
