@@ -44,6 +44,8 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                  c_size_t, c_float, c_void_p]),
     "col_mat_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
                                c_size_t]),
+    "col_mats_matmul": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_size_t, c_size_t,
+                                c_void_p]),
     "col_moe": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
                         c_size_t, c_void_p]),
 }
@@ -137,6 +139,21 @@ class QuantWeight:
         return int(self.matrix.nbytes)
 
 
+class Products:
+    """Weights of one width that read the same input, with their ``col_mat`` table (built
+    once): ``Kernels.matmul_many`` runs them in one call."""
+
+    __slots__ = ("weights", "desc", "rows", "cols")
+
+    def __init__(self, weights: Sequence[Weight | QuantWeight]) -> None:
+        if not weights or len({w.cols for w in weights}) != 1 or len(weights) > 64:
+            raise KernelInvalidArgument("products: 1 to 64 weights of one width")
+        self.weights = tuple(weights)
+        self.desc = mat_descriptors(self.weights)
+        self.rows = [w.rows for w in self.weights]
+        self.cols = self.weights[0].cols
+
+
 def mat_descriptors(mats: Sequence[Any]) -> np.ndarray:
     """``col_mat`` records of float ``Weight``s and ``QuantMatrix``es (by pointer: the caller
     keeps the arrays alive while the records are used)."""
@@ -225,6 +242,20 @@ class Kernels:
                                         w.ptr, w.code, w.rows, _ptr(out, m * w.rows, "out"),
                                         w.rows), "col_matmul")
         return out
+
+    def matmul_many(self, x: F32, products: Products) -> list[F32]:
+        """``[matmul(x, w) for w in products.weights]`` in one C call and one pool run (the
+        same bytes: each element is computed as ``matmul`` computes it)."""
+        m = int(x.shape[0])
+        if x.ndim != 2 or x.shape[1] != products.cols:
+            raise KernelInvalidArgument(f"matmul_many: x {list(x.shape)} against weights of "
+                                        f"width {products.cols}")
+        outs = [np.empty((m, rows), np.float32) for rows in products.rows]
+        ptrs = np.array([o.ctypes.data for o in outs], np.uint64)
+        self._check(self.lib.col_mats_matmul(self.pool, len(outs), products.desc.ctypes.data,
+                                             _ptr(x, m * products.cols, "x"), m, products.cols,
+                                             ptrs.ctypes.data), "col_mats_matmul")
+        return outs
 
     def rms_norm(self, x: F32, w: F32, eps: float) -> F32:
         m, d = x.shape

@@ -113,4 +113,10 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
 int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, size_t ldx,
                    float *out, size_t ldo);
 
+/* outs[i][r, o] = x[r, :] . ws[i][o, :] for n <= 64 weights of the same width that read the
+ * same input, in one pool run over all their output columns (each element as col_mat_matmul
+ * computes it). outs[i] is [m, ws[i].rows]. */
+int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x, size_t m,
+                    size_t ldx, float *const *outs);
+
 #endif
