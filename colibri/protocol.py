@@ -462,16 +462,36 @@ class WireFrame:
         return text[:200]
 
 
+#: Command-direction kinds (what an engine reads; spec/protocol.md 2.3): a line that names no
+#: request kind (legacy chat text, garbage), a line over the limit (drained to its LF), and
+#: EOF inside a payload or before its strict terminator.
+LINE = "LINE"
+OVERLONG = "OVERLONG"
+TRUNCATED = "TRUNCATED"
+
+#: Payload bytes that follow a command header (None: the line carries none). The engine
+#: decides, since only it knows every check that comes before draining (its slot count).
+PayloadSize = Callable[[bytes], int | None]
+
+
 @dataclass
 class FrameParser:
-    """The one frame reader of engine output: incremental and I/O-free. ``feed`` bytes as
-    they arrive (any split), take the frames they complete; ``finish`` at EOF.
+    """The one frame reader of the wire: incremental and I/O-free. ``feed`` bytes as they
+    arrive (any split), take the frames they complete; ``finish`` at EOF.
 
-    Before READY every line is PREAMBLE. In mux mode a line is one frame, except the
-    payload-framed kinds (``framed_kinds``: byte count at field 2, that many raw bytes, LF);
-    a count that is not a number or exceeds ``limits.max_frame_payload_bytes``, or a payload
-    not followed by LF, is BROKEN. In legacy mode an answer is the raw text up to END
-    (``TEXT``), status lines are read only right after READY or END.
+    Engine output (the default): before READY every line is PREAMBLE. In mux mode a line is
+    one frame, except the payload-framed kinds (``framed_kinds``: byte count at field 2, that
+    many raw bytes, LF); a count that is not a number or exceeds
+    ``limits.max_frame_payload_bytes``, or a payload not followed by LF, is BROKEN. In legacy
+    mode an answer is the raw text up to END (``TEXT``), status lines are read only right
+    after READY or END.
+
+    Commands (:meth:`for_commands`, what an engine reads): a line of at most ``line_limit``
+    bytes is one frame, its kind the request kind it names (``LINE`` if none); a longer one is
+    OVERLONG and drained to its LF. Where ``payload_size`` gives a count, that many bytes and
+    the kind's terminator follow: a wrong terminator is BROKEN (a lenient one, the legacy
+    PROMPT's, is left as the next line's first byte); EOF before them is TRUNCATED. A last
+    line without LF still counts as a line.
     """
 
     legacy: bool = False
@@ -481,6 +501,13 @@ class FrameParser:
     _count: int = 0
     _legacy_expect_status: bool = True
     _legacy_after_end: bool = False
+    payload_size: PayloadSize | None = None
+    line_limit: int = MAX_LINE_BYTES
+    # Command direction: where the LF search resumes, whether an overlong line is being
+    # drained, and a header whose payload is still arriving (header, kind, size, lenient).
+    _scanned: int = 0
+    _draining: bool = False
+    _pending: tuple[bytes, str, int, bool] | None = None
 
     def __post_init__(self) -> None:
         self._framed = self.spec.framed_kinds
@@ -489,15 +516,31 @@ class FrameParser:
         self._ready = self.spec.sentinel("READY")
         self._end = self.spec.sentinel("END")
 
+    @classmethod
+    def for_commands(
+        cls, payload_size: PayloadSize, line_limit: int, spec: ProtocolSpec | None = None
+    ) -> FrameParser:
+        """A parser of the server-to-engine direction (commands have no READY)."""
+        return cls(
+            seen_ready=True,
+            spec=spec or SPEC,
+            payload_size=payload_size,
+            line_limit=line_limit,
+        )
+
     def feed(self, data: bytes) -> list[WireFrame]:
         self._buffer.extend(data)
+        take = self._take if self.payload_size is None else self._take_command
         out: list[WireFrame] = []
-        while (frame := self._take()) is not None:
+        while (frame := take()) is not None:
             out.append(frame)
         return out
 
     def finish(self) -> list[WireFrame]:
-        """Whatever is left at EOF becomes one BROKEN frame (a truncated line or payload)."""
+        """Whatever is left at EOF: in engine output one BROKEN frame (a truncated line or
+        payload); in commands the last line without its LF, or TRUNCATED."""
+        if self.payload_size is not None:
+            return self._finish_commands()
         if not self._buffer:
             return []
         rest = bytes(self._buffer)
@@ -570,6 +613,98 @@ class FrameParser:
             return self._make(kind, line, payload)
         del buf[: newline + 1]
         return self._make(kind, line, None)
+
+    # --- the command direction ---------------------------------------------------------
+
+    def _take_command(self) -> WireFrame | None:
+        buf = self._buffer
+        if self._pending is not None:
+            return self._take_payload(at_eof=False)
+        if self._draining:
+            newline = buf.find(b"\n")
+            if newline < 0:
+                buf.clear()
+                return None
+            del buf[: newline + 1]
+            self._draining = False
+        newline = buf.find(b"\n", self._scanned)
+        if newline < 0:
+            if len(buf) <= self.line_limit:
+                self._scanned = len(buf)  # a long line arriving in pieces is scanned once
+                return None
+            head = bytes(buf[:64])
+            buf.clear()
+            self._scanned = 0
+            self._draining = True
+            return self._make(OVERLONG, head, None, f"line longer than {self.line_limit} bytes")
+        self._scanned = 0
+        if newline > self.line_limit:
+            head = bytes(buf[:64])
+            del buf[: newline + 1]
+            return self._make(OVERLONG, head, None, f"line longer than {self.line_limit} bytes")
+        header = bytes(buf[:newline])
+        del buf[: newline + 1]
+        return self._command(header)
+
+    def _command(self, header: bytes) -> WireFrame | None:
+        """The frame of a complete header line, or None while its payload is still due."""
+        word = header.split(b" ", 1)[0].removeprefix(b"\x02").decode("ascii", "replace")
+        line = self.spec.request_lines.get(word)
+        kind = LINE if line is None else word
+        assert self.payload_size is not None
+        size = self.payload_size(header)
+        if size is None:
+            return self._make(kind, header, None)
+        payload = line.payload if line is not None else None
+        lenient = payload is not None and payload.lenient_terminator
+        self._pending = (header, kind, size, lenient)
+        return self._take_payload(at_eof=False)
+
+    def _take_payload(self, *, at_eof: bool) -> WireFrame | None:
+        assert self._pending is not None
+        header, kind, size, lenient = self._pending
+        buf = self._buffer
+        if len(buf) <= size:
+            if not at_eof:
+                return None  # even a lenient terminator is looked at before the frame is done
+            self._pending = None
+            if lenient and len(buf) == size:
+                payload = bytes(buf)
+                buf.clear()
+                return self._make(kind, header, payload)
+            buf.clear()
+            return self._make(TRUNCATED, header, None, "stream ended inside a payload")
+        self._pending = None
+        payload = bytes(buf[:size])
+        terminator = buf[size]
+        if terminator == 0x0A:
+            del buf[: size + 1]
+            return self._make(kind, header, payload)
+        if lenient:
+            del buf[:size]
+            return self._make(kind, header, payload)
+        del buf[: size + 1]
+        problem = f"{kind} payload not followed by LF (got {terminator:#04x})"
+        return self._make(BROKEN, header, payload, problem)
+
+    def _finish_commands(self) -> list[WireFrame]:
+        buf = self._buffer
+        out: list[WireFrame] = []
+        if self._draining:
+            buf.clear()
+            self._draining = False
+        elif self._pending is None and buf:
+            header = bytes(buf)
+            buf.clear()
+            self._scanned = 0
+            frame = self._command(header)
+            if frame is not None:
+                out.append(frame)
+        if self._pending is not None:
+            last = self._take_payload(at_eof=True)
+            assert last is not None
+            out.append(last)
+        return out
 
     def _take_legacy(self) -> WireFrame | None:
         buf = self._buffer

@@ -37,10 +37,11 @@ from colibri.engine.submit_parse import (
     frame_submit,
     parse_control,
     parse_id_payload,
+    submit_size,
     validate_submit,
 )
 from colibri.engine.turn_report import Request, perf_line, prof_line, turn_numbers
-from colibri.engine.wire_input import ByteSource
+from colibri.engine.wire_input import CommandInput, Source
 from colibri.engine.wire_output import (
     READY,
     FrameWriter,
@@ -50,7 +51,7 @@ from colibri.engine.wire_output import (
     f2,
     f6,
 )
-from colibri.protocol import LIMITS, SPEC
+from colibri.protocol import BROKEN, LIMITS, OVERLONG, SPEC, TRUNCATED, FrameParser, WireFrame
 from colibri.text.grammar import GrammarVocabulary
 
 HITS_EVERY = LIMITS["hits_every_steps"]
@@ -69,12 +70,12 @@ class MuxEngine:
     def __init__(
         self,
         runtime: EngineRuntime,
-        source: ByteSource,
+        source: Source,
         out: FrameWriter,
         signals: SignalFlags | None = None,
     ) -> None:
         self.rt = runtime
-        self.source = source
+        self.commands = CommandInput(source, FrameParser.for_commands(submit_size, MAX_HEADER))
         self.out = out
         self.signals = signals or SignalFlags()
         self.log = runtime.log
@@ -141,7 +142,7 @@ class MuxEngine:
                     break
             if not self.eof:
                 busy = bool(self.active)
-                if self.source.ready(0.0 if busy else 0.5):
+                if self.commands.ready(0.0 if busy else 0.5):
                     self.handle_command()
             elif not self.active:
                 break
@@ -157,21 +158,20 @@ class MuxEngine:
         self.out.line(f"ERROR {rid} {code}")
 
     def handle_command(self) -> None:
-        read = self.source.read_line(MAX_HEADER)
-        if read.status == "eof":
-            self.eof = True
+        frame = self.commands.next()
+        if frame is None or frame.kind == TRUNCATED:
+            self.eof = True  # EOF inside a SUBMIT's frame is EOF (validation step 7)
             return
-        if read.status == "too_long":
+        if frame.kind == OVERLONG:
             self.error(0, "BAD_REQUEST")
             return
-        line = read.data
-        control = parse_control(line)
+        control = parse_control(frame.header)
         if control == "bad":
             self.error(0, "BAD_REQUEST")
         elif isinstance(control, Control):
             self.control(control)
         else:
-            self.submit(line)
+            self.submit(frame)
 
     def find(self, rid: int) -> Request | None:
         for request in self.active.values():
@@ -193,21 +193,17 @@ class MuxEngine:
 
     # --- SUBMIT ------------------------------------------------------------------------
 
-    def submit(self, line: bytes) -> None:
+    def submit(self, wire: WireFrame) -> None:
         submitted_at = time.perf_counter()
-        frame = frame_submit(line)
-        if frame is None:
+        frame = frame_submit(wire.header)
+        if frame is None or wire.payload is None:
             self.error(0, "BAD_REQUEST")
             return
-        body = self.source.read_exact(frame.nbytes + frame.gbytes + 1)
-        if len(body) < frame.nbytes + frame.gbytes + 1:
-            self.eof = True
-            return
-        if body[-1:] != b"\n":
+        if wire.kind == BROKEN:
             self.error(frame.rid, "BAD_FRAME")
-            self.eof = True
+            self.eof = True  # stdin is no longer read (validation step 8)
             return
-        payload, grammar = body[: frame.nbytes], body[frame.nbytes : -1]
+        payload, grammar = wire.payload[: frame.nbytes], wire.payload[frame.nbytes :]
         request = validate_submit(frame, payload, grammar, self.rt.settings.kv_slots)
         if request is None:
             self.error(frame.rid, "BAD_REQUEST")

@@ -94,6 +94,15 @@ def frame_submit(line: bytes) -> SubmitFrame | None:
     return SubmitFrame(rid if rid <= U64_MAX else 0, fields, nbytes, gbytes)
 
 
+def submit_size(header: bytes) -> int | None:
+    """The command parser's framing rule: payload + grammar bytes after a SUBMIT header that
+    can be framed; None for any other line (nothing is drained, spec step 6)."""
+    if not header.startswith(b"SUBMIT "):
+        return None
+    frame = frame_submit(header)
+    return None if frame is None else frame.nbytes + frame.gbytes
+
+
 def _extensions(raw: bytes) -> dict[str, int] | None:
     found: dict[str, int] = {}
     for token in raw.split():
