@@ -27,7 +27,7 @@ from colibri.engine.submit_parse import (
 from colibri.engine.turn_report import hit_percent
 from colibri.engine.wire_input import CommandInput, Source
 from colibri.engine.wire_output import END, READY, FrameWriter, f2, stat_line
-from colibri.protocol import OVERLONG, SPEC, TRUNCATED, FrameParser
+from colibri.protocol import OVERLONG, SPEC, TRUNCATED, Framed, FrameParser
 from colibri.text import chat_format
 
 _PROMPT = SPEC.request_pattern("PROMPT")
@@ -45,6 +45,10 @@ class PromptHeader:
     top_p: float
     slot: int
 
+    @property
+    def payload_bytes(self) -> int:
+        return self.nbytes
+
 
 class LegacyEngine:
     def __init__(
@@ -59,7 +63,7 @@ class LegacyEngine:
         self.rt = runtime
         self.out = out
         self.slots: list[Slot] = [runtime.open_slot(i) for i in range(runtime.settings.kv_slots)]
-        parser = FrameParser.for_commands(self.prompt_size, MAX_PAYLOAD)
+        parser = FrameParser.for_commands(self.prompt_header, MAX_PAYLOAD)
         self.commands = CommandInput(source, parser)
         # The token emitted last in each slot, not yet forwarded (None after a stop token).
         self.pending: list[int | None] = [None] * len(self.slots)
@@ -83,7 +87,7 @@ class LegacyEngine:
             elif line == b"\x02MORE":
                 self.more()
             elif line.startswith(b"\x02PROMPT"):
-                self.api_prompt(line, frame.payload)
+                self.api_prompt(frame.framed, frame.payload)
             else:
                 self.chat(line)
         self.rt.save_usage()
@@ -135,7 +139,10 @@ class LegacyEngine:
 
     def prompt_header(self, line: bytes) -> PromptHeader | None:
         """A ``\\x02PROMPT`` header that passes every check made before its payload is read;
-        None otherwise (then the payload is not consumed, as in colibri)."""
+        None otherwise (then the payload is not consumed, as in colibri). The command
+        parser's framing rule: the frame of a header this parses carries its payload."""
+        if not line.startswith(b"\x02PROMPT"):
+            return None
         match = _PROMPT.fullmatch(line)
         if match is None:
             return None
@@ -156,16 +163,8 @@ class LegacyEngine:
             return None
         return header
 
-    def prompt_size(self, line: bytes) -> int | None:
-        """The command parser's framing rule: only a valid PROMPT header carries a payload."""
-        if not line.startswith(b"\x02PROMPT"):
-            return None
-        header = self.prompt_header(line)
-        return None if header is None else header.nbytes
-
-    def api_prompt(self, line: bytes, payload: bytes | None) -> None:
-        header = self.prompt_header(line)
-        if header is None or payload is None:
+    def api_prompt(self, header: Framed | None, payload: bytes | None) -> None:
+        if not isinstance(header, PromptHeader) or payload is None:
             self.fail(six=True)
             return
         max_tokens, temperature, top_p = header.max_tokens, header.temperature, header.top_p

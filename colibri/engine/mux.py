@@ -33,11 +33,11 @@ from colibri.engine.submit_parse import (
     MAX_HEADER,
     MAX_LOGPROBS,
     Control,
+    SubmitFrame,
     SubmitRequest,
     frame_submit,
     parse_control,
     parse_id_payload,
-    submit_size,
     validate_submit,
 )
 from colibri.engine.turn_report import Request, perf_line, prof_line, turn_numbers
@@ -75,7 +75,7 @@ class MuxEngine:
         signals: SignalFlags | None = None,
     ) -> None:
         self.rt = runtime
-        self.commands = CommandInput(source, FrameParser.for_commands(submit_size, MAX_HEADER))
+        self.commands = CommandInput(source, FrameParser.for_commands(frame_submit, MAX_HEADER))
         self.out = out
         self.signals = signals or SignalFlags()
         self.log = runtime.log
@@ -195,9 +195,9 @@ class MuxEngine:
 
     def submit(self, wire: WireFrame) -> None:
         submitted_at = time.perf_counter()
-        frame = frame_submit(wire.header)
-        if frame is None or wire.payload is None:
-            self.error(0, "BAD_REQUEST")
+        frame = wire.framed
+        if not isinstance(frame, SubmitFrame) or wire.payload is None:
+            self.error(0, "BAD_REQUEST")  # not a SUBMIT that can be framed (spec step 6)
             return
         if wire.kind == BROKEN:
             self.error(frame.rid, "BAD_FRAME")

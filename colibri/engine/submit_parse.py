@@ -43,6 +43,11 @@ class SubmitFrame:
     nbytes: int
     gbytes: int
 
+    @property
+    def payload_bytes(self) -> int:
+        """Payload and grammar: what the command parser reads before the LF."""
+        return self.nbytes + self.gbytes
+
 
 @dataclass(frozen=True)
 class SubmitRequest:
@@ -81,7 +86,11 @@ def parse_control(line: bytes) -> Control | Literal["bad"] | None:
 
 
 def frame_submit(line: bytes) -> SubmitFrame | None:
-    """The header's framing, or None when it cannot be framed (ERROR 0, nothing drained)."""
+    """The header's framing, or None when it cannot be framed (ERROR 0, nothing drained).
+    The command parser's framing rule: it reads payload, grammar and LF after a header
+    this frames and hands this parse back with the frame."""
+    if not line.startswith(b"SUBMIT "):
+        return None
     match = _SUBMIT.fullmatch(line)
     if match is None:
         return None
@@ -92,15 +101,6 @@ def frame_submit(line: bytes) -> SubmitFrame | None:
     rid = int(match.group("id"))
     fields = {k: v for k, v in match.groupdict().items() if v is not None}
     return SubmitFrame(rid if rid <= U64_MAX else 0, fields, nbytes, gbytes)
-
-
-def submit_size(header: bytes) -> int | None:
-    """The command parser's framing rule: payload + grammar bytes after a SUBMIT header that
-    can be framed; None for any other line (nothing is drained, spec step 6)."""
-    if not header.startswith(b"SUBMIT "):
-        return None
-    frame = frame_submit(header)
-    return None if frame is None else frame.nbytes + frame.gbytes
 
 
 def _extensions(raw: bytes) -> dict[str, int] | None:

@@ -72,33 +72,48 @@ class FdSource:
 
 
 class CommandInput:
-    """A source fed to a command parser: whole frames, one at a time."""
+    """A source fed to a command parser: whole frames, one at a time. Frames are taken from
+    the parser only as the loop asks for them, so a long script is held as bytes, not as
+    thousands of frames."""
 
     def __init__(self, source: Source, parser: FrameParser) -> None:
         self._source = source
         self._parser = parser
         self._frames: deque[WireFrame] = deque()
-        self._eof = False
+        self._eof = False  # the source is exhausted
+        self._finished = False  # ... and the parser has given its last frames
 
     def _read(self) -> None:
         chunk = self._source.fill()
         if chunk:
-            self._frames.extend(self._parser.feed(chunk))
+            self._parser.push(chunk)
         else:
             self._eof = True
-            self._frames.extend(self._parser.finish())
+
+    def _waiting(self) -> bool:
+        """Whether a frame is there, taking the parser's next one if none is held."""
+        if not self._frames:
+            frame = self._parser.take()
+            if frame is not None:
+                self._frames.append(frame)
+            elif self._eof and not self._finished:
+                self._finished = True
+                self._frames.extend(self._parser.finish())
+        return bool(self._frames)
 
     def ready(self, timeout: float | None = 0.0) -> bool:
         """True if ``next`` would not block: a whole frame (or EOF) is there. Reads at most
         once, so a command still arriving never holds up the loop's decoding."""
-        if not self._frames and not self._eof and self._source.poll(timeout):
+        if self._waiting() or self._finished:
+            return True
+        if self._source.poll(timeout):
             self._read()
-        return bool(self._frames) or self._eof
+        return self._waiting() or self._finished
 
     def next(self) -> WireFrame | None:
         """The next frame, blocking until one is whole; None at EOF."""
-        while not self._frames:
-            if self._eof:
+        while not self._waiting():
+            if self._finished:
                 return None
             self._read()
         return self._frames.popleft()

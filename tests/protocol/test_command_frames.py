@@ -3,22 +3,29 @@ reads from the server (spec/protocol.md 2.3 validation steps 1, 6, 7, 8 and sect
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from colibri.engine.submit_parse import MAX_HEADER, submit_size
+from colibri.engine.submit_parse import MAX_HEADER, frame_submit
 from colibri.protocol import BROKEN, LINE, OVERLONG, TRUNCATED, FrameParser, WireFrame
 
 
 def _mux() -> FrameParser:
-    return FrameParser.for_commands(submit_size, MAX_HEADER)
+    return FrameParser.for_commands(frame_submit, MAX_HEADER)
 
 
-def _prompt_size(header: bytes) -> int | None:
+@dataclass(frozen=True)
+class _Prompt:
+    payload_bytes: int
+
+
+def _prompt(header: bytes) -> _Prompt | None:
     # The legacy engine's rule, reduced to its shape: a PROMPT header names its byte count.
     if not header.startswith(b"\x02PROMPT "):
         return None
-    return int(header.split(b" ")[1])
+    return _Prompt(int(header.split(b" ")[1]))
 
 
 def _shape(frames: list[WireFrame]) -> list[tuple[str, bytes, bytes | None]]:
@@ -91,7 +98,7 @@ def test_eof_inside_a_frame_is_truncated_and_a_strict_terminator_is_required() -
 
 def test_the_legacy_prompt_terminator_is_lenient() -> None:
     def legacy() -> FrameParser:
-        return FrameParser.for_commands(_prompt_size, 1 << 24)
+        return FrameParser.for_commands(_prompt, 1 << 24)
 
     # A byte other than LF after the payload starts the next line.
     frames = legacy().feed(b"\x02PROMPT 2 4 0 1\nabXhello\n\x02RESET\n")
