@@ -27,6 +27,7 @@ import pytest
 from colibri.conformance.golden_compare import FrameComparer
 from colibri.conformance.sameness import Tolerance
 from support.accelerated_support import BUILT, NOT_BUILT_REASON
+from support.control_plane_support import needs_compiled
 from support.engine_harness import ids, normalize, submit
 
 from colibri import control_plane
@@ -36,14 +37,6 @@ from colibri.resources import fixture_model_dir
 MODEL = fixture_model_dir("glm5-chat-tiny")
 CTX = 128
 PIPE_ATOMIC = 4096  # POSIX PIPE_BUF: a write up to this size arrives in one piece
-
-
-def _compiled_built() -> bool:
-    try:
-        control_plane.check_current(control_plane.read_build())
-    except control_plane.ControlPlaneError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -146,8 +139,7 @@ def test_the_script_exercises_what_it_claims(reference_transcript: list[str]) ->
 
 
 @pytest.mark.parametrize("variant", [
-    pytest.param("compiled", marks=pytest.mark.skipif(
-        not _compiled_built(), reason="no current mypyc build (`make build`)")),
+    pytest.param("compiled", marks=needs_compiled),
     pytest.param("accelerated", marks=pytest.mark.skipif(
         not BUILT, reason=NOT_BUILT_REASON or "built")),
 ])

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from hypothesis import given
 from hypothesis import strategies as st
+from support.frame_support import feed_in_pieces
 
 from colibri.engine.submit_parse import MAX_HEADER, frame_submit
 from colibri.protocol import BROKEN, LINE, OVERLONG, TRUNCATED, FrameParser, WireFrame
@@ -49,11 +50,7 @@ MUX_STREAM = (
 def test_commands_do_not_depend_on_how_the_bytes_arrive(cuts: list[int]) -> None:
     at_once = _mux()
     whole = at_once.feed(MUX_STREAM) + at_once.finish()
-    parser, got, start = _mux(), [], 0
-    for cut in sorted(cuts):
-        got += parser.feed(MUX_STREAM[start:cut])
-        start = cut
-    got += parser.feed(MUX_STREAM[start:]) + parser.finish()
+    got = feed_in_pieces(_mux(), MUX_STREAM, cuts)
     assert got == whole
     assert _shape(got) == [
         ("SUBMIT", b"SUBMIT 1 0 3 4 0 1", b"ab\n"),
