@@ -33,6 +33,7 @@ named :class:`QuantKernelError` subclass.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.native import load_library
 from colibri.reference.quant.codec import group_size_from_scales
-from colibri.reference.quant.container import SCALE_SUFFIX, QuantContainer
+from colibri.reference.quant.container import QuantContainer
 from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import FORMAT_NAMES, Fmt, parse_format
 
@@ -367,15 +368,7 @@ def container_matrix(
     info = container.tensor_format(name, shape)
     if info.fmt == Fmt.F32:
         raise UnknownFormatError(name, "stored as a float tensor, not quantized")
-    return quant_matrix(
-        info.fmt,
-        container.files.raw(name),
-        container.files.array(name + SCALE_SUFFIX),
-        shape,
-        group_size=info.group_size or None,
-        name=name,
-        lib=lib,
-    )
+    return container.decode(info, shape, functools.partial(quant_matrix, lib=lib))
 
 
 def expert_matrices(

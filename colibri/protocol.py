@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from colibri import resources
 
@@ -435,6 +435,8 @@ class WireFrame:
     header: bytes
     payload: bytes | None = None
     problem: str = ""
+    #: Commands only: the framing rule's parse of the header (None without a payload).
+    framed: Framed | None = None
 
     @property
     def fields(self) -> list[str]:
@@ -462,16 +464,48 @@ class WireFrame:
         return text[:200]
 
 
+#: Command-direction kinds (what an engine reads; spec/protocol.md 2.3): a line that names no
+#: request kind (legacy chat text, garbage), a line over the limit (drained to its LF), and
+#: EOF inside a payload or before its strict terminator.
+LINE = "LINE"
+OVERLONG = "OVERLONG"
+TRUNCATED = "TRUNCATED"
+
+class Framed(Protocol):
+    """What a command parser's framing rule made of a header that carries a payload: the
+    engine's own parse of it (a SUBMIT's fields, a PROMPT's), handed back with the frame."""
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes after the header line, before the terminator."""
+        ...
+
+
+#: The engine's framing rule: a header line that carries a payload -> its parse, else None.
+#: The engine decides, since only it knows every check that comes before draining (its slot
+#: count, the byte limits).
+Framing = Callable[[bytes], Framed | None]
+
+
 @dataclass
 class FrameParser:
-    """The one frame reader of engine output: incremental and I/O-free. ``feed`` bytes as
-    they arrive (any split), take the frames they complete; ``finish`` at EOF.
+    """The one frame reader of the wire: incremental and I/O-free. ``feed`` bytes as they
+    arrive (any split), take the frames they complete; ``finish`` at EOF.
 
-    Before READY every line is PREAMBLE. In mux mode a line is one frame, except the
-    payload-framed kinds (``framed_kinds``: byte count at field 2, that many raw bytes, LF);
-    a count that is not a number or exceeds ``limits.max_frame_payload_bytes``, or a payload
-    not followed by LF, is BROKEN. In legacy mode an answer is the raw text up to END
-    (``TEXT``), status lines are read only right after READY or END.
+    Engine output (the default): before READY every line is PREAMBLE. In mux mode a line is
+    one frame, except the payload-framed kinds (``framed_kinds``: byte count at field 2, that
+    many raw bytes, LF); a count that is not a number or exceeds
+    ``limits.max_frame_payload_bytes``, or a payload not followed by LF, is BROKEN. In legacy
+    mode an answer is the raw text up to END (``TEXT``), status lines are read only right
+    after READY or END.
+
+    Commands (:meth:`for_commands`, what an engine reads): a line of at most ``line_limit``
+    bytes is one frame, its kind the request kind it names (``LINE`` if none); a longer one is
+    OVERLONG and drained to its LF. Where ``framing`` parses the header, its
+    ``payload_bytes`` and the kind's terminator follow, and the frame carries the parse: a
+    wrong terminator is BROKEN (a lenient one, the legacy PROMPT's, is left as the next
+    line's first byte); EOF before them is TRUNCATED. A last line without LF still counts
+    as a line.
     """
 
     legacy: bool = False
@@ -481,6 +515,13 @@ class FrameParser:
     _count: int = 0
     _legacy_expect_status: bool = True
     _legacy_after_end: bool = False
+    framing: Framing | None = None
+    line_limit: int = MAX_LINE_BYTES
+    # Command direction: where the LF search resumes, whether an overlong line is being
+    # drained, and a header whose payload is still arriving (header, kind, size, lenient).
+    _scanned: int = 0
+    _draining: bool = False
+    _pending: tuple[bytes, str, Framed, bool] | None = None
 
     def __post_init__(self) -> None:
         self._framed = self.spec.framed_kinds
@@ -488,16 +529,42 @@ class FrameParser:
         self._status = frozenset(self.spec.legacy.get("status_kinds", ("STAT", "TIERS")))
         self._ready = self.spec.sentinel("READY")
         self._end = self.spec.sentinel("END")
+        # Commands: the request kinds by their first word, and those whose terminator is lenient.
+        self._request_kinds = {k.encode("ascii"): k for k in self.spec.request_lines}
+        self._lenient = frozenset(
+            k for k, line in self.spec.request_lines.items()
+            if line.payload is not None and line.payload.lenient_terminator
+        )
+
+    @classmethod
+    def for_commands(
+        cls, framing: Framing, line_limit: int, spec: ProtocolSpec | None = None
+    ) -> FrameParser:
+        """A parser of the server-to-engine direction (commands have no READY)."""
+        return cls(seen_ready=True, spec=spec or SPEC, framing=framing, line_limit=line_limit)
 
     def feed(self, data: bytes) -> list[WireFrame]:
-        self._buffer.extend(data)
+        """``push`` the bytes, then every frame they complete."""
+        self.push(data)
         out: list[WireFrame] = []
-        while (frame := self._take()) is not None:
+        while (frame := self.take()) is not None:
             out.append(frame)
         return out
 
+    def push(self, data: bytes) -> None:
+        """Add bytes without taking frames: a reader that handles one frame at a time then
+        ``take``s them as it goes, so a long stream is not held as frames all at once."""
+        self._buffer.extend(data)
+
+    def take(self) -> WireFrame | None:
+        """The next frame the pushed bytes complete, or None until more bytes come."""
+        return self._take() if self.framing is None else self._take_command()
+
     def finish(self) -> list[WireFrame]:
-        """Whatever is left at EOF becomes one BROKEN frame (a truncated line or payload)."""
+        """Whatever is left at EOF: in engine output one BROKEN frame (a truncated line or
+        payload); in commands the last line without its LF, or TRUNCATED."""
+        if self.framing is not None:
+            return self._finish_commands()
         if not self._buffer:
             return []
         rest = bytes(self._buffer)
@@ -505,9 +572,14 @@ class FrameParser:
         return [self._make(BROKEN, rest, None, "stream ended inside a frame")]
 
     def _make(
-        self, kind: str, header: bytes, payload: bytes | None, problem: str = ""
+        self,
+        kind: str,
+        header: bytes,
+        payload: bytes | None,
+        problem: str = "",
+        framed: Framed | None = None,
     ) -> WireFrame:
-        frame = WireFrame(self._count, kind, header, payload, problem)
+        frame = WireFrame(self._count, kind, header, payload, problem, framed)
         self._count += 1
         return frame
 
@@ -570,6 +642,97 @@ class FrameParser:
             return self._make(kind, line, payload)
         del buf[: newline + 1]
         return self._make(kind, line, None)
+
+    # --- the command direction ---------------------------------------------------------
+
+    def _take_command(self) -> WireFrame | None:
+        buf = self._buffer
+        if self._pending is not None:
+            return self._take_payload(at_eof=False)
+        if self._draining:
+            newline = buf.find(b"\n")
+            if newline < 0:
+                buf.clear()
+                return None
+            del buf[: newline + 1]
+            self._draining = False
+        newline = buf.find(b"\n", self._scanned)
+        if newline < 0:
+            if len(buf) <= self.line_limit:
+                self._scanned = len(buf)  # a long line arriving in pieces is scanned once
+                return None
+            head = bytes(buf[:64])
+            buf.clear()
+            self._scanned = 0
+            self._draining = True
+            return self._make(OVERLONG, head, None, f"line longer than {self.line_limit} bytes")
+        self._scanned = 0
+        if newline > self.line_limit:
+            head = bytes(buf[:64])
+            del buf[: newline + 1]
+            return self._make(OVERLONG, head, None, f"line longer than {self.line_limit} bytes")
+        header = bytes(buf[:newline])
+        del buf[: newline + 1]
+        return self._command(header)
+
+    def _command(self, header: bytes) -> WireFrame | None:
+        """The frame of a complete header line, or None while its payload is still due."""
+        space = header.find(b" ")
+        word = (header if space < 0 else header[:space]).removeprefix(b"\x02")
+        kind = self._request_kinds.get(word, LINE)
+        assert self.framing is not None
+        framed = self.framing(header)
+        if framed is None:
+            return self._make(kind, header, None)
+        self._pending = (header, kind, framed, kind in self._lenient)
+        return self._take_payload(at_eof=False)
+
+    def _take_payload(self, *, at_eof: bool) -> WireFrame | None:
+        assert self._pending is not None
+        header, kind, framed, lenient = self._pending
+        size = framed.payload_bytes
+        buf = self._buffer
+        if len(buf) <= size:
+            if not at_eof:
+                return None  # even a lenient terminator is looked at before the frame is done
+            self._pending = None
+            if lenient and len(buf) == size:
+                payload = bytes(buf)
+                buf.clear()
+                return self._make(kind, header, payload, framed=framed)
+            buf.clear()
+            return self._make(TRUNCATED, header, None, "stream ended inside a payload", framed)
+        self._pending = None
+        payload = bytes(buf[:size])
+        terminator = buf[size]
+        if terminator == 0x0A:
+            del buf[: size + 1]
+            return self._make(kind, header, payload, framed=framed)
+        if lenient:
+            del buf[:size]
+            return self._make(kind, header, payload, framed=framed)
+        del buf[: size + 1]
+        problem = f"{kind} payload not followed by LF (got {terminator:#04x})"
+        return self._make(BROKEN, header, payload, problem, framed)
+
+    def _finish_commands(self) -> list[WireFrame]:
+        buf = self._buffer
+        out: list[WireFrame] = []
+        if self._draining:
+            buf.clear()
+            self._draining = False
+        elif self._pending is None and buf:
+            header = bytes(buf)
+            buf.clear()
+            self._scanned = 0
+            frame = self._command(header)
+            if frame is not None:
+                out.append(frame)
+        if self._pending is not None:
+            last = self._take_payload(at_eof=True)
+            assert last is not None
+            out.append(last)
+        return out
 
     def _take_legacy(self) -> WireFrame | None:
         buf = self._buffer

@@ -8,6 +8,7 @@ and the ``\\x02PROMPT`` API frame are the control lines.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -24,9 +25,9 @@ from colibri.engine.submit_parse import (
     sampling_in_range,
 )
 from colibri.engine.turn_report import hit_percent
-from colibri.engine.wire_input import ByteSource
+from colibri.engine.wire_input import CommandInput, Source
 from colibri.engine.wire_output import END, READY, FrameWriter, f2, stat_line
-from colibri.protocol import SPEC
+from colibri.protocol import OVERLONG, SPEC, TRUNCATED, Framed, FrameParser
 from colibri.text import chat_format
 
 _PROMPT = SPEC.request_pattern("PROMPT")
@@ -34,20 +35,36 @@ DEFAULT_TEMPERATURE = 0.7
 DEFAULT_NUCLEUS = 0.9
 
 
+@dataclass(frozen=True)
+class PromptHeader:
+    """The fields of a ``\\x02PROMPT`` header (spec/protocol.md section 3)."""
+
+    nbytes: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    slot: int
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.nbytes
+
+
 class LegacyEngine:
     def __init__(
         self,
         runtime: EngineRuntime,
-        source: ByteSource,
+        source: Source,
         out: FrameWriter,
         *,
         temperature: float = DEFAULT_TEMPERATURE,
         top_p: float = DEFAULT_NUCLEUS,
     ) -> None:
         self.rt = runtime
-        self.source = source
         self.out = out
         self.slots: list[Slot] = [runtime.open_slot(i) for i in range(runtime.settings.kv_slots)]
+        parser = FrameParser.for_commands(self.prompt_header, MAX_PAYLOAD)
+        self.commands = CommandInput(source, parser)
         # The token emitted last in each slot, not yet forwarded (None after a stop token).
         self.pending: list[int | None] = [None] * len(self.slots)
         self.temperature = temperature
@@ -58,20 +75,19 @@ class LegacyEngine:
         self.out.raw(READY)
         self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
         self.out.line(self.rt.tiers_line())
-        while True:
-            read = self.source.read_line(MAX_PAYLOAD)
-            if read.status == "eof":
-                break
-            if read.status == "too_long":
+        while (frame := self.commands.next()) is not None:
+            if frame.kind == TRUNCATED:
+                continue  # EOF inside a PROMPT's payload: no reply
+            if frame.kind == OVERLONG:
                 self.fail(six=True)
                 continue
-            line = read.data
+            line = frame.header
             if line == b"\x02RESET":
                 self.reset()
             elif line == b"\x02MORE":
                 self.more()
             elif line.startswith(b"\x02PROMPT"):
-                self.api_prompt(line)
+                self.api_prompt(frame.framed, frame.payload)
             else:
                 self.chat(line)
         self.rt.save_usage()
@@ -121,29 +137,38 @@ class LegacyEngine:
         self.out.raw(b"\n" + END)
         self.stat(produced, tok_s, hit)
 
-    def api_prompt(self, line: bytes) -> None:
+    def prompt_header(self, line: bytes) -> PromptHeader | None:
+        """A ``\\x02PROMPT`` header that passes every check made before its payload is read;
+        None otherwise (then the payload is not consumed, as in colibri). The command
+        parser's framing rule: the frame of a header this parses carries its payload."""
+        if not line.startswith(b"\x02PROMPT"):
+            return None
         match = _PROMPT.fullmatch(line)
         if match is None:
+            return None
+        slot = match.group("kv_slot")
+        header = PromptHeader(
+            nbytes=int(match.group("bytes")),
+            max_tokens=int(match.group("max_tokens")),
+            temperature=float(match.group("temperature")),
+            top_p=float(match.group("top_p")),
+            slot=int(slot) if slot is not None else 0,
+        )
+        if (
+            header.nbytes > MAX_PAYLOAD
+            or header.max_tokens < 1
+            or not sampling_in_range(header.temperature, header.top_p)
+            or header.slot >= len(self.slots)
+        ):
+            return None
+        return header
+
+    def api_prompt(self, header: Framed | None, payload: bytes | None) -> None:
+        if not isinstance(header, PromptHeader) or payload is None:
             self.fail(six=True)
             return
-        nbytes, max_tokens = int(match.group("bytes")), int(match.group("max_tokens"))
-        temperature, top_p = float(match.group("temperature")), float(match.group("top_p"))
-        slot = match.group("kv_slot")
-        slot_index = int(slot) if slot is not None else 0
-        if (
-            nbytes > MAX_PAYLOAD
-            or max_tokens < 1
-            or not sampling_in_range(temperature, top_p)
-            or slot_index >= len(self.slots)
-        ):
-            self.fail(six=True)  # the payload is not consumed (colibri)
-            return
-        payload = self.source.read_exact(nbytes)
-        if len(payload) < nbytes:
-            return
-        terminator = self.source.read_exact(1)
-        if terminator not in (b"\n", b""):
-            self.source.unread(terminator)  # lenient: the byte starts the next line
+        max_tokens, temperature, top_p = header.max_tokens, header.temperature, header.top_p
+        slot_index = header.slot
         if b"\0" in payload:
             self.fail(six=True)
             return

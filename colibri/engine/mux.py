@@ -34,6 +34,7 @@ from colibri.engine.submit_parse import (
     MAX_HEADER,
     MAX_LOGPROBS,
     Control,
+    SubmitFrame,
     SubmitRequest,
     frame_submit,
     parse_control,
@@ -41,7 +42,7 @@ from colibri.engine.submit_parse import (
     validate_submit,
 )
 from colibri.engine.turn_report import Request, perf_line, prof_line, turn_numbers
-from colibri.engine.wire_input import ByteSource
+from colibri.engine.wire_input import CommandInput, Source
 from colibri.engine.wire_output import (
     READY,
     FrameWriter,
@@ -51,7 +52,7 @@ from colibri.engine.wire_output import (
     f2,
     f6,
 )
-from colibri.protocol import LIMITS, SPEC
+from colibri.protocol import BROKEN, LIMITS, OVERLONG, SPEC, TRUNCATED, FrameParser, WireFrame
 from colibri.text.grammar import GrammarVocabulary
 
 HITS_EVERY = LIMITS["hits_every_steps"]
@@ -70,12 +71,12 @@ class MuxEngine:
     def __init__(
         self,
         runtime: EngineRuntime,
-        source: ByteSource,
+        source: Source,
         out: FrameWriter,
         signals: SignalFlags | None = None,
     ) -> None:
         self.rt = runtime
-        self.source = source
+        self.commands = CommandInput(source, FrameParser.for_commands(frame_submit, MAX_HEADER))
         self.out = out
         self.signals = signals or SignalFlags()
         self.log = runtime.log
@@ -146,7 +147,7 @@ class MuxEngine:
                     break
             if not self.eof:
                 busy = bool(self.active)
-                if self.source.ready(0.0 if busy else 0.5):
+                if self.commands.ready(0.0 if busy else 0.5):
                     self.handle_command()
             elif not self.active:
                 break
@@ -163,21 +164,20 @@ class MuxEngine:
         self.out.line(f"ERROR {rid} {code}")
 
     def handle_command(self) -> None:
-        read = self.source.read_line(MAX_HEADER)
-        if read.status == "eof":
-            self.eof = True
+        frame = self.commands.next()
+        if frame is None or frame.kind == TRUNCATED:
+            self.eof = True  # EOF inside a SUBMIT's frame is EOF (validation step 7)
             return
-        if read.status == "too_long":
+        if frame.kind == OVERLONG:
             self.error(0, "BAD_REQUEST")
             return
-        line = read.data
-        control = parse_control(line)
+        control = parse_control(frame.header)
         if control == "bad":
             self.error(0, "BAD_REQUEST")
         elif isinstance(control, Control):
             self.control(control)
         else:
-            self.submit(line)
+            self.submit(frame)
 
     def find(self, rid: int) -> Request | None:
         for request in self.active.values():
@@ -199,21 +199,17 @@ class MuxEngine:
 
     # --- SUBMIT ------------------------------------------------------------------------
 
-    def submit(self, line: bytes) -> None:
+    def submit(self, wire: WireFrame) -> None:
         submitted_at = time.perf_counter()
-        frame = frame_submit(line)
-        if frame is None:
-            self.error(0, "BAD_REQUEST")
+        frame = wire.framed
+        if not isinstance(frame, SubmitFrame) or wire.payload is None:
+            self.error(0, "BAD_REQUEST")  # not a SUBMIT that can be framed (spec step 6)
             return
-        body = self.source.read_exact(frame.nbytes + frame.gbytes + 1)
-        if len(body) < frame.nbytes + frame.gbytes + 1:
-            self.eof = True
-            return
-        if body[-1:] != b"\n":
+        if wire.kind == BROKEN:
             self.error(frame.rid, "BAD_FRAME")
-            self.eof = True
+            self.eof = True  # stdin is no longer read (validation step 8)
             return
-        payload, grammar = body[: frame.nbytes], body[frame.nbytes : -1]
+        payload, grammar = wire.payload[: frame.nbytes], wire.payload[frame.nbytes :]
         request = validate_submit(frame, payload, grammar, self.rt.settings.kv_slots)
         if request is None:
             self.error(frame.rid, "BAD_REQUEST")

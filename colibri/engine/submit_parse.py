@@ -43,6 +43,11 @@ class SubmitFrame:
     nbytes: int
     gbytes: int
 
+    @property
+    def payload_bytes(self) -> int:
+        """Payload and grammar: what the command parser reads before the LF."""
+        return self.nbytes + self.gbytes
+
 
 @dataclass(frozen=True)
 class SubmitRequest:
@@ -81,7 +86,11 @@ def parse_control(line: bytes) -> Control | Literal["bad"] | None:
 
 
 def frame_submit(line: bytes) -> SubmitFrame | None:
-    """The header's framing, or None when it cannot be framed (ERROR 0, nothing drained)."""
+    """The header's framing, or None when it cannot be framed (ERROR 0, nothing drained).
+    The command parser's framing rule: it reads payload, grammar and LF after a header
+    this frames and hands this parse back with the frame."""
+    if not line.startswith(b"SUBMIT "):
+        return None
     match = _SUBMIT.fullmatch(line)
     if match is None:
         return None

@@ -1,128 +1,33 @@
-"""Reading the server's commands from a byte stream: lines with a length cap, exact payloads.
+"""The engine's command input: bytes from a source, frames from ``colibri.protocol.FrameParser``.
 
-The mux loop must know whether a command is waiting without blocking (it decodes between
-commands), so a source offers ``ready(timeout)`` besides the reads. ``FdSource`` wraps a real
-file descriptor (select + os.read, never Python's buffered stdin, whose buffer select cannot
-see); ``BytesSource`` serves a fixed script, which makes in-process engine runs deterministic:
-every scripted command is "available" at once and the loop reads one per iteration.
+Only the I/O lives here; how the bytes split into commands is the one frame reader's
+(``FrameParser.for_commands``), the same parser the server's client and the conformance suite
+feed with engine output. The mux loop must know whether a command is waiting without blocking
+(it decodes between commands), so a source offers ``poll(timeout)`` besides ``fill``.
+``FdSource`` wraps a real file descriptor (select + os.read, never Python's buffered stdin,
+whose buffer select cannot see); ``BytesSource`` serves a fixed script, which makes in-process
+engine runs deterministic: every scripted command is there at once and the loop takes one per
+iteration.
 """
 
 from __future__ import annotations
 
 import os
 import select
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from collections import deque
+from typing import Protocol
+
+from colibri.protocol import FrameParser, WireFrame
 
 _CHUNK = 1 << 16
 
 
-@dataclass(frozen=True)
-class LineRead:
-    """One command line without its LF. ``too_long``: it exceeded the cap and was drained."""
-
-    status: Literal["line", "too_long", "eof"]
-    data: bytes = b""
-
-
-class ByteSource:
-    """A buffered byte source; subclasses supply ``_fill`` (and ``_poll`` if they can block)."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._eof = False
-
-    def _fill(self) -> bool:
-        """Append more bytes to the buffer; False at EOF."""
-        raise NotImplementedError
-
-    def _poll(self, timeout: float | None) -> bool:
-        """Whether _fill would return without blocking."""
-        return True
-
-    def ready(self, timeout: float | None = 0.0) -> bool:
-        """True if a read would not block (data or EOF is there); None waits forever."""
-        if self._buf or self._eof:
-            return True
-        return self._poll(timeout)
-
-    def _more(self) -> bool:
-        if self._eof:
-            return False
-        if not self._fill():
-            self._eof = True
-            return False
-        return True
-
-    def read_line(self, limit: int) -> LineRead:
-        """The next line (LF removed). A partial last line before EOF counts as a line."""
-        start = 0
-        while True:
-            newline = self._buf.find(b"\n", start)
-            if newline >= 0:
-                if newline > limit:
-                    del self._buf[: newline + 1]
-                    return LineRead("too_long")
-                line = bytes(self._buf[:newline])
-                del self._buf[: newline + 1]
-                return LineRead("line", line)
-            if len(self._buf) > limit:
-                return self._drain_long_line()
-            start = len(self._buf)
-            if not self._more():
-                if not self._buf:
-                    return LineRead("eof")
-                line = bytes(self._buf)
-                self._buf.clear()
-                return LineRead("line", line)
-
-    def _drain_long_line(self) -> LineRead:
-        while True:
-            newline = self._buf.find(b"\n")
-            if newline >= 0:
-                del self._buf[: newline + 1]
-                return LineRead("too_long")
-            self._buf.clear()
-            if not self._more():
-                return LineRead("too_long")
-
-    def unread(self, data: bytes) -> None:
-        """Put bytes back in front of the stream (the legacy PROMPT's lenient terminator)."""
-        self._buf[:0] = data
-
-    def read_exact(self, n: int) -> bytes:
-        """Exactly n bytes, or fewer if EOF comes first."""
-        while len(self._buf) < n and self._more():
-            pass
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
-
-
-class BytesSource(ByteSource):
-    """A fixed script of input bytes followed by EOF."""
-
-    def __init__(self, data: bytes) -> None:
-        super().__init__()
-        self._pending: bytes | None = data
-
-    def _fill(self) -> bool:
-        if not self._pending:
-            self._pending = None
-            return False
-        self._buf += self._pending
-        self._pending = None
-        return True
-
-
-class Feed(Protocol):
-    """Raw input for a :class:`FeedSource`: how a caller outside the engine supplies bytes.
-
-    mypyc compiles ``ByteSource`` as a native class, which interpreted code cannot subclass;
-    a feed is the seam instead (tests script their stdin with one)."""
+class Source(Protocol):
+    """Raw command bytes. mypyc compiles the engine's classes as native classes, which
+    interpreted code cannot subclass; a protocol lets tests script stdin with their own."""
 
     def poll(self, timeout: float | None) -> bool:
-        """Whether ``fill`` would return without blocking."""
+        """Whether ``fill`` would return without blocking (None waits forever)."""
         ...
 
     def fill(self) -> bytes:
@@ -130,45 +35,85 @@ class Feed(Protocol):
         ...
 
 
-class FeedSource(ByteSource):
-    """A source whose bytes come from a :class:`Feed`."""
+class BytesSource:
+    """A fixed script of input bytes followed by EOF."""
 
-    def __init__(self, feed: Feed) -> None:
-        super().__init__()
-        self._feed = feed
+    def __init__(self, data: bytes) -> None:
+        self._pending = data
 
-    def _poll(self, timeout: float | None) -> bool:
-        return self._feed.poll(timeout)
-
-    def _fill(self) -> bool:
-        chunk = self._feed.fill()
-        if not chunk:
-            return False
-        self._buf += chunk
+    def poll(self, timeout: float | None) -> bool:
         return True
 
+    def fill(self) -> bytes:
+        data = self._pending
+        self._pending = b""
+        return data
 
-class FdSource(ByteSource):
+
+class FdSource:
     """A pipe or terminal file descriptor (the engine's stdin)."""
 
     def __init__(self, fd: int) -> None:
-        super().__init__()
         self._fd = fd
 
-    def _poll(self, timeout: float | None) -> bool:
+    def poll(self, timeout: float | None) -> bool:
         try:
             readable, _, _ = select.select([self._fd], [], [], timeout)
         except InterruptedError:
             return False
         return bool(readable)
 
-    def _fill(self) -> bool:
+    def fill(self) -> bytes:
         while True:
             try:
-                chunk = os.read(self._fd, _CHUNK)
+                return os.read(self._fd, _CHUNK)
             except InterruptedError:
                 continue
-            if not chunk:
-                return False
-            self._buf += chunk
+
+
+class CommandInput:
+    """A source fed to a command parser: whole frames, one at a time. Frames are taken from
+    the parser only as the loop asks for them, so a long script is held as bytes, not as
+    thousands of frames."""
+
+    def __init__(self, source: Source, parser: FrameParser) -> None:
+        self._source = source
+        self._parser = parser
+        self._frames: deque[WireFrame] = deque()
+        self._eof = False  # the source is exhausted
+        self._finished = False  # ... and the parser has given its last frames
+
+    def _read(self) -> None:
+        chunk = self._source.fill()
+        if chunk:
+            self._parser.push(chunk)
+        else:
+            self._eof = True
+
+    def _waiting(self) -> bool:
+        """Whether a frame is there, taking the parser's next one if none is held."""
+        if not self._frames:
+            frame = self._parser.take()
+            if frame is not None:
+                self._frames.append(frame)
+            elif self._eof and not self._finished:
+                self._finished = True
+                self._frames.extend(self._parser.finish())
+        return bool(self._frames)
+
+    def ready(self, timeout: float | None = 0.0) -> bool:
+        """True if ``next`` would not block: a whole frame (or EOF) is there. Reads at most
+        once, so a command still arriving never holds up the loop's decoding."""
+        if self._waiting() or self._finished:
             return True
+        if self._source.poll(timeout):
+            self._read()
+        return self._waiting() or self._finished
+
+    def next(self) -> WireFrame | None:
+        """The next frame, blocking until one is whole; None at EOF."""
+        while not self._waiting():
+            if self._finished:
+                return None
+            self._read()
+        return self._frames.popleft()

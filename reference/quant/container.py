@@ -9,8 +9,10 @@ Spec: spec/model.md §14 "Container".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +23,7 @@ from colibri.reference.quant.resolve import Resolved, resolve_format
 from colibri.reference.quant.safetensors_file import SafetensorsDir
 
 SCALE_SUFFIX = ".qs"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,13 +93,19 @@ class QuantContainer:
         info = self.tensor_format(name, shape)
         if info.fmt == Fmt.F32:
             return self.files.float32(name)
-        return dequantize(
+        return self.decode(info, shape, dequantize)
+
+    def decode(self, info: TensorFormat, shape: tuple[int, int], decoder: Callable[..., T]) -> T:
+        """A quantized tensor's stored parts handed to ``decoder`` in the order
+        ``dequantize`` takes them (format, payload, scales, shape; group_size and name by
+        keyword): the reference dequantizes, the accelerated path keeps them quantized."""
+        return decoder(
             info.fmt,
-            self.files.raw(name),
-            self.files.array(name + SCALE_SUFFIX),
+            self.files.raw(info.name),
+            self.files.array(info.name + SCALE_SUFFIX),
             shape,
             group_size=info.group_size or None,
-            name=name,
+            name=info.name,
         )
 
     def vector(self, name: str) -> npt.NDArray[np.float32]:

@@ -11,21 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.control_plane_support import needs_compiled
 
 from colibri import control_plane
 
 PY_ONLY = {k: v for k, v in os.environ.items() if k != control_plane.ENV}
 
 
-def _built() -> bool:
-    try:
-        control_plane.check_current(control_plane.read_build())
-    except control_plane.ControlPlaneError:
-        return False
-    return True
-
-
-needs_build = pytest.mark.skipif(not _built(), reason="no current mypyc build (`make build`)")
 
 
 def _engine_stderr(*args: str, env: dict[str, str] | None = None) -> str:
@@ -40,7 +32,7 @@ def test_reference_engine_runs_the_py_modules() -> None:
     assert "[CONTROL] interpreted\n" in _engine_stderr()
 
 
-@needs_build
+@needs_compiled
 @pytest.mark.parametrize("args", [("--accelerated",), ("--backend", "accelerated"),
                                   ("--backend=accelerated",)])
 def test_accelerated_engine_runs_the_compiled_modules(args: tuple[str, ...]) -> None:
@@ -49,7 +41,7 @@ def test_accelerated_engine_runs_the_compiled_modules(args: tuple[str, ...]) -> 
     assert "[CONTROL] compiled (mypyc)" in _engine_stderr(*args)
 
 
-@needs_build
+@needs_compiled
 def test_compiled_modules_are_extension_files_and_the_py_ones_stay_importable() -> None:
     probe = (
         "import sys; from colibri import control_plane as c; c.select(sys.argv[1:]);"
@@ -69,7 +61,7 @@ def test_compiled_modules_are_extension_files_and_the_py_ones_stay_importable() 
     assert compiled[1] == plain[1] == "colibri.text.tokenizer"
 
 
-@needs_build
+@needs_compiled
 def test_compiled_engine_serves_the_reference_backend() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "colibri", "engine"], input=b"", capture_output=True,
@@ -134,7 +126,7 @@ def test_a_build_from_other_sources_is_stale(tmp_path: Path) -> None:
     assert control_plane.source_digest(control_plane.control_plane_sources(copy)) != before
 
 
-@needs_build
+@needs_compiled
 def test_switching_after_the_control_plane_is_imported_is_refused() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "import colibri.engine.mux; from colibri import control_plane as c;"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.frame_support import feed_in_pieces
 
 from colibri.protocol import (
     BROKEN,
@@ -308,12 +309,7 @@ STREAM = (
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_frame_parser_does_not_care_how_the_bytes_arrive(cuts: list[int]) -> None:
     whole = FrameParser().feed(STREAM)
-    parser, got, start = FrameParser(), [], 0
-    for cut in sorted(cuts):
-        got += parser.feed(STREAM[start:cut])
-        start = cut
-    got += parser.feed(STREAM[start:]) + parser.finish()
-    assert got == whole
+    assert feed_in_pieces(FrameParser(), STREAM, cuts) == whole
     assert [f.kind for f in whole] == [
         "PREAMBLE", "READY", "STAT", "ACCEPT", "DATA", "ECHO", "TOOL", "GPUDETAIL", "DONE"
     ]

@@ -9,6 +9,7 @@ engine's protocol machinery be tested on its own).
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,34 +18,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from colibri.benchmarks.zero_backend import SyntheticBackend, SyntheticShape
 from colibri.engine.backend import (
     Device,
-    Draft,
     KvRecord,
-    ResidentExperts,
     Step,
     StepRow,
     StepTiming,
     sparse_layers,
 )
 
-
-@dataclass(frozen=True)
-class FakeConfig:
-    vocab_size: int = 64
-    num_hidden_layers: int = 3
-    n_routed_experts: int = 8
-    num_experts_per_tok: int = 2
-    kv_lora_rank: int = 4
-    qk_rope_head_dim: int = 2
-    index_head_dim: int = 0
-    indexer_types: tuple[str, ...] | None = None
-    num_nextn_predict_layers: int = 0
-    eos_token_ids: tuple[int, ...] = (1,)
-    first_dense: int = 1
-
-    def is_sparse(self, layer: int) -> bool:
-        return layer >= self.first_dense
+#: The fake's shape: 64 tokens, 3 layers of which the last 2 are sparse, 8 experts top-2;
+#: keyword arguments override a field (``FakeConfig(eos_token_ids=())``).
+FakeConfig = functools.partial(
+    SyntheticShape, vocab_size=64, num_hidden_layers=3, n_routed_experts=8,
+    num_experts_per_tok=2, first_dense=1, model_type="fake",
+)
 
 
 @dataclass
@@ -57,13 +46,12 @@ class FakeState:
         return len(self.rows)
 
 
-class FakeBackend:
-    has_mtp = False
+class FakeBackend(SyntheticBackend):
     model_tag = 0x1234
 
     def __init__(
         self,
-        config: FakeConfig | None = None,
+        config: SyntheticShape | None = None,
         eos_bias: float = 0.0,
         *,
         timing: StepTiming | None = None,
@@ -72,27 +60,16 @@ class FakeBackend:
         build: str = "fake 1",
     ) -> None:
         #: Two fakes under different names or builds stand for two backends (persistence).
-        self.name = name
-        self.build = build
+        super().__init__(config or FakeConfig(), name, build)
         # Another build computes other KV rows (so mixing would show); the default build
         # keeps the rows the recorded transcripts were made with.
         self._salt = [] if build == "fake 1" else [zlib.crc32(build.encode())]
         self.imported = 0
-        self.config = config or FakeConfig()
         self.eos_bias = eos_bias
         #: What every step reports as its timing (the fake measures nothing itself).
         self.timing = timing or StepTiming()
         self._devices = list(devices)
         self.forward_rows = 0
-        self.resident = ResidentExperts()
-
-    @property
-    def shape(self) -> FakeConfig:
-        return self.config
-
-    @property
-    def tiers(self) -> ResidentExperts:
-        return self.resident
 
     @property
     def kv_record(self) -> KvRecord:
@@ -158,9 +135,6 @@ class FakeBackend:
             self.timing,
         )
 
-    def draft(self, state: Any, token: int) -> Draft:
-        raise ValueError("the fake backend has no MTP head")
-
     def export_kv(self, state: Any, start: int, stop: int) -> npt.NDArray[np.float32]:
         return np.stack(state.rows[start:stop]).astype(np.float32)
 
@@ -174,9 +148,6 @@ class FakeBackend:
 
     def devices(self) -> list[Device]:
         return list(self._devices)
-
-    def close(self) -> None:
-        pass
 
 
 class ByteTokenizer:

@@ -13,14 +13,14 @@ from colibri.engine.mux import MuxEngine
 from colibri.engine.registry import BackendOptions, open_backend
 from colibri.engine.runtime import TextTokenizer
 from colibri.engine.settings import from_environment
-from colibri.engine.wire_input import BytesSource, FeedSource
+from colibri.engine.wire_input import BytesSource, Source
 from colibri.engine.wire_output import FrameWriter
 from colibri.protocol import Frame, FrameReader
 from support.engine_fakes import FakeBackend
 
 
 class Waves:
-    """Scripted stdin in waves (a ``Feed``): the next wave arrives only once the engine is idle.
+    """Scripted stdin in waves (a ``Source``): the next wave arrives only once the engine is idle.
 
     The loop polls with timeout 0 while requests are active and waits when idle, so a wave is
     what a server sends after every earlier request has finished (DONE or ERROR).
@@ -115,7 +115,7 @@ def run_engine(
         backend = wrap(backend)
     runtime = build_runtime(settings, environment, log, backend=backend, tokenizer=tokenizer)
     stdout = io.BytesIO()
-    source = BytesSource(script) if isinstance(script, bytes) else FeedSource(Waves(script))
+    source: Source = BytesSource(script) if isinstance(script, bytes) else Waves(script)
     engine = MuxEngine(runtime, source, FrameWriter(stdout))
     assert engine.run() == 0
     data = stdout.getvalue()
