@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from colibri.conformance.capabilities import CORE, profile_of, unknown
 
 from colibri.resources import spec_dir, spec_path
 
@@ -35,6 +36,7 @@ PROTOCOL_EXPECTATIONS = frozenset(
         "logprobs",
         "state_files",
         "invariant",
+        "golden_bytes",
     }
 )
 HTTP_EXPECTATIONS = frozenset({"status", "header", "json", "schema", "sse", "metrics", "relation"})
@@ -72,7 +74,14 @@ class Case:
     fresh: bool = False
     server_args: tuple[str, ...] = ()
     source: str = ""
+    #: The seed clause a core protocol case checks (spec/conformance.md).
+    seed: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def profile(self) -> str:
+        """`core` or `colibri` (protocol cases); HTTP cases have no profile yet."""
+        return profile_of(self.requires) if self.suite == "protocol" else ""
 
     @property
     def steps(self) -> list[dict[str, Any]]:
@@ -117,6 +126,15 @@ def _build(raw: dict[str, Any], source: str) -> Case:
         )
         for name, engine, steps, fresh in specs
     ]
+    requires = frozenset(raw.get("requires", []))
+    if suite == "protocol":
+        strange = unknown(requires)
+        if strange:
+            raise CaseError(f"{source}: {raw['id']}: unknown capabilities {strange}")
+        if profile_of(requires) == CORE and not raw.get("seed"):
+            raise CaseError(
+                f"{source}: {raw['id']}: a core case names the seed clause it checks ('seed')"
+            )
     names = [s.name for s in sessions]
     if len(set(names)) != len(names):
         raise CaseError(f"{source}: {raw['id']}: session names repeat")
@@ -127,12 +145,13 @@ def _build(raw: dict[str, Any], source: str) -> Case:
         description=raw["description"],
         clause=raw["clause"],
         level=raw["level"],
-        requires=frozenset(raw.get("requires", [])),
+        requires=requires,
         expect=list(raw["expect"]),
         sessions=sessions,
         fresh=any(session.fresh for session in sessions),
         server_args=tuple(raw.get("server_args", [])),
         source=source,
+        seed=str(raw.get("seed", "")),
         raw=raw,
     )
 
