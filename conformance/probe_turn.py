@@ -30,7 +30,11 @@ def probe_turn(target: EngineTarget, codec: PromptCodec, timeout: float) -> set[
     try:
         session.start()
         start = len(session.frames)
-        session.send(f"SUBMIT {PROBE_ID} 0 {len(payload)} 2 0 1\n".encode() + payload + b"\n")
+        # ids=1 only when the caller chose id payloads (--prompts ids): it then knows the
+        # engine takes them; otherwise the request is the seed's six fields.
+        ext = " 0 ids=1" if codec.ids_mode else ""
+        header = f"SUBMIT {PROBE_ID} 0 {len(payload)} 2 0 1{ext}\n"
+        session.send(header.encode() + payload + b"\n")
         session.wait_for(
             lambda f: f.kind in ("DONE", "ERROR") and f.request_id == PROBE_ID,
             timeout, "the probe request's DONE", start=start,
