@@ -92,6 +92,7 @@ class EngineSession:
         self._reader: FrameReader | None = None
         self._stderr: IO[bytes] | None = None
         self._stdin_closed = False
+        self._generation_start = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -115,14 +116,20 @@ class EngineSession:
             raise EngineError(f"cannot start {shlex.join(self.target.command)}: {exc}") from exc
         self._stdin_closed = False
         self.generation += 1
+        # A restarted engine's READY is a new frame: the previous process's must not count.
+        self._generation_start = len(self.frames)
         assert self._proc.stdout is not None
         self._reader = FrameReader(cast(BinaryIO, self._proc.stdout), legacy=legacy)
 
     def await_ready(self) -> None:
-        self.wait_for(lambda f: f.kind == "READY", self.target.startup_timeout, "READY")
+        start = self._generation_start
+        self.wait_for(
+            lambda f: f.kind == "READY", self.target.startup_timeout, "READY", start=start
+        )
         # The status line after READY is part of the handshake every server waits for.
         self.wait_for(
-            lambda f: f.kind == "STAT", self.target.startup_timeout, "the STAT after READY"
+            lambda f: f.kind == "STAT", self.target.startup_timeout, "the STAT after READY",
+            start=start,
         )
 
     def restart(self) -> None:
