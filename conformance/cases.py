@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from colibri.conformance.capabilities import CORE, profile_of, unknown
 
 from colibri.resources import spec_dir, spec_path
 
@@ -36,6 +37,7 @@ PROTOCOL_EXPECTATIONS = frozenset(
         "state_files",
         "file",
         "invariant",
+        "golden_bytes",
     }
 )
 HTTP_EXPECTATIONS = frozenset(
@@ -75,8 +77,11 @@ class Case:
     fresh: bool = False
     server_args: tuple[str, ...] = ()
     source: str = ""
-    #: Whose documented contract the case checks (conformance/http_profiles.py); "" if none.
+    #: Protocol cases: `core` or `colibri`, from what they require (conformance/capabilities.py);
+    #: HTTP cases: whose documented contract they check (conformance/http_profiles.py).
     profile: str = ""
+    #: The seed clause a core protocol case checks (spec/conformance.md).
+    seed: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -122,6 +127,15 @@ def _build(raw: dict[str, Any], source: str) -> Case:
         )
         for name, engine, steps, fresh in specs
     ]
+    requires = frozenset(raw.get("requires", []))
+    if suite == "protocol":
+        strange = unknown(requires)
+        if strange:
+            raise CaseError(f"{source}: {raw['id']}: unknown capabilities {strange}")
+        if profile_of(requires) == CORE and not raw.get("seed"):
+            raise CaseError(
+                f"{source}: {raw['id']}: a core case names the seed clause it checks ('seed')"
+            )
     names = [s.name for s in sessions]
     if len(set(names)) != len(names):
         raise CaseError(f"{source}: {raw['id']}: session names repeat")
@@ -132,13 +146,14 @@ def _build(raw: dict[str, Any], source: str) -> Case:
         description=raw["description"],
         clause=raw["clause"],
         level=raw["level"],
-        requires=frozenset(raw.get("requires", [])),
+        requires=requires,
         expect=list(raw["expect"]),
         sessions=sessions,
         fresh=any(session.fresh for session in sessions),
         server_args=tuple(raw.get("server_args", [])),
         source=source,
-        profile=raw.get("profile", ""),
+        profile=raw.get("profile") or (profile_of(requires) if suite == "protocol" else ""),
+        seed=str(raw.get("seed", "")),
         raw=raw,
     )
 

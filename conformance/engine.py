@@ -18,34 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
+from colibri.conformance.capabilities import from_caps
 from colibri.conformance.frames import Frame, FrameReader
+from colibri.conformance.snapshot import link_model
 
 #: Handshake lines that announce optional capabilities (forward compatible: old servers
 #: ignore them). Tokens are ``name``, ``name=1`` or ``name=0``.
 CAPABILITY_KINDS = ("CAPS", "CAPABILITIES", "FEATURES")
-
-#: Names engines use in their capability line -> the suite's capability names.
-CAPABILITY_ALIASES = {
-    "logprobs": "logprobs",
-    "echo": "logprobs",
-    "ids": "ids",
-    "token_ids": "ids",
-    "topk": "topk_frames",
-    "topk_frames": "topk_frames",
-    "seed": "per_request_seed",
-    "per_request_seed": "per_request_seed",
-    "persist": "persistence",
-    "persistence": "persistence",
-    "kv_persist": "persistence",
-    "legacy": "legacy_protocol",
-    "legacy_protocol": "legacy_protocol",
-    "mtp": "mtp",
-    "grammar": "grammar",
-    "stop": "stop",
-    "accept": "accept",
-    "context_exceeded": "context_exceeded",
-    "echo_at": "echo_at",
-}
 
 #: In a case's engine ``env`` values, this is replaced by the session's private state
 #: directory, so a case can point a file-writing variable (``STATS``) where the
@@ -73,6 +52,10 @@ class EngineTarget:
     model_dir: Path | None
     extra_env: dict[str, str] = field(default_factory=dict)
     startup_timeout: float = 120.0
+    #: Where the engine keeps its state files: "env" (COLI_STATE_DIR, protocol.md §4.1) or
+    #: "snap" (next to the model, as colibri's older engines do: each session then gets a
+    #: private model directory of links, see snapshot.py).
+    state_dir: str = "env"
 
     @classmethod
     def from_command(
@@ -88,6 +71,9 @@ class EngineTarget:
         env.update(self.extra_env)
         if self.model_dir is not None:
             env["SNAP"] = str(self.model_dir)
+            if self.state_dir == "snap":
+                link_model(self.model_dir, state_dir)
+                env["SNAP"] = str(state_dir)
         env["SERVE"] = "1"
         if config.get("protocol", "mux") == "mux":
             env["SERVE_BATCH"] = "1"
@@ -122,6 +108,7 @@ class EngineSession:
         self._reader: FrameReader | None = None
         self._stderr: IO[bytes] | None = None
         self._stdin_closed = False
+        self._generation_start = 0
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -145,14 +132,20 @@ class EngineSession:
             raise EngineError(f"cannot start {shlex.join(self.target.command)}: {exc}") from exc
         self._stdin_closed = False
         self.generation += 1
+        # A restarted engine's READY is a new frame: the previous process's must not count.
+        self._generation_start = len(self.frames)
         assert self._proc.stdout is not None
         self._reader = FrameReader(cast(BinaryIO, self._proc.stdout), legacy=legacy)
 
     def await_ready(self) -> None:
-        self.wait_for(lambda f: f.kind == "READY", self.target.startup_timeout, "READY")
+        start = self._generation_start
+        self.wait_for(
+            lambda f: f.kind == "READY", self.target.startup_timeout, "READY", start=start
+        )
         # The status line after READY is part of the handshake every server waits for.
         self.wait_for(
-            lambda f: f.kind == "STAT", self.target.startup_timeout, "the STAT after READY"
+            lambda f: f.kind == "STAT", self.target.startup_timeout, "the STAT after READY",
+            start=start,
         )
 
     def restart(self) -> None:
@@ -286,37 +279,12 @@ class EngineSession:
 
 
 def capabilities_from_frames(frames: list[Frame]) -> set[str]:
-    """Optional capabilities announced in the handshake."""
+    """Capabilities announced in the handshake (none without a capability line)."""
     found: set[str] = set()
     for frame in frames:
-        if frame.kind not in CAPABILITY_KINDS:
-            continue
-        for token in frame.fields[1:]:
-            name, _, value = token.partition("=")
-            alias = CAPABILITY_ALIASES.get(name.lower())
-            # Values are numbers (logprobs=32 is the largest k); 0 means "not supported".
-            if alias and value not in ("0", "false", "off", "no"):
-                found.add(alias)
+        if frame.kind in CAPABILITY_KINDS:
+            found |= from_caps(dict(token.partition("=")[::2] for token in frame.fields[1:]))
     return found
-
-
-def probe_legacy(target: EngineTarget, timeout: float) -> bool:
-    """Does the engine speak the legacy protocol (SERVE=1 without SERVE_BATCH)?
-
-    A RESET must come back as the END sentinel and a STAT line.
-    """
-    session = EngineSession(target, {"protocol": "legacy", "kv_slots": 1})
-    try:
-        session.start()
-        session.send(b"\x02RESET\n")
-        # EOF right after, so a mux-only engine exits instead of leaving us to time out.
-        session.close_stdin()
-        session.await_exit(timeout)
-        return any(f.kind == "TEXT" for f in session.frames)
-    except EngineError:
-        return False
-    finally:
-        session.close()
 
 
 def probe_capabilities(

@@ -34,8 +34,13 @@ class Result:
     attempts: int = 1
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    #: The profile the case belongs to (conformance/http_profiles.py); "" when it names none.
+    #: The case's profile (protocol: core or colibri; HTTP: openai, anthropic or colibri),
+    #: capabilities and seed clause.
     profile: str = ""
+    requires: list[str] = field(default_factory=list)
+    seed: str = ""
+    #: Capabilities the target lacks, when that is why the case was skipped.
+    lacks: list[str] = field(default_factory=list)
 
     @property
     def blocking(self) -> bool:

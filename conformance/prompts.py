@@ -9,7 +9,7 @@ as ids, which keeps prefix-reuse cases meaningful in both modes.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ class PromptCodec:
     #: End-of-sequence ids (config.json / generation_config.json): an engine stops there.
     eos_ids: frozenset[int] = frozenset()
     model_dir: Path | None = None
+    #: Byte-level mode (conformance/byte_tokenizer.py): entry i is the byte token i is
+    #: spelled with; payloads are text, one token per byte.
+    byte_of: tuple[int, ...] | None = None
 
     @classmethod
     def for_model(cls, model_dir: Path | None, mode: str = "auto") -> PromptCodec:
@@ -61,6 +64,16 @@ class PromptCodec:
             raise PromptError(f"vocabulary of {vocab} tokens is too small to build prompts")
         return cls(ids_mode, vocab, oracle, frozenset(int(v) for v in eos), model_dir)
 
+    def with_bytes(self, byte_of: tuple[int, ...], model_dir: Path) -> PromptCodec:
+        """The same model driven through a byte-level tokenizer living in model_dir."""
+        return replace(self, ids_mode=False, byte_of=byte_of, model_dir=model_dir)
+
+    def spell(self, ids: list[int]) -> bytes:
+        """The bytes of token ids under the byte-level tokenizer."""
+        if self.byte_of is None:
+            raise PromptError("only a byte-level codec spells token ids as bytes")
+        return bytes(self.byte_of[i] for i in ids)
+
     def text_ids(self, text: str) -> list[int]:
         # Stay clear of id 0 and the top of the vocabulary, where special tokens usually sit.
         span = min(self.vocab - 2, 250)
@@ -73,14 +86,20 @@ class PromptCodec:
         return [int(v) for v in value]
 
     def encode(self, prompt: Any) -> Payload:
-        if isinstance(prompt, dict) and "ids" in prompt:
-            ids = [int(v) for v in prompt["ids"]]
-            return Payload(" ".join(map(str, ids)).encode(), len(ids), True)
-        if isinstance(prompt, dict) and "oracle" in prompt:
-            ids = self.oracle_ids(str(prompt["oracle"]))
+        if isinstance(prompt, dict) and ("ids" in prompt or "oracle" in prompt):
+            ids = (
+                [int(v) for v in prompt["ids"]]
+                if "ids" in prompt
+                else self.oracle_ids(str(prompt["oracle"]))
+            )
+            if self.byte_of is not None:
+                return Payload(self.spell(ids), len(ids), False)
             return Payload(" ".join(map(str, ids)).encode(), len(ids), True)
         if not isinstance(prompt, str):
             raise PromptError(f"unsupported prompt {prompt!r}")
+        if self.byte_of is not None:
+            data = prompt.encode("utf-8")
+            return Payload(data, len(data), False)
         if self.ids_mode:
             ids = self.text_ids(prompt)
             return Payload(" ".join(map(str, ids)).encode(), len(ids), True)

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colibri.conformance.capabilities import CAPABILITIES, kinds_text, pattern_for
 from colibri.conformance.cases import Case
 from colibri.conformance.frames import PREAMBLE, Frame
+from colibri.conformance.golden_bytes import check_golden_bytes, oracle_continuation
 from colibri.conformance.grammar import Grammar
 from colibri.conformance.invariants import check_invariant
 from colibri.conformance.outcome import CheckFailure, NotApplicable
@@ -66,6 +68,7 @@ class SessionView:
 
 
 Views = dict[str, SessionView]
+EVERY_CAPABILITY = frozenset(CAPABILITIES)
 
 
 def _session(views: Views, name: str | None) -> SessionView:
@@ -219,10 +222,10 @@ def _frame(views: Views, exp: dict[str, Any]) -> None:
             )
 
 
-def _sequence(views: Views, exp: dict[str, Any]) -> None:
+def _sequence(views: Views, exp: dict[str, Any], capabilities: frozenset[str]) -> None:
     view = _session(views, exp.get("session"))
     kinds = _kinds_of(view, exp.get("id"))
-    if not re.fullmatch(exp["pattern"], kinds):
+    if not re.fullmatch(pattern_for(exp["pattern"], capabilities), kinds_text(kinds.split())):
         who = f"request {exp['id']}" if "id" in exp else f"session {view.name}"
         shown = kinds if len(kinds) < 300 else kinds[:150] + " ... " + kinds[-140:]
         raise CheckFailure(f"frame order of {who} /{exp['pattern']}/ does not match: {shown!r}")
@@ -282,12 +285,9 @@ def _exit(views: Views, exp: dict[str, Any]) -> None:
 
 def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
     view = _session(views, exp.get("session"))
-    key = exp.get("oracle", "full_ids")
-    prompt_key = exp.get("prompt", "prompt_ids")
-    expected_full = codec.oracle_ids(key)
-    prompt = codec.oracle_ids(prompt_key)
-    expected = (
-        expected_full[len(prompt) :] if expected_full[: len(prompt)] == prompt else expected_full
+    prompt = codec.oracle_ids(exp.get("prompt", "prompt_ids"))
+    expected, stops = oracle_continuation(
+        codec, exp.get("oracle", "full_ids"), exp.get("prompt", "prompt_ids")
     )
     got: list[int] = []
     for frame in view.frames:
@@ -296,12 +296,11 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
             if len(fields) < 7:
                 raise CheckFailure(f"DATA without a logprob tail: {frame.describe()!r}")
             got.append(int(fields[5]))  # k=1 table: its single entry is the greedy token
-    expected = expected[: int(exp.get("limit", len(expected)))]
     # The oracle decodes a fixed number of steps; an engine stops at end-of-sequence, which
-    # it does not send as DATA.
-    stops_at = next((i for i, token in enumerate(expected) if token in codec.eos_ids), None)
-    if stops_at is not None:
-        expected = expected[:stops_at]
+    # it does not send as DATA (oracle_continuation cuts there).
+    limit = int(exp.get("limit", len(expected)))
+    stops = stops and limit > len(expected)
+    expected = expected[:limit]
     if "logits" in exp:
         if "tolerance" in exp:
             # The tolerance is the model's rule (spec/model.md §15), never a case's number.
@@ -317,7 +316,7 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
         raise CheckFailure(f"greedy tokens {got[: len(expected)]} != oracle {expected}")
     if len(got) < len(expected):
         raise CheckFailure(f"only {len(got)} tokens, the oracle has {len(expected)}")
-    if stops_at is not None and len(got) != len(expected):
+    if stops and len(got) != len(expected):
         raise CheckFailure(
             f"the oracle reaches end-of-sequence after {len(expected)} tokens, "
             f"the engine sent {len(got)}"
@@ -339,7 +338,13 @@ def _golden_echo(view: SessionView, rid: int, predictions: list[int], prompt_len
         raise CheckFailure(f"teacher-forced argmax {got} != oracle tf_pred {want}")
 
 
-def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCodec) -> list[str]:
+def check_protocol(
+    case: Case,
+    views: Views,
+    grammar: Grammar,
+    codec: PromptCodec,
+    capabilities: frozenset[str] = EVERY_CAPABILITY,
+) -> list[str]:
     warnings: list[str] = []
     for number, exp in enumerate(case.expect):
         kind = exp["type"]
@@ -349,7 +354,7 @@ def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCode
             elif kind == "frame":
                 _frame(views, exp)
             elif kind == "sequence":
-                _sequence(views, exp)
+                _sequence(views, exp, capabilities)
             elif kind == "relation":
                 _relation(views, exp, codec)
             elif kind == "same_stream":
@@ -358,6 +363,8 @@ def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCode
                 _exit(views, exp)
             elif kind == "golden":
                 _golden(views, exp, codec)
+            elif kind == "golden_bytes":
+                check_golden_bytes(_session(views, exp.get("session")).frames, exp, codec)
             elif kind == "legacy":
                 _legacy(views, exp)
             elif kind == "state_files":

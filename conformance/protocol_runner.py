@@ -160,7 +160,9 @@ class ProtocolRunner:
                             + _stderr_hint(session.engine)
                         ) from exc
             views = {s.name: s.view() for s in live}
-            return check_protocol(case, views, self.grammar, self.codec)
+            return check_protocol(
+                case, views, self.grammar, self.codec, frozenset(self.capabilities)
+            )
         finally:
             for session in live:
                 self._release(case, session)

@@ -8,8 +8,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TextIO
 
-from colibri.conformance.http_profiles import describe, profile_counts
+from colibri.conformance.http_profiles import describe
+from colibri.conformance.http_profiles import profile_counts as http_profile_counts
 from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL, XPASS, Result
+from colibri.conformance.profile_report import lacking, profile_counts
+from colibri.conformance.versions import report_header
 
 COLUMNS = (PASS, FAIL, ERROR, XFAIL, XPASS, SKIP)
 
@@ -29,9 +32,10 @@ def summary_table(results: list[Result], out: TextIO) -> None:
         out.write(f"{area:<{width}}  " + "  ".join(f"{counts[c]:>5}" for c in COLUMNS) + "\n")
     out.write("-" * len(header) + "\n")
     out.write(f"{'total':<{width}}  " + "  ".join(f"{totals[c]:>5}" for c in COLUMNS) + "\n")
-    if any(r.profile for r in results):
+    # Protocol profiles nest (colibri extends core): profile_report writes their summary.
+    if _suite(results) == "http" and any(r.profile for r in results):
         out.write("\nper profile:\n")
-        for line in describe(profile_counts(results)):
+        for line in describe(http_profile_counts(results)):
             out.write(f"  {line}\n")
     for result in results:
         if result.status in (FAIL, ERROR, XPASS) or result.warnings:
@@ -60,12 +64,34 @@ def write_json(results: list[Result], path: Path) -> None:
             "warnings": r.warnings,
             "attempts": r.attempts,
             "duration_s": round(r.duration_s, 4),
+            **_metadata(r),
         }
         for r in results
     ]
-    profiles = {name: dict(counts) for name, counts in profile_counts(results).items()}
-    document = {"ok": verdict(results), "profiles": profiles, "cases": records}
+    document: dict[str, object] = {**report_header(_suite(results)), "ok": verdict(results)}
+    if _suite(results) == "protocol" and any(r.profile for r in results):
+        document["profiles"] = profile_counts(results)
+        document["lacks"] = lacking(results)
+    elif any(r.profile for r in results):
+        counts = http_profile_counts(results)
+        document["profiles"] = {name: dict(tally) for name, tally in counts.items()}
+    document["cases"] = records
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def _suite(results: list[Result]) -> str:
+    return results[0].suite if results else ""
+
+
+def _text(value: object) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def _metadata(r: Result) -> dict[str, object]:
+    """Profile, capabilities, seed clause: present for protocol cases."""
+    if not r.profile:
+        return {}
+    return {"profile": r.profile, "requires": r.requires, "seed": r.seed, "lacks": r.lacks}
 
 
 def write_junit(results: list[Result], path: Path, name: str) -> None:
@@ -77,6 +103,13 @@ def write_junit(results: list[Result], path: Path, name: str) -> None:
         errors=str(sum(r.status == ERROR for r in results)),
         skipped=str(sum(r.status in (SKIP, XFAIL) for r in results)),
         time=f"{sum(r.duration_s for r in results):.3f}",
+    )
+    header = report_header(_suite(results))
+    spec = header["spec"]
+    assert isinstance(spec, dict)
+    ET.SubElement(suite, "properties").extend(
+        [ET.Element("property", name="suite_version", value=str(header["suite_version"]))]
+        + [ET.Element("property", name=f"spec:{k}", value=str(v)) for k, v in spec.items()]
     )
     for r in results:
         case = ET.SubElement(
@@ -90,8 +123,8 @@ def write_junit(results: list[Result], path: Path, name: str) -> None:
             [
                 ET.Element("property", name="level", value=r.level),
                 ET.Element("property", name="clause", value=r.clause),
-                ET.Element("property", name="profile", value=r.profile),
             ]
+            + [ET.Element("property", name=k, value=_text(v)) for k, v in _metadata(r).items()]
         )
         if r.status == FAIL:
             ET.SubElement(case, "failure", message=r.message[:200]).text = r.message

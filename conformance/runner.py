@@ -62,8 +62,7 @@ def _attempt(executor: Executor, case: Case) -> tuple[str, str, list[str]]:
 
 
 def run_case(executor: Executor, case: Case, expectations: Expectations, reruns: int = 2) -> Result:
-    result = Result(case.id, case.suite, case.area, case.level, case.clause, SKIP,
-                    profile=case.profile)
+    result = _result(case, SKIP)
     expected = expectations.get(case.id)
     if expected is not None and expected.status == "skip":
         result.message = f"skipped by expectations: {expected.reason}"
@@ -71,6 +70,7 @@ def run_case(executor: Executor, case: Case, expectations: Expectations, reruns:
     missing = sorted(case.requires - executor.capabilities)
     if missing:
         result.message = "target lacks: " + ", ".join(missing)
+        result.lacks = missing
         return result
     start = time.monotonic()
     attempts = 1 + (reruns if expected is not None and expected.status == "flaky" else 0)
@@ -168,5 +168,11 @@ def run_parallel(
 def _lost(case: Case, death: str | None) -> Result:
     """The verdict of a case whose worker died: an ERROR, never a silently missing case."""
     reason = f"worker died: {death}" if death else "no worker was left to run it"
-    return Result(case.id, case.suite, case.area, case.level, case.clause, ERROR,
-                  f"harness error: {reason}", profile=case.profile)
+    result = _result(case, ERROR)
+    result.message = f"harness error: {reason}"
+    return result
+
+
+def _result(case: Case, status: str) -> Result:
+    return Result(case.id, case.suite, case.area, case.level, case.clause, status,
+                  profile=case.profile, requires=sorted(case.requires), seed=case.seed)

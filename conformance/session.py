@@ -11,6 +11,7 @@ from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.expectations import Expectations
 from colibri.conformance.http_profiles import select_profiles
 from colibri.conformance.outcome import Result
+from colibri.conformance.profile_report import write_profile_summary
 from colibri.conformance.report import summary_table, verdict, write_json, write_junit
 from colibri.conformance.runner import (
     Cloneable,
@@ -83,6 +84,7 @@ def finish(
     out.write(f"\ncolibri conformance {suite}: {target_name}\n")
     out.write(f"capabilities: {', '.join(sorted(executor.capabilities)) or '(none)'}\n\n")
     summary_table(results, out)
+    write_profile_summary(results, out)
     if options.json_path is not None:
         write_json(results, options.json_path)
     if options.junit_path is not None:

@@ -62,6 +62,7 @@ def _case(**changes: Any) -> dict[str, Any]:
         "area": "sample",
         "description": "a sample case for tests",
         "clause": "protocol.md §2.5",
+        "seed": "serve_protocol.md, Requests: EOF on stdin",
         "level": "must",
         "steps": [{"op": "close_stdin"}],
         "expect": [{"type": "grammar"}],

@@ -69,6 +69,8 @@ KILLERS: dict[str, list[str]] = {
     # a stopped turn ends early, and nothing else answers the STOP
     "stop_stray_error": ["protocol.stop.ends-early", "protocol.stop.ends-with-done"],
     "stop_ignored": ["protocol.stop.ends-early"],
+    # CANCEL removes the request: an engine that lets it decode on sends no CANCELLED
+    "cancel_ignored": ["protocol.cancel.acknowledged"],
 }
 #: Each class of invariant INVARIANTS.md names has at least one mutant above.
 CLASSES: dict[str, list[str]] = {

@@ -52,7 +52,14 @@ MUTANTS = {
     "heat_forgotten": "the handshake EMAP shows no heat (usage history not restored)",
     "stop_stray_error": "answers STOP with ERROR 0 BAD_REQUEST and keeps decoding",
     "stop_ignored": "ignores STOP: the request decodes to its natural end",
+    "cancel_ignored": "ignores CANCEL: the request decodes to its natural end",
+    # Not a mutant: the seed-core double (tests/conformance/test_conformance_profiles.py).
+    "seed_core": "speaks only the seed's protocol (serve_protocol.md): no CAPS, ACCEPT, PROF "
+    "or CONTEXT_EXCEEDED; STOP and SUBMITs with more than six fields are unknown lines",
 }
+
+#: Frames of extensions the seed-core double never sends.
+_NOT_SEED = ("CAPS", "ACCEPT", "PROF", "ECHO")
 
 _SUBMIT = re.compile(
     rb"SUBMIT ([0-9]+) ([0-9]+) ([0-9]+) ([0-9]+) (\S+) (\S+)( [0-9]+)?((?: \S+=\S+)*)"
@@ -108,7 +115,17 @@ class Proxy:
                         line += b" "  # malformed: ERROR 0 BAD_REQUEST, the request goes on
                     if self.mutant == "stop_ignored" and line.startswith(b"STOP "):
                         continue
+                    if self.mutant == "cancel_ignored" and line.startswith(b"CANCEL "):
+                        continue
+                    if self.mutant == "seed_core" and line.startswith(b"STOP "):
+                        self.reply(b"ERROR 0 BAD_REQUEST\n")  # as the seed's glm.c answers
+                        continue
                     sink.write(line + b"\n")
+                    continue
+                if self.mutant == "seed_core" and (match.group(7) or match.group(8)):
+                    # Six fields are all the seed knows: the header cannot be framed, so
+                    # its payload is read as command lines (which the engine refuses).
+                    self.reply(b"ERROR 0 BAD_REQUEST\n")
                     continue
                 size = int(match.group(3)) + int((match.group(7) or b" 0").strip())
                 while len(buffer) < size + 1:
@@ -142,16 +159,24 @@ class Proxy:
 
     # -- engine -> server ------------------------------------------------------------------
     def write(self, frames: list[Frame]) -> None:
-        data = b"".join(self.mutate(f) for f in frames)
+        self.reply(b"".join(self.mutate(f) for f in frames))
+
+    def reply(self, data: bytes) -> None:
+        """Write to the server; both pumps write, one frame run at a time."""
         if data:
-            self.out.write(data)
-            self.out.flush()
+            with self.lock:
+                self.out.write(data)
+                self.out.flush()
 
     def mutate(self, f: Frame) -> bytes:
         m, rid = self.mutant, f.request_id
         fields = f.fields
         if m == "drop_accept" and f.kind == "ACCEPT":
             return b""
+        if m == "seed_core" and f.kind in _NOT_SEED:
+            return b""
+        if m == "seed_core" and f.kind == "ERROR" and "CONTEXT_EXCEEDED" in fields:
+            return f"ERROR {rid} BAD_REQUEST\n".encode()
         if m == "misformat_done" and f.kind == "DONE" and len(fields) > 4:
             fields[4] = f"{float(fields[4]):.3f}"
             return " ".join(fields).encode() + b"\n"

@@ -1,0 +1,62 @@
+"""Safe probes for an engine that announces no capabilities (no CAPS line).
+
+One throwaway engine serves one short seed-form request (six SUBMIT fields, nothing an
+engine of the seed's era could misread) and one STOP of an id that was never sent. What
+comes back shows, without assuming anything:
+
+- ``accept``: the SUBMIT was answered ACCEPT before its DATA;
+- ``prof``: a PROF line came right before the DONE;
+- ``stop``: the STOP was answered ``ERROR <id> NOT_FOUND`` (an engine without STOP answers
+  ``ERROR 0 BAD_REQUEST``, as for any unknown line).
+
+Nothing else is probed: an extension that could change or break the engine's state when it
+is not understood (ids=1, logprobs, persistence switches) is known only from CAPS or from
+the target description.
+"""
+
+from __future__ import annotations
+
+from colibri.conformance.engine import EngineError, EngineSession, EngineTarget
+from colibri.conformance.prompts import PromptCodec
+
+PROBE_ID = 7
+UNKNOWN_ID = 424243
+
+
+def probe_turn(target: EngineTarget, codec: PromptCodec, timeout: float) -> set[str]:
+    payload = codec.encode("Hello").data
+    session = EngineSession(target, {"kv_slots": 1})
+    found: set[str] = set()
+    try:
+        session.start()
+        start = len(session.frames)
+        # ids=1 only when the caller chose id payloads (--prompts ids): it then knows the
+        # engine takes them; otherwise the request is the seed's six fields.
+        ext = " 0 ids=1" if codec.ids_mode else ""
+        header = f"SUBMIT {PROBE_ID} 0 {len(payload)} 2 0 1{ext}\n"
+        session.send(header.encode() + payload + b"\n")
+        session.wait_for(
+            lambda f: f.kind in ("DONE", "ERROR") and f.request_id == PROBE_ID,
+            timeout, "the probe request's DONE", start=start,
+        )
+        turn = [f for f in session.frames[start:] if f.kind not in ("HITS", "REPIN")]
+        kinds = [f.kind for f in turn]
+        mine = [f.kind for f in turn if f.request_id == PROBE_ID]
+        if mine and mine[0] == "ACCEPT":
+            found.add("accept")
+        if len(kinds) >= 2 and kinds[-1] == "DONE" and kinds[-2] == "PROF":
+            found.add("prof")
+        after = len(session.frames)
+        session.send(f"STOP {UNKNOWN_ID}\n".encode())
+        answer = session.wait_for(lambda f: f.kind == "ERROR", timeout, "the STOP's answer",
+                                  start=after)
+        if answer.request_id == UNKNOWN_ID and answer.fields[2:3] == ["NOT_FOUND"]:
+            found.add("stop")
+        session.close_stdin()
+        session.await_exit(timeout)
+    except EngineError:
+        # An engine that cannot serve the probe shows nothing: no extension is assumed.
+        return found
+    finally:
+        session.close()
+    return found
