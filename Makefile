@@ -73,8 +73,7 @@ pytest: $(VENV)/.stamp-test build
 
 # The control plane's tests again with it mypyc-compiled (what --accelerated processes run);
 # skipped, loudly, where `make build` could not compile it (no C compiler).
-COMPILED_TESTS := tests/test_engine_*.py tests/test_backend_contract.py tests/test_sampling.py \
-                  tests/test_submit_grammar.py tests/test_tokenizer.py tests/test_control_plane.py
+COMPILED_TESTS := tests/engine tests/text/test_submit_grammar.py tests/text/test_tokenizer.py
 pytest-compiled: $(VENV)/.stamp-test build
 	@if $(PY) -c 'from colibri import control_plane as c; c.check_current(c.read_build())'; then \
 	  COLIBRI_CONTROL_PLANE=compiled $(BIN)/pytest -q $(COMPILED_TESTS); \

@@ -38,7 +38,7 @@ import numpy as np
 UNIT_ROUNDOFF = 2.0**-24
 #: How many random-walk rounding errors the tolerance admits: 3x the worst measured (2.68, on
 #: every fixture and OpenBLAS kernel exercised; spec/DEVIATIONS.md, "Sameness tolerances")
-#: and small enough that every wrong constant of tests/test_oracle_perturbations.py fails.
+#: and small enough that every wrong constant of tests/reference/test_oracle_perturbations.py fails.
 SAFETY_FACTOR = 8.0
 
 # config.json keys whose value is the length of a dot product in the forward pass, and the

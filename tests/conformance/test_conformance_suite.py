@@ -1,0 +1,114 @@
+"""The conformance suite as pytest tests: every protocol case against `colibri engine` on
+the glm5-tiny fixture (ids=1 payloads) and on the default chat model (text payloads), and
+against `colibri engine --accelerated` on glm5-tiny (skipped only while `make build` has not
+built the accelerated engine's C library).
+
+Both targets run once, side by side (each on a few engines, `run_parallel`), the first time a
+test needs a verdict; each test then reports its case: `must` failures fail, `should`
+failures fail too (the reference must meet them); capability skips skip with their reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import sys
+import threading
+
+import pytest
+from colibri.conformance.cases import Case, load_cases
+from colibri.conformance.engine import EngineError
+from colibri.conformance.expectations import Expectations
+from colibri.conformance.outcome import PASS, Result
+from colibri.conformance.protocol_target import protocol_runner
+from colibri.conformance.runner import run_parallel
+from support.accelerated_support import BUILT, NOT_BUILT_REASON
+from support.conformance_verdict import assert_conformant
+
+from colibri.resources import DEFAULT_MODEL_NAME, fixture_model_dir
+
+ENGINE = f"{shlex.quote(sys.executable)} -m colibri engine"
+ENGINES = {"reference": ENGINE, "accelerated": ENGINE + " --accelerated"}
+#: (engine, model) pairs; a target's id is "model" on the reference, "accelerated:model" else.
+TARGETS = ["glm5-tiny", DEFAULT_MODEL_NAME, "accelerated:glm5-tiny"]
+CASES = load_cases("protocol")
+
+
+def _split(target: str) -> tuple[str, str]:
+    engine, _, model = target.rpartition(":")
+    return engine or "reference", model
+
+
+def _target_params() -> list[object]:
+    unbuilt = pytest.mark.skipif(not BUILT, reason=NOT_BUILT_REASON or "built")
+    return [pytest.param(t, marks=unbuilt) if t.startswith("accelerated:") else t
+            for t in TARGETS]
+
+
+def _run_target(target: str) -> dict[str, Result] | str:
+    engine, model = _split(target)
+    if engine == "accelerated" and not BUILT:
+        return NOT_BUILT_REASON
+    directory = fixture_model_dir(model)
+    try:
+        runner = protocol_runner(ENGINES[engine], directory, timeout=30.0)
+    except EngineError as exc:
+        return f"colibri engine ({engine}) cannot serve {model}: {exc}"
+    results = run_parallel(runner, CASES, Expectations(), reruns=0, jobs=2)
+    return {r.case_id: r for r in results}
+
+
+@functools.cache
+def _verdicts() -> dict[str, dict[str, Result] | str]:
+    verdicts: dict[str, dict[str, Result] | str] = {}
+
+    def run(model: str) -> None:
+        verdicts[model] = _run_target(model)
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in TARGETS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return verdicts
+
+
+@pytest.mark.parametrize("model", _target_params())
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_protocol_case(model: str, case: Case) -> None:
+    outcome = _verdicts()[model]
+    if isinstance(outcome, str):
+        # Every target is a committed fixture on a built engine: not starting is a failure.
+        pytest.fail(outcome, pytrace=False)
+    result = outcome[case.id]
+    assert_conformant(case, result)
+
+
+def _fixture_models() -> list[str]:
+    root = fixture_model_dir("glm5-tiny").parent
+    return sorted(p.name for p in root.iterdir() if (p / "oracle.json").is_file())
+
+
+GOLDEN = [c for c in CASES if c.area == "golden"]
+
+
+@pytest.mark.parametrize("engine", [
+    "reference",
+    pytest.param("accelerated", marks=pytest.mark.skipif(not BUILT,
+                                                         reason=NOT_BUILT_REASON or "built")),
+])
+@pytest.mark.parametrize("model", _fixture_models())
+def test_golden_cases_on_every_fixture_model(model: str, engine: str) -> None:
+    """Greedy tokens and teacher-forced argmaxes match each fixture's oracle.json (quantized
+    containers included) on both engines; the capabilities are known, so no handshake probe
+    is needed."""
+    runner = protocol_runner(
+        ENGINES[engine],
+        fixture_model_dir(model),
+        timeout=30.0,
+        capabilities={"mux", "oracle", "logprobs", "ids"},
+    )
+    results = run_parallel(runner, GOLDEN, Expectations(), reruns=0, jobs=1)
+    assert {r.case_id: r.status for r in results} == dict.fromkeys((c.id for c in GOLDEN), PASS), [
+        r.message for r in results if r.status != PASS
+    ]

@@ -1,0 +1,93 @@
+"""Expert tiers on the real model: disk until routed, a byte-bounded LRU, a pinned hot set
+ranked from `.coli_usage`, live re-pinning (REPIN), and what the telemetry says about them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support.engine_harness import EngineRun, ids, run_engine, submit
+
+from colibri import resources
+
+TINY = resources.fixture_model_dir("glm5-tiny")
+PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
+EXPERT_BYTES = 3 * 128 * 32 * 4  # gate + up + down of one glm5-tiny expert, float32
+
+
+def _lines(run: EngineRun, kind: str) -> list[list[str]]:
+    return [f.line.decode().split() for f in run.frames if f.kind == kind]
+
+
+def test_experts_start_on_disk_and_come_into_ram_when_routed() -> None:
+    run = run_engine([submit(1, 0, ids(*PROMPT), 8, ext="ids=1")], model_dir=TINY)
+    tiers = _lines(run, "TIERS")
+    assert tiers[0][1:4] == ["0", "0", "16"]  # handshake: every routed expert on disk
+    vram, ram, disk = map(int, tiers[-1][1:4])
+    assert vram == 0 and ram > 0 and ram + disk == 16
+    emap = bytes.fromhex(_lines(run, "EMAP")[-1][3])
+    assert sum(1 for b in emap if b >> 6 == 1) == ram
+    assert all((b >> 6 == 1) == ((b & 63) > 0) for b in emap)  # resident iff ever used
+    done = _lines(run, "DONE")[0]
+    assert float(done[5]) < 100.0  # the first uses were misses
+
+
+def test_ram_budget_bounds_the_cache() -> None:
+    budget_gb = 3 * EXPERT_BYTES / 1e9
+    run = run_engine(
+        [submit(1, 0, ids(*PROMPT), 8, ext="ids=1")],
+        model_dir=TINY,
+        env={"RAM_GB": f"{budget_gb:.9f}"},
+    )
+    for line in _lines(run, "TIERS"):
+        assert int(line[2]) <= 3
+
+
+def test_pin_auto_and_live_repin(tmp_path: Path) -> None:
+    # A first run writes the usage history the pinned set is ranked from.
+    run_engine([submit(1, 0, ids(*PROMPT), 16, ext="ids=1")], model_dir=TINY, state_dir=tmp_path)
+    pin_gb = 2 * EXPERT_BYTES / 1e9
+    run = run_engine(
+        [submit(2, 0, ids(7, 8, 9), 48, ext="ids=1")],
+        model_dir=TINY,
+        state_dir=tmp_path,
+        env={"PIN": "auto", "PIN_GB": f"{pin_gb:.9f}", "REPIN": "8"},
+    )
+    assert "[PIN] pinned 2 experts from auto" in run.stderr
+    first_tiers = _lines(run, "TIERS")[0]
+    assert first_tiers[1:4] == ["0", "2", "14"]  # pinned before the first request
+    repins = _lines(run, "REPIN")
+    assert repins, "no live re-pin swap happened"
+    for _, layer, eid, old_tier, gpu in repins:
+        assert int(layer) in (3, 4) and 0 <= int(eid) < 8 and old_tier in ("0", "1")
+        assert gpu == "-1"
+
+
+def test_quantized_container_behind_the_tiers_gives_the_reference_tokens() -> None:
+    import numpy as np
+    from colibri.reference import load_model
+
+    model_dir = resources.fixture_model_dir("glm5-tiny-int4g64")
+    run = run_engine([submit(1, 0, ids(*PROMPT), 6, ext="ids=1")], model_dir=model_dir)
+    engine_ids = [int(f.payload or b"") for f in run.for_id(1) if f.kind == "DATA"]
+    model = load_model(model_dir)  # the quant helper's own dequantizing store
+    state = model.new_state()
+    logits = model.prefill(state, PROMPT)[-1]
+    expected = []
+    for _ in range(6):
+        token = int(np.argmax(logits))
+        expected.append(token)
+        logits = model.decode(state, token)
+    assert engine_ids == expected
+    assert int(_lines(run, "TIERS")[-1][2]) > 0  # dequantized experts sit in the RAM tier
+
+
+def test_hit_rate_and_disk_time_cover_the_decode_window_only() -> None:
+    # One token is sampled from the prefill's row and the turn ends: there is no decode
+    # forward, so no expert lookup and no disk read fall in the window DONE and PERF cover,
+    # although the prefill itself missed and read experts from disk.
+    run = run_engine([submit(1, 0, ids(*PROMPT), 1, ext="ids=1")], model_dir=TINY)
+    assert _lines(run, "TIERS")[-1][2] != "0"  # the prefill did bring experts into RAM
+    done = _lines(run, "DONE")[0]
+    assert done[3] == "1" and done[5] == "0.0"
+    perf = _lines(run, "PERF")[0]
+    assert perf[3] == "0.000000"  # t_edisk
