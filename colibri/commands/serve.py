@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         print("colibri: warning: --allowed-host '*' disables the DNS-rebinding guard",
               file=sys.stderr)
     config = ServerConfig(
-        model_id=served_model_id(args.model_id, args.model), api_key=args.api_key, max_tokens=args.max_tokens,
+        model_id=served_model_id(args.model_id, args.model), api_key=args.api_key,
+        max_tokens=args.max_tokens,
         kv_slots=args.kv_slots, max_queue=args.max_queue, queue_timeout=args.queue_timeout,
         cors_origins=cors_origins(args.cors_origin), allowed_hosts=tuple(allowed),
         bind_host=args.host, keepalive_s=float(os.environ.get("COLI_KEEPALIVE_S", "10")),
