@@ -67,16 +67,20 @@ typecheck: $(VENV)/.stamp-test
 
 # Where a C compiler exists `make build` has built the accelerated library, so the suite
 # requires it (a missing library fails the run instead of skipping the accelerated tests).
+# One pytest worker per core, at most 4 (each worker starts engines and servers of its own);
+# whole files per worker, so a module's servers and cached verdicts are built once.
+PYTEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+
 pytest: $(VENV)/.stamp-test build
 	COLIBRI_REQUIRE_ACCELERATED=$$($(PY) -c 'from colibri.accelerated.native_build import compiler; print(int(compiler() is not None))') \
-	  $(BIN)/pytest
+	  $(BIN)/pytest -n $(PYTEST_JOBS) --dist loadfile
 
 # The control plane's tests again with it mypyc-compiled (what --accelerated processes run);
 # skipped, loudly, where `make build` could not compile it (no C compiler).
 COMPILED_TESTS := tests/engine tests/text/test_submit_grammar.py tests/text/test_tokenizer.py
 pytest-compiled: $(VENV)/.stamp-test build
 	@if $(PY) -c 'from colibri import control_plane as c; c.check_current(c.read_build())'; then \
-	  COLIBRI_CONTROL_PLANE=compiled $(BIN)/pytest -q $(COMPILED_TESTS); \
+	  COLIBRI_CONTROL_PLANE=compiled $(BIN)/pytest -q -n $(PYTEST_JOBS) --dist loadfile $(COMPILED_TESTS); \
 	else \
 	  echo "## make pytest-compiled: no compiled control plane -- SKIPPED the compiled run ##"; \
 	fi

@@ -22,6 +22,7 @@ from colibri.accelerated.model import Model, open_model
 from colibri.accelerated.native import LibraryNotBuilt
 from colibri.reference.backend import KVStateBackend, model_fingerprint
 from colibri.reference.expert_store import TieredExpertStore
+from colibri.reference.experts import stored_expert_bytes
 
 from colibri.engine.backend import (
     Step,
@@ -76,5 +77,5 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
 
     read: Any = model.read_expert  # Mlp has the nbytes the store's LRU budgets by
     store = TieredExpertStore(read, model.config, usage_rows(model.config),
-                              options.ram_budget_bytes)
+                              options.ram_budget_bytes, stored_expert_bytes(model.checkpoint))
     return AcceleratedBackend(model, store, model_fingerprint(model_dir))

@@ -37,7 +37,6 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                c_void_p]),
     "col_rope": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t, c_void_p,
                          c_void_p, c_int]),
-    "col_silu_mul": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p]),
     "col_mla_attention": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t,
                                   c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                   c_void_p, c_void_p, c_int, c_float, c_void_p]),
@@ -45,6 +44,8 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                  c_size_t, c_float, c_void_p]),
     "col_mat_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
                                c_size_t]),
+    "col_mats_matmul": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_size_t, c_size_t,
+                                c_void_p]),
     "col_moe": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
                         c_size_t, c_void_p]),
 }
@@ -138,6 +139,21 @@ class QuantWeight:
         return int(self.matrix.nbytes)
 
 
+class Products:
+    """Weights of one width that read the same input, with their ``col_mat`` table (built
+    once): ``Kernels.matmul_many`` runs them in one call."""
+
+    __slots__ = ("weights", "desc", "rows", "cols")
+
+    def __init__(self, weights: Sequence[Weight | QuantWeight]) -> None:
+        if not weights or len({w.cols for w in weights}) != 1 or len(weights) > 64:
+            raise KernelInvalidArgument("products: 1 to 64 weights of one width")
+        self.weights = tuple(weights)
+        self.desc = mat_descriptors(self.weights)
+        self.rows = [w.rows for w in self.weights]
+        self.cols = self.weights[0].cols
+
+
 def mat_descriptors(mats: Sequence[Any]) -> np.ndarray:
     """``col_mat`` records of float ``Weight``s and ``QuantMatrix``es (by pointer: the caller
     keeps the arrays alive while the records are used)."""
@@ -227,6 +243,20 @@ class Kernels:
                                         w.rows), "col_matmul")
         return out
 
+    def matmul_many(self, x: F32, products: Products) -> list[F32]:
+        """``[matmul(x, w) for w in products.weights]`` in one C call and one pool run (the
+        same bytes: each element is computed as ``matmul`` computes it)."""
+        m = int(x.shape[0])
+        if x.ndim != 2 or x.shape[1] != products.cols:
+            raise KernelInvalidArgument(f"matmul_many: x {list(x.shape)} against weights of "
+                                        f"width {products.cols}")
+        outs = [np.empty((m, rows), np.float32) for rows in products.rows]
+        ptrs = np.array([o.ctypes.data for o in outs], np.uint64)
+        self._check(self.lib.col_mats_matmul(self.pool, len(outs), products.desc.ctypes.data,
+                                             _ptr(x, m * products.cols, "x"), m, products.cols,
+                                             ptrs.ctypes.data), "col_mats_matmul")
+        return outs
+
     def rms_norm(self, x: F32, w: F32, eps: float) -> F32:
         m, d = x.shape
         out = np.empty_like(x)
@@ -252,16 +282,6 @@ class Kernels:
         self._check(self.lib.col_rope(base, m, heads, row_stride, head_stride, d,
                                       _ptr(cos, m * d // 2, "cos"), _ptr(sin, m * d // 2, "sin"),
                                       int(interleaved)), "col_rope")
-
-    def silu_mul(self, g: F32, u: F32) -> F32:
-        out = np.empty_like(g)
-        n = g.size
-        self._check(self.lib.col_silu_mul(_ptr(g, n, "gate"), _ptr(u, n, "up"), n,
-                                          _ptr(out, n, "out")), "col_silu_mul")
-        return out
-
-    def swiglu(self, x: F32, gate: Weight, up: Weight, down: Weight) -> F32:
-        return self.matmul(self.silu_mul(self.matmul(x, gate), self.matmul(x, up)), down)
 
     def moe(self, x: F32, descriptors: np.ndarray, start: npt.NDArray[np.int64],
             rows: npt.NDArray[np.int64]) -> F32:

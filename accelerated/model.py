@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from colibri.accelerated.kernels import F32, Kernels, Weight
+from colibri.accelerated.kernels import F32, MAT_DTYPE, Kernels, Products, Weight
 from colibri.accelerated.weights import (
     Expert,
     ExpertSource,
@@ -149,6 +149,7 @@ class Model:
         self.store: ExpertLookup | None = None
         self.use_indexer = True
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
+        self._products: dict[tuple[int, bool, bool], Products] = {}
 
     @property
     def mtp(self) -> Layer | None:
@@ -259,6 +260,23 @@ class Model:
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------
 
+    def _input_products(self, lw: Layer, keys: bool, head_weights: bool) -> Products:
+        """The products of a layer's normed input h, built once per layer and variant: the
+        query's first projection, kv_a, and the indexer's key and head-weight projections
+        when the step needs them."""
+        found = self._products.get((lw.index, keys, head_weights))
+        if found is None:
+            aw, ix = lw.attention, lw.attention.indexer
+            weights = [aw.q_a if aw.q_a is not None else aw.q_b, aw.kv_a]
+            if keys:
+                assert ix is not None
+                weights.append(ix.wk)
+            if head_weights:
+                assert ix is not None
+                weights.append(ix.weights_proj)
+            found = self._products[(lw.index, keys, head_weights)] = Products(weights)
+        return found
+
     def _row_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
                    caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
                    rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
@@ -269,33 +287,34 @@ class Model:
         qk, kvl = cfg.qk_head_dim, cfg.kv_lora_rank
         h = k.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
         aw = lw.attention
-        q_resid: F32 | None = None
-        if aw.q_a is not None and aw.q_a_norm is not None:
-            q_resid = k.rms_norm(k.matmul(h, aw.q_a), aw.q_a_norm, LATENT_NORM_EPS)
-            q = k.matmul(q_resid, aw.q_b)
-        else:
-            q = k.matmul(h, aw.q_b)
-        k.rope(q, heads, heads * qk, qk, nope, rdim, cos, sin, cfg.rope_interleave)
-        c = k.matmul(h, aw.kv_a)
-        latent = k.rms_norm(np.ascontiguousarray(c[:, :kvl]), aw.kv_a_norm, LATENT_NORM_EPS)
-        rope_key = np.ascontiguousarray(c[:, kvl:])
-        k.rope(rope_key, 1, rdim, rdim, 0, rdim, cos, sin, cfg.rope_interleave)
         ix = aw.indexer
         run_indexer = mode == "full" and ix is not None
         select_rows = [self.use_indexer and run_indexer and slots[r] + 1 > cfg.index_topk
                        for r in range(m)]
+        # Every product of h in one call: [q_a or q_b, kv_a, (wk), (weights_proj)].
+        outs = k.matmul_many(h, self._input_products(lw, run_indexer, any(select_rows)))
+        q_resid: F32 | None = None
+        if aw.q_a is not None and aw.q_a_norm is not None:
+            q_resid = k.rms_norm(outs[0], aw.q_a_norm, LATENT_NORM_EPS)
+            q = k.matmul(q_resid, aw.q_b)
+        else:
+            q = outs[0]
+        k.rope(q, heads, heads * qk, qk, nope, rdim, cos, sin, cfg.rope_interleave)
+        c = outs[1]
+        latent = k.rms_norm(np.ascontiguousarray(c[:, :kvl]), aw.kv_a_norm, LATENT_NORM_EPS)
+        rope_key = np.ascontiguousarray(c[:, kvl:])
+        k.rope(rope_key, 1, rdim, rdim, 0, rdim, cos, sin, cfg.rope_interleave)
         if run_indexer:
             assert ix is not None
             hd = cfg.index_head_dim
-            ikeys = k.layer_norm(k.matmul(h, ix.wk), ix.k_norm_weight, ix.k_norm_bias,
-                                 INDEXER_NORM_EPS)
+            ikeys = k.layer_norm(outs[2], ix.k_norm_weight, ix.k_norm_bias, INDEXER_NORM_EPS)
             k.rope(ikeys, 1, hd, hd, 0, rdim, cos, sin, True)
         if any(select_rows):
             assert ix is not None and q_resid is not None
             nh = cfg.index_n_heads
             iq = k.matmul(q_resid, ix.wq_b)
             k.rope(iq, nh, nh * hd, hd, 0, rdim, cos, sin, True)
-            iw = k.matmul(h, ix.weights_proj) * np.float32(nh**-0.5)
+            iw = outs[3] * np.float32(nh**-0.5)
         for r in range(m):
             caches[r]["latent"][slots[r]] = latent[r]
             caches[r]["rope_key"][slots[r]] = rope_key[r]
@@ -347,12 +366,12 @@ class Model:
         np.cumsum(counts, out=start[1:])
         experts = [self.expert(lw.index, int(e)) for e in used]
         rows = (order // top).astype(np.int64)
-        descs = [ex.desc for ex in experts]
+        descs = [ex.desc_bytes for ex in experts]
         if lw.shared is not None:  # the shared expert rides along: every row, last block
-            descs.append(lw.shared.desc)
+            descs.append(lw.shared.desc_bytes)
             start = np.append(start, start[-1] + t)
             rows = np.concatenate([rows, np.arange(t, dtype=np.int64)])
-        y = k.moe(x, np.concatenate(descs), start, rows)
+        y = k.moe(x, np.frombuffer(b"".join(descs), MAT_DTYPE), start, rows)
         where = np.empty(t * top, np.int64)
         where[order] = np.arange(t * top)
         outputs = y[where].reshape(t, top, cfg.hidden_size)

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from colibri.reference.config import ModelConfig
 from colibri.reference.expert_store import TieredExpertStore, mapped_reader
+from colibri.reference.experts import stored_expert_bytes
 from colibri.reference.kv_cache import KVState
 from colibri.reference.kv_codec import ReferenceKvCodec
 from colibri.reference.model import Model
@@ -175,6 +176,7 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Refer
         quantized = quantized_expert_store(model_dir, config, budget_bytes=0)
         if quantized is not None:
             read = quantized.expert
-    store = TieredExpertStore(read, config, usage_rows(config), options.ram_budget_bytes)
+    store = TieredExpertStore(read, config, usage_rows(config), options.ram_budget_bytes,
+                              stored_expert_bytes(checkpoint))
     model = Model(config, checkpoint, store)
     return ReferenceBackend(model, store, model_fingerprint(model_dir))

@@ -31,6 +31,8 @@ from colibri.engine.backend import (
 
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
 ExpertReader = Callable[[int, int], ExpertWeights]
+#: An expert's bytes as stored in the container (``experts.stored_expert_bytes``).
+StoredBytes = Callable[[int, int], int]
 
 
 def mapped_reader(loader: TensorLoader, cfg: ModelConfig) -> ExpertReader:
@@ -54,10 +56,15 @@ class TieredExpertStore:
         read: ExpertReader,
         cfg: ModelConfig,
         layers: Sequence[int],
-        ram_budget_bytes: int = 0,
+        ram_budget_bytes: int,
+        stored_bytes: StoredBytes,
     ) -> None:
         self.read = read
         self.cfg = cfg
+        # Reported bytes (TIERS, disk reads) are stored bytes; the RAM budget bounds what
+        # this process really holds (weights.nbytes), which differs between backends.
+        self._stored_bytes = stored_bytes
+        self._stored: dict[Key, int] = {}
         self.layers = list(layers)
         # RAM_GB=0 means unbounded (colibri).
         self._lru = ExpertLru(ram_budget_bytes or None)
@@ -94,8 +101,15 @@ class TieredExpertStore:
         started = time.perf_counter()
         weights = self.read(*key)
         self._counters.disk_seconds += time.perf_counter() - started
-        self._counters.disk_bytes += weights.nbytes
+        self._counters.disk_bytes += self.stored_bytes(key)
         return weights
+
+    def stored_bytes(self, key: Key) -> int:
+        """The expert's bytes in the container (what TIERS and the disk counters count)."""
+        found = self._stored.get(key)
+        if found is None:
+            found = self._stored[key] = self._stored_bytes(*key)
+        return found
 
     # --- pinning -----------------------------------------------------------------------------
 
@@ -162,9 +176,7 @@ class TieredExpertStore:
         resident = [k for k in (*self._pinned, *self._lru) if k[0] in wanted]
         total = len(rows) * n_experts
         # Pinned and cached experts are disjoint: pinning takes an expert out of the LRU.
-        ram_bytes = sum(
-            w.nbytes for k, w in (*self._pinned.items(), *self._lru.items()) if k[0] in wanted
-        )
+        ram_bytes = sum(self.stored_bytes(k) for k in resident)
         return TierCounts(0, len(resident), total - len(resident), 0, ram_bytes)
 
     def counters(self) -> StoreCounters:

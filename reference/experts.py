@@ -11,10 +11,12 @@ Spec: spec/model.md §7.2.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from colibri.reference.config import ModelConfig
+from colibri.reference.safetensors import Checkpoint
 from colibri.reference.tensors import F32
 from colibri.reference.weights import TensorLoader
 
@@ -43,6 +45,26 @@ class ExpertStore(Protocol):
 def expert_tensor_names(layer: int, expert: int) -> tuple[str, str, str]:
     p = f"model.layers.{layer}.mlp.experts.{expert}."
     return (p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight")
+
+
+def stored_expert_bytes(checkpoint: Checkpoint) -> Callable[[int, int], int]:
+    """Bytes an expert takes in the checkpoint or container: its three tensors in their stored
+    dtype, plus the ``.qs`` scales of quantized ones (colibri's "probed bytes per expert").
+
+    Telemetry counts these, not what a backend holds in memory (the reference dequantizes to
+    float32, the accelerated engine keeps the stored bytes), so TIERS and the disk counters
+    are the same numbers whichever backend runs (spec/DEVIATIONS.md, "Tier bytes")."""
+
+    def size(layer: int, expert: int) -> int:
+        total = 0
+        for name in expert_tensor_names(layer, expert):
+            for stored in (name, name + ".qs"):
+                if stored in checkpoint:
+                    info = checkpoint.info(stored)
+                    total += info.end - info.begin
+        return total
+
+    return size
 
 
 class MappedExpertStore:

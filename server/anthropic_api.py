@@ -13,6 +13,7 @@ from colibri.server.errors import bad
 from colibri.server.openai_api import check_prompt, submit_request
 from colibri.server.piped_turn import run_piped
 from colibri.server.pipeline import OutputPipeline, stop_filter
+from colibri.server.structured_output import constrain_output
 from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
 from colibri.server.toolcalls import ToolCall, parse_tool_calls
@@ -131,6 +132,11 @@ def translate_tools(body: JSON) -> tuple[list[JSON] | None, Any]:
             if isinstance(tool.get("description"), str):
                 fn["description"] = tool["description"]
             fn["parameters"] = schema
+            strict = tool.get("strict")
+            if strict is not None and not isinstance(strict, bool):
+                raise bad("`strict` must be a boolean.", f"tools.{i}.strict")
+            if strict:
+                fn["strict"] = True
             translated.append({"type": "function", "function": fn})
     choice = body.get("tool_choice")
     mapped: Any = None
@@ -153,6 +159,10 @@ def translate_tools(body: JSON) -> tuple[list[JSON] | None, Any]:
             raise bad("`tool_choice.type` must be auto, any, none, or tool.", "tool_choice",
                       "unsupported_value")
     return translated or None, mapped
+
+
+def _input_schema_param(index: int, _tool: JSON) -> str:
+    return f"tools.{index}.input_schema"
 
 
 def _thinking(body: JSON, think_default: bool) -> bool:
@@ -198,6 +208,7 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
     rendered = render_chat(translated, thinking=thinking, effort="high" if thinking else None,
                            tools=v.lenient_tool_spec(openai_body), continued=continued)
     shaping = v.shaping(openai_body, config.max_tokens)
+    constrain_output(shaping, tools, False, rendered.starts_in_reasoning, _input_schema_param)
     slot = v.cache_slot(openai_body, config.kv_slots)
     if slot is None and config.kv_slots > 1:
         slot = conversation_slot(translated, config.kv_slots)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,13 +24,10 @@ from colibri.server.errors import bad
 from colibri.server.generation import EngineResult
 from colibri.server.piped_turn import run_piped
 from colibri.server.pipeline import OutputPipeline, Piece, stop_filter
+from colibri.server.structured_output import constrain_output
 from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
 from colibri.server.toolcalls import ToolCall, parse_strict, parse_tool_calls
-
-from colibri.text.grammar import GrammarError, grammar_kind
-from colibri.text.grammar import check as check_grammar
-from colibri.text.tool_grammar import after_reasoning, tool_envelope
 
 
 @dataclass
@@ -92,7 +88,7 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
     rendered = render_chat(messages, thinking=thinking, effort=effort,
                            tools=v.lenient_tool_spec(body), continued=continued)
     shaping = v.shaping(body, config.max_tokens)
-    constrain_output(body, shaping, tools, strict, thinking)
+    constrain_output(shaping, tools, strict, rendered.starts_in_reasoning)
     logprobs = v.chat_logprobs(body)
     if logprobs is not None and shaping.tools is not None:
         raise bad("`logprobs` is not supported together with active `tools` yet.", "logprobs",
@@ -107,32 +103,6 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
     return ChatPlan(rendered.prompt, rendered.starts_in_reasoning, thinking, continued,
                     shaping, logprobs, slot, stream, v.include_usage(body, stream),
                     v.ignore_leading_stop(body), strict)
-
-
-def constrain_output(body: JSON, shaping: v.Shaping, tools: list[JSON] | None, strict: bool,
-                     thinking: bool) -> None:
-    """The grammar section for the GLM output format (spec/http.md, "Structured output"):
-    strict tools get the tool-call envelope, a JSON response_format waits for </think>."""
-    spec = shaping.tools
-    strict_tools = strict or any(v.tool_function(t).get("strict") is True for t in tools or [])
-    if spec is not None and strict_tools:
-        if shaping.grammar:
-            raise bad("`response_format` cannot be combined with strict `tools` yet.",
-                      "response_format", "unsupported_parameter")
-        for i, tool in enumerate(tools or []):
-            params = v.tool_function(tool).get("parameters")
-            if not isinstance(params, dict):
-                continue
-            try:
-                check_grammar(json.dumps(params))
-            except GrammarError as exc:
-                prefix = f"tools.{i}.function" if "function" in tool else f"tools.{i}"
-                raise bad(f"Tool `parameters` cannot be enforced: {exc}",
-                          f"{prefix}.parameters", "invalid_value") from None
-        required = spec.forced is not None or spec.choice == "required"
-        shaping.grammar = tool_envelope(spec.functions, required, thinking).encode()
-    elif shaping.grammar and thinking and grammar_kind(shaping.grammar.decode()) == "json_schema":
-        shaping.grammar = after_reasoning(shaping.grammar.decode()).encode()
 
 
 def check_prompt(prompt: str, param: str) -> None:

@@ -255,6 +255,40 @@ MESSAGE_IN = {"type": "object", "required": ["role"], "properties": {
     "reasoning_content": STR, "tool_calls": {"type": "array"}, "tool_call_id": STR,
     "name": STR}}
 
+#: spec/http.md 4.3.1: every kind but "text" is enforced by the engine's grammar section.
+RESPONSE_FORMAT: Schema = {
+    "description": "Structured output, enforced (spec/http.md 4.3.1). A schema or grammar "
+                   "that cannot be enforced is a 400 naming the unsupported feature.",
+    "oneOf": [
+        NULL,
+        obj({"type": const("text")}, extra=True),
+        obj({"type": const("json_object")}, extra=True,
+            description="content is one JSON object"),
+        obj({"type": const("json_schema"), "json_schema": obj(
+            {"name": STR, "description": STR,
+             "schema": {"type": "object", "description": "a JSON Schema (draft 2020-12 "
+                        "subset: no not, if/then, dependentSchemas, unevaluated*)"},
+             "strict": {"type": ["boolean", "null"],
+                        "description": "read and ignored: the schema is always enforced"}},
+            required=["schema"], extra=True)}, extra=True,
+            description="content is JSON valid against `schema`"),
+        obj({"type": const("gbnf"), "grammar": {"type": "string", "minLength": 1,
+                                                "description": "a llama.cpp GBNF grammar"}},
+            extra=True, description="content is in the grammar's language"),
+    ]}
+
+#: A chat tool: `{"type":"function","function":{...}}` or a bare function object; `strict`
+#: constrains the call's arguments to `parameters` (spec/http.md 4.3, 4.3.1).
+FUNCTION: Schema = {
+    "type": "object", "required": ["name"], "additionalProperties": True,
+    "properties": {
+        "name": STR, "description": STR,
+        "parameters": {"type": "object", "description": "a JSON Schema of the arguments"},
+        "strict": {"type": "boolean", "description": "true: the arguments are enforced "
+                                                     "against `parameters`"}}}
+CHAT_TOOL: Schema = {"oneOf": [
+    obj({"type": const("function"), "function": FUNCTION}, extra=True), FUNCTION]}
+
 SAMPLING_FIELDS: dict[str, Schema] = {
     "model": STR,
     "max_tokens": {"type": ["integer", "null"], "minimum": 1},
@@ -275,7 +309,8 @@ SAMPLING_FIELDS: dict[str, Schema] = {
     "frequency_penalty": {"enum": [None, 0, False]},
     "presence_penalty": {"enum": [None, 0, False]},
     "modalities": {"type": "array", "items": const("text"), "minItems": 1},
-    "tools": {"type": ["array", "null"]},
+    "response_format": RESPONSE_FORMAT,
+    "tools": {"type": ["array", "null"], "items": CHAT_TOOL},
     "tool_choice": {"oneOf": [enum("auto", "none", "required"), {"type": "object"}]},
 }
 
@@ -289,7 +324,8 @@ CHAT_REQUEST: Schema = {
         "reasoning_effort": {"enum": [None, "none", "minimal", "low", "medium", "high",
                                       "xhigh"]},
         "enable_thinking": {"type": "boolean"},
-        "strict_tool_calls": {"type": "boolean"},
+        "strict_tool_calls": {"type": "boolean", "description": "every active tool strict, "
+                              "and the reply refused (502) unless it is complete calls"},
         "logprobs": {"type": ["boolean", "null"]},
         "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 32},
         "echo": {"enum": [None, False]},
@@ -321,7 +357,14 @@ MESSAGES_REQUEST: Schema = {
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "stream": {"type": "boolean"},
         "thinking": {"type": "object"},
-        "tools": {"type": "array"},
+        "tools": {"type": "array", "items": {
+            "type": "object", "required": ["name"], "additionalProperties": True,
+            "properties": {
+                "name": STR, "description": STR,
+                "input_schema": {"type": "object", "description": "a JSON Schema of the input"},
+                "strict": {"type": "boolean", "description": "true: tool_use input is "
+                                                             "enforced against input_schema "
+                                                             "(spec/http.md 4.3.1)"}}}},
         "tool_choice": {"type": "object"},
         "stop_sequences": {"enum": [None, "", []]},
         "top_k": NULL,

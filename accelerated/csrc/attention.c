@@ -26,6 +26,14 @@ typedef struct {
     int status;
 } mla_ctx;
 
+/* Row `index` of kv_b as float32: the mapped row itself when stored as f32 (no copy), else
+ * converted into `scratch`. */
+static const float *kv_b_row(const mla_ctx *c, size_t index, float *scratch) {
+    if (c->dtype == COL_F32) return (const float *)c->kv_b + index * c->kvl;
+    col_row_to_f32(c->kv_b, c->dtype, index, c->kvl, scratch);
+    return scratch;
+}
+
 static void mla_task(void *raw, size_t begin, size_t end) {
     mla_ctx *c = raw;
     size_t kvl = c->kvl, qk = c->nope + c->rope;
@@ -49,9 +57,9 @@ static void mla_task(void *raw, size_t begin, size_t end) {
         size_t base = head * (c->nope + c->vdim);
         for (size_t j = 0; j < kvl; j++) qabs[j] = 0.0f;
         for (size_t i = 0; i < c->nope; i++) {
-            col_row_to_f32(c->kv_b, c->dtype, base + i, kvl, wrow);
+            const float *w = kv_b_row(c, base + i, wrow);
             float qi = qn[i];
-            for (size_t j = 0; j < kvl; j++) qabs[j] += qi * wrow[j];
+            for (size_t j = 0; j < kvl; j++) qabs[j] += qi * w[j];
         }
         const float *lat = c->latent[r], *rk = c->rope_key[r];
         const int64_t *keep = c->keep[r];
@@ -77,10 +85,8 @@ static void mla_task(void *raw, size_t begin, size_t end) {
             for (size_t j = 0; j < kvl; j++) ctx[j] += p * l[j];
         }
         float *o = c->out + r * c->h * c->vdim + head * c->vdim;
-        for (size_t v = 0; v < c->vdim; v++) {
-            col_row_to_f32(c->kv_b, c->dtype, base + c->nope + v, kvl, wrow);
-            o[v] = col_dot_f32(wrow, ctx, kvl);
-        }
+        for (size_t v = 0; v < c->vdim; v++)
+            o[v] = col_dot_f32(kv_b_row(c, base + c->nope + v, wrow), ctx, kvl);
     }
 done:
     free(qabs);

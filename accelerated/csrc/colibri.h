@@ -35,7 +35,8 @@ const char *col_strerror(int code);
 int col_pool_create(size_t threads, col_pool **out);
 void col_pool_destroy(col_pool *pool);
 size_t col_pool_threads(const col_pool *pool);
-/* Run fn over [0, n) split into one contiguous chunk per thread (the caller takes chunk 0). */
+/* Run fn over [0, n) cut into contiguous chunks that the pool's threads and the caller claim
+ * as each becomes free (pool.c); returns when every chunk is done. */
 void col_pool_run(col_pool *pool, size_t n, col_task fn, void *ctx);
 /* Multiply-adds below which a product runs on the calling thread: waking the pool (two
  * context switches on a busy machine) costs more than such a product. */
@@ -48,6 +49,10 @@ void col_dot4_f32(const float *w, const float *x, size_t ldx, size_t k, float *o
 /* out[r * ldo] = col_dot_f32(w, x + r * ldx, k) for r < m (four rows at a time). */
 void col_dot_rows(const float *w, const float *x, size_t m, size_t ldx, size_t k, float *out,
                   size_t ldo);
+/* out[r * ldo + n] = col_dot_f32(w + n * k, x + r * ldx, k) for n0 <= n < n1, r < m: weight
+ * rows [n0, n1) of a float32 [*, k] matrix against m activation rows, bit for bit. */
+void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t m, size_t ldx,
+                   size_t k, float *out, size_t ldo);
 int col_row_to_f32(const void *w, int dtype, size_t index, size_t k, float *out);
 float col_f16_to_f32(uint16_t h);
 
@@ -107,5 +112,11 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
  * across the pool by output column. */
 int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, size_t ldx,
                    float *out, size_t ldo);
+
+/* outs[i][r, o] = x[r, :] . ws[i][o, :] for n <= 64 weights of the same width that read the
+ * same input, in one pool run over all their output columns (each element as col_mat_matmul
+ * computes it). outs[i] is [m, ws[i].rows]. */
+int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x, size_t m,
+                    size_t ldx, float *const *outs);
 
 #endif

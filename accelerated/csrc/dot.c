@@ -36,6 +36,19 @@ static float reduce32(float *l) {
     return l[0];
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* reduce32 on the four lane registers, in registers: the same pairwise adds in the same
+ * order (j += j + 16, + 8, + 4, + 2, + 1), so the same bits as storing them and calling
+ * reduce32. */
+static inline float reduce_regs(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
 float col_dot_f32(const float *a, const float *b, size_t k) {
     float lanes[32];
     size_t i = 0;
@@ -47,6 +60,7 @@ float col_dot_f32(const float *a, const float *b, size_t k) {
         a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), a2);
         a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
     }
+    if (i == k) return reduce_regs(a0, a1, a2, a3);
     _mm256_storeu_ps(lanes, a0);
     _mm256_storeu_ps(lanes + 8, a1);
     _mm256_storeu_ps(lanes + 16, a2);
@@ -58,6 +72,57 @@ float col_dot_f32(const float *a, const float *b, size_t k) {
 #endif
     for (size_t j = 0; i + j < k; j++) lanes[j] += a[i + j] * b[i + j];
     return reduce32(lanes);
+}
+
+/* out[0] = col_dot_f32(w0, x, k), out[1] = col_dot_f32(w1, x, k), bit for bit: two weight
+ * rows in flight at once (twice the outstanding memory reads of one), x's loads shared, and
+ * the rows `ahead` floats further on prefetched (the hardware prefetcher stops at each 4 KiB
+ * page of a memory-mapped checkpoint; a software prefetch walks into the next one). */
+static void dot2_f32(const float *w0, const float *w1, const float *x, size_t k, size_t ahead,
+                     float *out) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (k % 32 == 0) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        const char *p0 = (const char *)(w0 + ahead), *p1 = (const char *)(w1 + ahead);
+        for (size_t i = 0; i < k; i += 32) {
+            _mm_prefetch(p0 + 4 * i, _MM_HINT_T0);
+            _mm_prefetch(p0 + 4 * i + 64, _MM_HINT_T0);
+            _mm_prefetch(p1 + 4 * i, _MM_HINT_T0);
+            _mm_prefetch(p1 + 4 * i + 64, _MM_HINT_T0);
+            __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+            __m256 x2 = _mm256_loadu_ps(x + i + 16), x3 = _mm256_loadu_ps(x + i + 24);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), x0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i + 8), x1, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i + 16), x2, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i + 24), x3, a3);
+            b0 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), x0, b0);
+            b1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 8), x1, b1);
+            b2 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 16), x2, b2);
+            b3 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i + 24), x3, b3);
+        }
+        out[0] = reduce_regs(a0, a1, a2, a3);
+        out[1] = reduce_regs(b0, b1, b2, b3);
+        return;
+    }
+#endif
+    (void)ahead;
+    out[0] = col_dot_f32(w0, x, k);
+    out[1] = col_dot_f32(w1, x, k);
+}
+
+void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t m, size_t ldx,
+                   size_t k, float *out, size_t ldo) {
+    size_t n = n0;
+    if (m == 1) {
+        float two[2];
+        for (; n + 2 <= n1; n += 2) {
+            dot2_f32(w + n * k, w + (n + 1) * k, x, k, 2 * k, two);
+            out[n] = two[0];
+            out[n + 1] = two[1];
+        }
+    }
+    for (; n < n1; n++) col_dot_rows(w + n * k, x, m, ldx, k, out + n, ldo);
 }
 
 /* Four dot products of one weight row w with x, x + ldx, x + 2 ldx, x + 3 ldx: each is

@@ -20,23 +20,18 @@ typedef struct {
 
 static void mm_task(void *raw, size_t begin, size_t end) {
     mm_ctx *c = raw;
-    float *row = NULL;
-    if (c->dtype != COL_F32) {
-        row = malloc(c->k * sizeof(float));
-        if (row == NULL) {
-            c->status = COL_ENOMEM; /* any failing thread reports; all write the same code */
-            return;
-        }
+    if (c->dtype == COL_F32) {
+        col_dot_block(c->w, begin, end, c->x, c->m, c->ldx, c->k, c->out, c->ldo);
+        return;
+    }
+    float *row = malloc(c->k * sizeof(float));
+    if (row == NULL) {
+        c->status = COL_ENOMEM; /* any failing thread reports; all write the same code */
+        return;
     }
     for (size_t n = begin; n < end; n++) {
-        const float *wn;
-        if (row == NULL) {
-            wn = (const float *)c->w + n * c->k;
-        } else {
-            col_row_to_f32(c->w, c->dtype, n, c->k, row);
-            wn = row;
-        }
-        col_dot_rows(wn, c->x, c->m, c->ldx, c->k, c->out + n, c->ldo);
+        col_row_to_f32(c->w, c->dtype, n, c->k, row);
+        col_dot_rows(row, c->x, c->m, c->ldx, c->k, c->out + n, c->ldo);
     }
     free(row);
 }

@@ -36,17 +36,15 @@ typedef struct {
 
 static int mat_rows(const col_mat *w, const float *x, size_t n, size_t ldx, float *y,
                     size_t ldy, size_t o0, size_t o1, float *scratch) {
+    if (w->fmt == 0 && w->dtype == COL_F32) {
+        col_dot_block(w->data, o0, o1, x, n, ldx, w->cols, y, ldy);
+        return COL_OK;
+    }
     if (w->fmt == 0) {
         for (size_t o = o0; o < o1; o++) {
-            const float *wn;
-            if (w->dtype == COL_F32) {
-                wn = (const float *)w->data + o * w->cols;
-            } else {
-                int rc = col_row_to_f32(w->data, w->dtype, o, w->cols, scratch);
-                if (rc) return rc;
-                wn = scratch;
-            }
-            col_dot_rows(wn, x, n, ldx, w->cols, y + o, ldy);
+            int rc = col_row_to_f32(w->data, w->dtype, o, w->cols, scratch);
+            if (rc) return rc;
+            col_dot_rows(scratch, x, n, ldx, w->cols, y + o, ldy);
         }
         return COL_OK;
     }
@@ -265,6 +263,81 @@ int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, s
         c.ldx = w->cols;
     }
     col_pool_run(pool, w->rows, mat_task, &c);
+    free(xr);
+    return c.status;
+}
+
+/* --- several products over one input in one pool run ------------------------------------- */
+
+typedef struct {
+    size_t n;
+    const col_mat *ws;
+    const size_t *first; /* [n + 1]: prefix sums of the weights' output rows */
+    const float *x, *xr; /* xr: x rotated, for e8 weights (else NULL) */
+    size_t m, ldx;
+    float *const *outs;
+    size_t widest;
+    int status;
+} mats_ctx;
+
+static void mats_task(void *raw, size_t begin, size_t end) {
+    mats_ctx *c = raw;
+    float *scratch = malloc(c->widest * sizeof(float));
+    if (scratch == NULL) {
+        c->status = COL_ENOMEM;
+        return;
+    }
+    size_t i = 0;
+    for (size_t item = begin; item < end;) {
+        while (c->first[i + 1] <= item) i++;
+        const col_mat *w = &c->ws[i];
+        size_t o0 = item - c->first[i];
+        size_t o1 = w->rows < o0 + (end - item) ? w->rows : o0 + (end - item);
+        const float *x = is_e8(w) ? c->xr : c->x;
+        size_t ldx = is_e8(w) ? w->cols : c->ldx;
+        int rc = mat_rows(w, x, c->m, ldx, c->outs[i], w->rows, o0, o1, scratch);
+        if (rc) c->status = rc;
+        item += o1 - o0;
+    }
+    free(scratch);
+}
+
+int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x, size_t m,
+                    size_t ldx, float *const *outs) {
+    if (n == 0 || m == 0) return COL_OK;
+    if (ws == NULL || x == NULL || outs == NULL || n > 64) return COL_EINVAL;
+    size_t first[65], widest = 1;
+    first[0] = 0;
+    int any_e8 = 0;
+    for (size_t i = 0; i < n; i++) {
+        const col_mat *w = &ws[i];
+        if (w->data == NULL || outs[i] == NULL || ldx < w->cols || w->cols != ws[0].cols)
+            return COL_EINVAL;
+        if (w->fmt == 0 && w->dtype != COL_F32 && w->dtype != COL_BF16 && w->dtype != COL_F16)
+            return COL_EDTYPE;
+        first[i + 1] = first[i] + w->rows;
+        if (w->cols > widest) widest = w->cols;
+        any_e8 |= is_e8(w);
+    }
+    mats_ctx c = {n, ws, first, x, NULL, m, ldx, outs, widest, COL_OK};
+    float *xr = NULL;
+    if (any_e8) { /* rotate once for every e8 weight */
+        xr = malloc(m * ws[0].cols * sizeof(float));
+        if (xr == NULL) return COL_ENOMEM;
+        int rc = coli_q_rotate(x, (int64_t)m, (int64_t)ldx, (int64_t)ws[0].cols, xr,
+                               (int64_t)ws[0].cols);
+        if (rc) {
+            free(xr);
+            return COL_EQUANT_BASE + rc;
+        }
+        c.xr = xr;
+    }
+    /* Small ones (a decode step's kv_a, the indexer's keys and head weights) join the big
+     * one's pool run instead of each running alone on the caller. */
+    if (first[n] * ws[0].cols * (m < 4 ? m : 4) < COL_INLINE_WORK)
+        mats_task(&c, 0, first[n]);
+    else
+        col_pool_run(pool, first[n], mats_task, &c);
     free(xr);
     return c.status;
 }

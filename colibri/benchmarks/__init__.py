@@ -25,6 +25,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.engine_slots",
     "colibri.benchmarks.server_stream",
     "colibri.benchmarks.control_plane_overhead",
+    "colibri.benchmarks.grammar_mask",
     "colibri.benchmarks.default_model",
 )
 

@@ -7,17 +7,46 @@ greedy ids agree, and the ratios accelerated / reference. Beside them: the machi
 bandwidth (bytes read plus written per second by a 256 MiB numpy copy, best of 8), the
 roofline it implies (copy bandwidth / weight bytes per step) and each engine's fraction of it,
 and the batched step against its own bound (shared weights + the union of the rows' experts).
+Both engines also report prefill: time to first token on the 12-token prompt and tokens/s on
+a 64-token one (medians, weights already paged in).
+
+On the generated bench model, the accelerated engine runs a second time on its container
+with int4-grouped-64 experts and int8 dense weights (``colibri convert --experts int4g64
+--dense int8``, cached beside it). With peers on, llama.cpp (``llama_cpp_peer``) runs the
+f32 and q8_0 GGUFs of the model when they exist, or the report says why it was skipped; the
+ratios accelerated f32 / llama.cpp f32 and int4g64+int8 / llama.cpp q8_0 follow.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
-from colibri.benchmarks.decode_steps import PROMPT, Route, run_worker
-from colibri.benchmarks.reference_decode import _decode_summary, checkpoint_bytes, touched_bytes
+from colibri.benchmarks.decode_steps import (
+    PREFILL_TOKENS,
+    PROMPT,
+    Route,
+    median,
+    prefill_summary,
+    run_worker,
+)
+from colibri.benchmarks.llama_cpp_peer import FTYPES, gguf_path, run_peer
+from colibri.benchmarks.quant_formats import container_for
+from colibri.benchmarks.reference_decode import (
+    _decode_summary,
+    checkpoint_bytes,
+    peer_python,
+    touched_bytes,
+)
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
 
 
 def _worker(engine: str, options: BenchOptions, model_dir: Any) -> dict[str, Any]:
@@ -50,46 +79,99 @@ def _roofline(summary: dict[str, Any], copy_bps: float, tokens_per_step: int) ->
     summary["achieved_over_copy_bandwidth"] = summary["achieved_gb_per_s"] * 1e9 / copy_bps
 
 
+#: The quantized pass: experts int4-grouped-64, dense weights int8 (issue 13's q8_0 peer).
+QUANT_EXPERTS, QUANT_DENSE = "int4g64", "int8"
+
+
+def _routes(raw: list[list[list[Any]]]) -> list[list[Route]]:
+    return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
+
+
+def _engine_result(engine: str, model_dir: Path, options: BenchOptions,
+                   copy_bps: float) -> dict[str, Any]:
+    """One engine's worker on ``model_dir``: decode alone and batched against the roofline,
+    prefill, RSS."""
+    raw = _worker(engine, options, model_dir)
+    if "error" in raw:
+        return raw
+    size = checkpoint_bytes(model_dir)
+    touched = touched_bytes(model_dir, _routes(raw["routes"]))
+    batch_touched = touched_bytes(model_dir, _routes(raw["batch_routes"]))
+    out: dict[str, Any] = {
+        "load_s": raw["load_s"],
+        "rss_after_load_bytes": raw["rss_after_load_bytes"],
+        "rss_after_load_vs_checkpoint": raw["rss_after_load_bytes"] / size,
+        "decode": _decode_summary(raw["step_s"], touched, 1),
+        "decode_batch": {"batch": options.batch,
+                         **_decode_summary(raw["batch_step_s"], batch_touched, options.batch)},
+        "greedy_ids": raw["ids"],
+        "prefill": prefill_summary(raw["ttft_s"], raw["prefill_s"], PREFILL_TOKENS,
+                                   len(PROMPT)),
+    }
+    _roofline(out["decode"], copy_bps, 1)
+    _roofline(out["decode_batch"], copy_bps, options.batch)
+    out["ratio_batch_over_single"] = (out["decode_batch"]["tokens_per_s"]
+                                      / out["decode"]["tokens_per_s"])
+    return out
+
+
+def _peer_decode(step_s: list[float]) -> dict[str, Any]:
+    return {"steps": len(step_s), "tokens_per_s": len(step_s) / sum(step_s),
+            "median_step_ms": 1000 * median(step_s)}
+
+
+def _ratio(result: dict[str, Any], name: str, ours: dict[str, Any], peer: dict[str, Any],
+           phase: str, key: str) -> None:
+    if phase in ours and phase in peer:
+        result[name] = ours[phase][key] / peer[phase][key]
+
+
 def run(options: BenchOptions) -> dict[str, Any]:
     model_dir = options.model or ensure_bench_model(options.cache_dir)
-    size = checkpoint_bytes(model_dir)
-    result: dict[str, Any] = {"model": str(model_dir), "checkpoint_bytes": size,
-                              "prompt_tokens": len(PROMPT)}
+    result: dict[str, Any] = {"model": str(model_dir),
+                              "checkpoint_bytes": checkpoint_bytes(model_dir),
+                              "prompt_tokens": len(PROMPT),
+                              "note": "timings from one run; on a machine shared with other "
+                                      "jobs they move from run to run"}
     copy_bps = copy_bandwidth_bytes_per_s()
     result["copy_bandwidth_gb_per_s"] = copy_bps / 1e9
-
-    def routes_of(raw: list[list[list[Any]]]) -> list[list[Route]]:
-        return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
-
     for engine in ("accelerated", "reference"):
-        raw = _worker(engine, options, model_dir)
-        if "error" in raw:
-            result[engine] = raw
-            continue
-        touched = touched_bytes(model_dir, routes_of(raw["routes"]))
-        batch_touched = touched_bytes(model_dir, routes_of(raw["batch_routes"]))
-        result[engine] = {
-            "load_s": raw["load_s"],
-            "rss_after_load_bytes": raw["rss_after_load_bytes"],
-            "rss_after_load_vs_checkpoint": raw["rss_after_load_bytes"] / size,
-            "decode": _decode_summary(raw["step_s"], touched, 1),
-            "decode_batch": {"batch": options.batch,
-                             **_decode_summary(raw["batch_step_s"], batch_touched,
-                                               options.batch)},
-            "greedy_ids": raw["ids"],
-        }
-        _roofline(result[engine]["decode"], copy_bps, 1)
-        _roofline(result[engine]["decode_batch"], copy_bps, options.batch)
-        result[engine]["ratio_batch_over_single"] = (
-            result[engine]["decode_batch"]["tokens_per_s"]
-            / result[engine]["decode"]["tokens_per_s"])
-    acc, ref = result.get("accelerated", {}), result.get("reference", {})
+        result[engine] = _engine_result(engine, model_dir, options, copy_bps)
+    acc, ref = result["accelerated"], result["reference"]
     if "decode" in acc and "decode" in ref:
         result["same_greedy_ids"] = acc["greedy_ids"] == ref["greedy_ids"]
-        result["ratio_accelerated_over_reference_decode"] = (
-            acc["decode"]["tokens_per_s"] / ref["decode"]["tokens_per_s"])
-        result["ratio_accelerated_over_reference_decode_batch"] = (
-            acc["decode_batch"]["tokens_per_s"] / ref["decode_batch"]["tokens_per_s"])
+    _ratio(result, "ratio_accelerated_over_reference_decode", acc, ref, "decode", "tokens_per_s")
+    _ratio(result, "ratio_accelerated_over_reference_decode_batch", acc, ref, "decode_batch",
+           "tokens_per_s")
+    _ratio(result, "ratio_accelerated_over_reference_prefill", acc, ref, "prefill",
+           "prefill_tokens_per_s")
+    quant_key = f"accelerated_{QUANT_EXPERTS}_{QUANT_DENSE}"
+    if options.model is None:
+        quant_dir, _ = container_for(model_dir, QUANT_EXPERTS, options.cache_dir, QUANT_DENSE)
+        result[quant_key] = {"model": str(quant_dir),
+                             **_engine_result("accelerated", quant_dir, options, copy_bps)}
+    else:
+        result[quant_key] = {"skipped": "run only on the generated bench model (no --model)"}
+    if not options.peers:
+        result["llama_cpp"] = {"skipped": "--no-peers"}
+        return result
+    import json
+
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    threads = default_threads()  # what the accelerated worker's pool used
+    peers = {ftype: run_peer(peer_python(options), gguf_path(options.cache_dir, model_dir, ftype),
+                             vocab, options.tokens, options.warmup, threads, _peer_decode)
+             for ftype in FTYPES}
+    result["llama_cpp"] = peers
+    f32, q8 = peers["f32"], peers["q8_0"]
+    if "greedy_ids" in f32 and "greedy_ids" in acc:
+        f32["same_greedy_ids_as_accelerated"] = f32["greedy_ids"] == acc["greedy_ids"]
+    _ratio(result, "ratio_accelerated_over_llama_cpp_f32_decode", acc, f32, "decode",
+           "tokens_per_s")
+    _ratio(result, "ratio_accelerated_over_llama_cpp_f32_prefill", acc, f32, "prefill",
+           "prefill_tokens_per_s")
+    _ratio(result, f"ratio_{quant_key}_over_llama_cpp_q8_0_decode", result[quant_key], q8,
+           "decode", "tokens_per_s")
     return result
 
 

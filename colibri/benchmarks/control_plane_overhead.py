@@ -3,12 +3,15 @@ mypyc-compiled, side by side in one run.
 
 The mux loop (what ``colibri engine`` runs) drives a zero-cost backend
 (``colibri.benchmarks.zero_backend``: fixed logits over the bench checkpoint's 8192-token
-vocabulary) with 1 and 8 busy slots, greedy, stop tokens off. Overhead per decode step =
-(the loop's wall time - the time inside the backend's ``step``) / decode steps, best of
-``REPEATS`` runs in each of ``ROUNDS`` interleaved processes per mode: reading
-commands, batching, sampling, telemetry, writing frames. Each measurement runs in a fresh
-interpreter with ``COLIBRI_CONTROL_PLANE=interpreted`` or ``=compiled``; the compiled column
-is absent, with the reason, where ``make build`` has not compiled the control plane.
+vocabulary) with 1 and 8 busy slots, greedy, stop tokens off. The overhead of a decode step is
+measured directly: the time from one ``step`` returning to the next ``step`` being called
+(reading commands, batching, sampling, telemetry, writing frames), one sample per step,
+thousands of steps pooled over ``REPEATS`` runs in each of ``ROUNDS`` interleaved processes
+per mode. The report gives the median with the 10th/90th percentiles, and compiled /
+interpreted as a ratio of medians: a median over thousands of single steps is not moved by a
+few steps another job on a shared machine interrupted, where a mean or a best total was.
+Each process runs with ``COLIBRI_CONTROL_PLANE=interpreted`` or ``=compiled``; the compiled
+column is absent, with the reason, where ``make build`` has not compiled the control plane.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
@@ -31,7 +33,8 @@ ROUNDS = 3
 
 
 def measure(slots: int, steps: int, warmup: int) -> dict[str, Any]:
-    """In this process (control plane already chosen): the loop's time outside the backend."""
+    """In this process (control plane already chosen): the loop's time between backend steps,
+    one sample per decode step."""
     from pathlib import Path
 
     from colibri import control_plane
@@ -45,7 +48,7 @@ def measure(slots: int, steps: int, warmup: int) -> dict[str, Any]:
     env = {"COLI_PERSIST": "0", "DRAFT": "0"}
     budget = warmup + steps
 
-    def one_run(tokens: int) -> tuple[float, ZeroBackend, MuxEngine]:
+    def one_run(tokens: int) -> tuple[ZeroBackend, MuxEngine]:
         backend = ZeroBackend(max_rows=max(slots, 1))
         settings = from_environment(env, model_dir=Path("zero-model"), kv_slots=slots,
                                     ctx=tokens + 64)
@@ -56,24 +59,53 @@ def measure(slots: int, steps: int, warmup: int) -> dict[str, Any]:
             for slot in range(slots)
         )
         engine = MuxEngine(runtime, BytesSource(script), FrameWriter(io.BytesIO()))
-        started = time.perf_counter()
         engine.run()
-        return time.perf_counter() - started, backend, engine
+        return backend, engine
 
     one_run(warmup)  # imports, caches and allocations out of the timed run
-    # Best of REPEATS: on a shared machine the minimum is the least disturbed run.
-    runs = [one_run(budget) for _ in range(REPEATS)]
-    wall, backend, engine = min(runs, key=lambda run: run[0] - run[1].step_seconds)
-    outside = wall - backend.step_seconds
+    gaps: list[float] = []
+    steps = rows = 0
+    for _ in range(REPEATS):
+        backend, engine = one_run(budget)
+        gaps.extend(backend.gaps())
+        steps += engine.steps
+        rows += engine.rows
     return {
         "repeats": REPEATS,
         "slots": slots,
-        "decode_steps": engine.steps,
-        "decode_rows": engine.rows,
-        "overhead_us_per_step": 1e6 * outside / max(engine.steps, 1),
-        "overhead_us_per_row": 1e6 * outside / max(engine.rows, 1),
-        "backend_us_per_step": 1e6 * backend.step_seconds / max(backend.steps, 1),
+        "decode_steps": steps,
+        "decode_rows": rows,
+        "gaps_us": [round(1e6 * g, 3) for g in gaps],
         "compiled_modules": len(control_plane.compiled_modules()),
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between order statistics."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    lo = int(at)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pool the per-step samples of one mode's processes into median and spread."""
+    errors = [r["error"] for r in runs if "error" in r]
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return {"error": errors[0] if errors else "no run"}
+    gaps = [g for r in good for g in r["gaps_us"]]
+    slots = good[0]["slots"]
+    return {
+        "processes": len(good),
+        "samples": len(gaps),
+        "overhead_us_per_step_median": percentile(gaps, 0.5),
+        "overhead_us_per_step_p10": percentile(gaps, 0.1),
+        "overhead_us_per_step_p90": percentile(gaps, 0.9),
+        "overhead_us_per_row_median": percentile(gaps, 0.5) / slots,
+        "compiled_modules": good[0]["compiled_modules"],
+        **({"failed_processes": errors} if errors else {}),
     }
 
 
@@ -91,24 +123,22 @@ def _spawn(mode: str, slots: int, steps: int, warmup: int) -> dict[str, Any]:
 def run(options: BenchOptions) -> dict[str, Any]:
     steps = max(options.tokens, 1) * 32  # each step is short: more of them for a stable mean
     result: dict[str, Any] = {
-        "method": "mux loop on a zero-cost backend: (wall - time in backend.step) / decode steps, "
-                  "fresh interpreter per measurement",
+        "method": "mux loop on a zero-cost backend: time from one backend.step returning to "
+                  "the next call, per step; median and p10/p90 over every step of every "
+                  "process; compiled/interpreted is the ratio of medians",
         "steps": steps,
         "slots": {},
     }
     for slots in SLOT_COUNTS:
-        # Interleaved rounds, best per mode: a burst of load on a shared machine then hits
-        # both modes alike instead of one whole column.
-        entry: dict[str, Any] = {}
+        # Interleaved rounds: a burst of load on a shared machine then hits both modes alike
+        # instead of one whole column.
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
         for _ in range(ROUNDS):
             for mode in MODES:
-                got = _spawn(mode, slots, steps, options.warmup)
-                best = entry.get(mode)
-                if best is None or got.get("overhead_us_per_step", float("inf")) < best.get(
-                        "overhead_us_per_step", float("inf")):
-                    entry[mode] = got
-        a = entry["interpreted"].get("overhead_us_per_step")
-        b = entry["compiled"].get("overhead_us_per_step")
+                runs[mode].append(_spawn(mode, slots, steps, options.warmup))
+        entry: dict[str, Any] = {mode: summarize(runs[mode]) for mode in MODES}
+        a = entry["interpreted"].get("overhead_us_per_step_median")
+        b = entry["compiled"].get("overhead_us_per_step_median")
         if a and b:
             entry["compiled_over_interpreted"] = b / a
             entry["speedup"] = a / b

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from colibri.reference import KVState, Model
 
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
+#: Tokens of the longer prompt that prefill throughput is measured on.
+PREFILL_TOKENS = 64
+
+
+def prefill_prompt(vocab_size: int) -> list[int]:
+    """PREFILL_TOKENS deterministic ids inside the vocabulary (ids 0 and 1 left out)."""
+    return [(37 * i + 11) % (vocab_size - 2) + 2 for i in range(PREFILL_TOKENS)]
 
 #: One sparse layer's choice in one decode step: (layer, expert ids).
 Route = tuple[int, tuple[int, ...]]
@@ -50,6 +57,37 @@ def timed_greedy_decode(
         logits = out[0]
         chosen.append(step_routes(model, routes))
     return ids, times, chosen
+
+
+def timed_prefill(model: Model, prompt: list[int], repeats: int) -> list[float]:
+    """Seconds to prefill ``prompt`` into a fresh state and get its last logits, ``repeats``
+    times (weights already paged in: the caller decoded first)."""
+    times: list[float] = []
+    for _ in range(repeats):
+        state = model.new_state()
+        t = time.perf_counter()
+        model.prefill(state, prompt)
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def prefill_summary(ttft_s: list[float], prefill_s: list[float], prefill_tokens: int,
+                    prompt_tokens: int) -> dict[str, Any]:
+    """Time to first token (the short prompt's prefill) and prefill throughput (the long
+    prompt's), medians over the repeats."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "time_to_first_token_ms": 1000 * median(ttft_s),
+        "prefill_tokens": prefill_tokens,
+        "prefill_median_s": median(prefill_s),
+        "prefill_tokens_per_s": prefill_tokens / median(prefill_s),
+    }
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def step_bytes(

@@ -22,16 +22,11 @@ from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
+from colibri.benchmarks.decode_steps import median
 
 SLOT_COUNTS = (1, 4, 8)
 TARGET_RATIO_8_OVER_1 = 3.0
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def measure(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, Any]:
@@ -75,7 +70,7 @@ def measure(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, 
         "timed_steps": len(timed),
         "aggregate_tokens_per_s": slots * len(timed) / total,
         "per_slot_tokens_per_s": len(timed) / total,
-        "median_step_ms": 1000 * _median(timed),
+        "median_step_ms": 1000 * median(timed),
         "warmup_step_ms": [1000 * s for s in full[:warmup]],
         "decode_steps": engine.steps,
         "decode_rows": engine.rows,

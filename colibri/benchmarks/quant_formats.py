@@ -40,13 +40,16 @@ from colibri.benchmarks.decode_steps import (
 SCHEMES = ("f32", "int8", "int4", "int4g64", "int4g128", "int3", "int2", "e8", "fp8")
 
 
-def container_for(base: Path, scheme: str, cache_dir: Path) -> tuple[Path, float | None]:
-    """The container of ``base`` with ``scheme`` experts (converted once, then reused)."""
-    if scheme == "f32":
+def container_for(base: Path, scheme: str, cache_dir: Path,
+                  dense: str = "f32") -> tuple[Path, float | None]:
+    """The container of ``base`` with ``scheme`` experts and ``dense`` non-expert weights
+    (converted once, then reused)."""
+    if scheme == "f32" and dense == "f32":
         return base, None
     from colibri.reference.quant.convert import convert
 
-    target = cache_dir / f"{base.name}-{scheme}"
+    target = cache_dir / (f"{base.name}-{scheme}" if dense == "f32"
+                          else f"{base.name}-{scheme}-{dense}")
     target.parent.mkdir(parents=True, exist_ok=True)
     done = target / "convert_report.json"
     if done.is_file():
@@ -56,7 +59,7 @@ def container_for(base: Path, scheme: str, cache_dir: Path) -> tuple[Path, float
             path.unlink()
         target.rmdir()
     t0 = time.perf_counter()
-    report = convert(base, target, scheme, progress=sys.stderr)
+    report = convert(base, target, scheme, dense, progress=sys.stderr)
     seconds = time.perf_counter() - t0
     done.write_text(json.dumps({**report.as_dict(), "convert_s": seconds}, indent=2) + "\n")
     return target, seconds

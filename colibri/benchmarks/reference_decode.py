@@ -31,12 +31,17 @@ from typing import Any
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
 from colibri.benchmarks.decode_steps import (
+    PREFILL_TOKENS,
     PROMPT,
     Route,
+    median,
+    prefill_prompt,
+    prefill_summary,
     run_worker,
     step_bytes,
     step_routes,
     timed_greedy_decode,
+    timed_prefill,
 )
 from colibri.benchmarks.hf_worker import rss_bytes
 
@@ -100,7 +105,11 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int,
             batch_times.pop()
             batch_steps.pop()
     alone_ms = [1000 * t for t in warm_times]
+    ttft_s = timed_prefill(model, PROMPT, 3)
+    prefill_s = timed_prefill(model, prefill_prompt(model.config.vocab_size), 2)
     return {
+        "ttft_s": ttft_s,
+        "prefill_s": prefill_s,
         "load_s": load_s,
         "rss_before_load_bytes": rss_before,
         "rss_after_load_bytes": rss_after,
@@ -130,12 +139,6 @@ def _torch_available(python: str) -> bool:
 # the section
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def _decode_summary(
     step_s: list[float], touched: list[int], tokens_per_step: int
 ) -> dict[str, Any]:
@@ -143,7 +146,7 @@ def _decode_summary(
     return {
         "steps": len(step_s),
         "tokens_per_s": tokens_per_step * len(step_s) / total,
-        "median_step_ms": 1000 * _median(step_s),
+        "median_step_ms": 1000 * median(step_s),
         "weight_bytes_per_step": int(sum(touched) / len(touched)),
         "achieved_gb_per_s": sum(touched) / total / 1e9,
     }
@@ -179,6 +182,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
                          **_decode_summary(ref["batch_step_s"], batch_touched, options.batch)},
         "greedy_ids": ref["ids"],
         "cpu_count": ref["threads"],
+        "prefill": prefill_summary(ref["ttft_s"], ref["prefill_s"], PREFILL_TOKENS,
+                                   len(PROMPT)),
     }
     python = peer_python(options)
     if options.peers and _torch_available(python):

@@ -53,6 +53,10 @@ class ZeroBackend:
         #: Seconds spent inside step(): what the bench subtracts from the engine's wall time.
         self.step_seconds = 0.0
         self.steps = 0
+        #: (entered, left) perf_counter stamps of every step: the gap between one step's
+        #: return and the next call is the control plane's time for that step, measured
+        #: directly.
+        self.stamps: list[tuple[float, float]] = []
 
     @property
     def shape(self) -> ZeroShape:
@@ -81,9 +85,16 @@ class ZeroBackend:
             row.state[0] += 1
         n = len(rows)
         step = Step(self._logits[:n], self._routes[:n])
-        self.step_seconds += time.perf_counter() - started
+        left = time.perf_counter()
+        self.step_seconds += left - started
         self.steps += 1
+        self.stamps.append((started, left))
         return step
+
+    def gaps(self, skip: int = 2) -> list[float]:
+        """Seconds between consecutive steps (the first ``skip`` steps, prefill, left out)."""
+        marks = self.stamps[skip:]
+        return [b[0] - a[1] for a, b in zip(marks, marks[1:], strict=False)]
 
     def draft(self, state: Any, token: int) -> Draft:
         raise ValueError("the zero backend has no MTP head")

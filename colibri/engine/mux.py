@@ -18,6 +18,7 @@ import numpy.typing as npt
 from colibri.engine.backend import StepRow
 from colibri.engine.constraint import GrammarError, Matcher, build_vocabulary
 from colibri.engine.host_info import gpus_line, hwinfo_line, peak_rss_gb, physical_read_bytes
+from colibri.engine.mask_overlap import MaskOverlap
 from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
 from colibri.engine.request_sampling import (
     NO_PREDICTOR_TAIL,
@@ -89,6 +90,10 @@ class MuxEngine:
         #: (rows, seconds) of every decode forward: what `colibri bench` aggregates.
         self.step_log: list[tuple[int, float]] = []
         self.grammar_vocabulary: GrammarVocabulary | None = None
+        self.masks = MaskOverlap(runtime.settings.grammar_overlap)
+        #: Seconds the loop's own thread spent on grammars (masking, consuming, waiting for
+        #: the mask worker): what `colibri bench`'s grammar section reports per token.
+        self.grammar_seconds = 0.0
 
     # --- handshake -------------------------------------------------------------------
 
@@ -146,6 +151,7 @@ class MuxEngine:
             elif not self.active:
                 break
             self.step()
+        self.masks.close()
         self.rt.save_usage()
         self.rt.close()
         print(f"[API] {self.steps} decode steps, {self.rows} rows", file=self.log)
@@ -306,7 +312,11 @@ class MuxEngine:
             kv_seconds=kv_seconds,
             matcher=matcher,
         )
-        logits = rt.prefill(slot, tokens[keep:], all_logits=sub.logprobs > 0)
+        pending_masks = self.masks.start([matcher] if matcher is not None else [])
+        try:
+            logits = rt.prefill(slot, tokens[keep:], all_logits=sub.logprobs > 0)
+        finally:
+            self.masks.wait(pending_masks)
         request.forwards += 1
         self.active[slot.index] = request
         if sub.logprobs > 0:
@@ -358,17 +368,26 @@ class MuxEngine:
         Under a grammar the token is drawn from the masked row; logprobs stay those of the
         raw row (spec/protocol.md 2.7)."""
         matcher = request.matcher
-        allowed = row if matcher is None else matcher.apply(row)
-        token = pick(allowed, request.temperature, request.top_p, request.rng)
+        if matcher is None:
+            token = pick(row, request.temperature, request.top_p, request.rng)
+            complete = False
+        else:
+            started = time.perf_counter()
+            masked = matcher.apply(row)
+            masked_at = time.perf_counter()
+            token = pick(masked, request.temperature, request.top_p, request.rng)
+            picked_at = time.perf_counter()
+            if token not in self.rt.mux_stops:
+                matcher.consume(token)
+            complete = matcher.complete()
+            self.grammar_seconds += masked_at - started + time.perf_counter() - picked_at
         if token in self.rt.mux_stops:
             self.finish(request, length_limited=False)
             return
-        if matcher is not None:
-            matcher.consume(token)
         self.emit(request, token, row)
         if request.emitted >= request.maximum:
             self.finish(request, length_limited=True)
-        elif matcher is not None and matcher.complete():
+        elif complete:
             self.finish(request, length_limited=False)
         else:
             request.pending = token
@@ -414,10 +433,18 @@ class MuxEngine:
         for slot_index, request in ready:
             assert request.pending is not None
             rows.append(StepRow(self.slots[slot_index].state, request.pending, True))
+        pending_masks = self.masks.start(
+            [r.matcher for _, r in ready if r.matcher is not None]
+        )
         started = time.perf_counter()
-        step = self.rt.forward(rows, [r.rid for _, r in ready])
+        try:
+            step = self.rt.forward(rows, [r.rid for _, r in ready])
+        finally:
+            done = time.perf_counter()
+            elapsed = done - started
+            self.masks.wait(pending_masks)
+            self.grammar_seconds += time.perf_counter() - done
         logits = step.logits
-        elapsed = time.perf_counter() - started
         elapsed_ms = elapsed * 1000.0
         self.step_log.append((len(ready), elapsed))
         self.steps += 1
@@ -455,14 +482,28 @@ class MuxEngine:
         # Under a grammar the head drafts from the masked row, and the draft is checked
         # against the masked row of the pending token: it is kept only where plain
         # constrained decoding would pick it.
-        draft_row = self.rt.draft(slot.state, pending)
+        pending_masks = self.masks.start([matcher] if matcher is not None else [])
+        try:
+            draft_row = self.rt.draft(slot.state, pending)
+        finally:
+            self.masks.wait(pending_masks)
         draft = greedy(draft_row if matcher is None else matcher.apply(draft_row))
+        # The mask after the draft is needed only if the draft is kept: a fork that has
+        # consumed it computes that mask during the verifying forward.
+        after_draft = None
+        if matcher is not None and draft not in self.rt.mux_stops and self.masks.enabled:
+            after_draft = matcher.fork()
+            after_draft.consume(draft)
+        pending_masks = self.masks.start([after_draft] if after_draft is not None else [])
         started = time.perf_counter()
-        step = self.rt.backend.step(
-            [StepRow(slot.state, pending, True), StepRow(slot.state, draft, True)]
-        )
+        try:
+            step = self.rt.backend.step(
+                [StepRow(slot.state, pending, True), StepRow(slot.state, draft, True)]
+            )
+        finally:
+            elapsed = time.perf_counter() - started
+            self.masks.wait(pending_masks)
         rows = step.logits
-        elapsed = time.perf_counter() - started
         request.forward_ms.append(elapsed * 1000.0)
         request.add_step(step.timing)
         self.step_log.append((2, elapsed))
@@ -474,7 +515,10 @@ class MuxEngine:
         accepted = greedy(rows[0] if matcher is None else matcher.apply(rows[0])) == draft
         # The draft's row counts for the turn only where plain decoding forwards it too.
         if accepted and matcher is not None and draft not in self.rt.mux_stops:
-            matcher.consume(draft)
+            if after_draft is not None:
+                request.matcher = matcher = after_draft
+            else:
+                matcher.consume(draft)
         grammar_done = accepted and matcher is not None and matcher.complete()
         continues = (
             accepted

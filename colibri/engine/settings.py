@@ -54,6 +54,8 @@ class EngineSettings:
     usage_decay: float  # COLI_USAGE_DECAY in (0, 1]: counts scaled (rounded) before each save
     backend: str = "reference"  # a name in colibri.engine.registry
     device: str | None = None  # the backend's device choice (--device), None: its default
+    #: COLI_GRAMMAR_OVERLAP=0: grammar masks on the sampling thread, not during the forward
+    grammar_overlap: bool = True
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -151,6 +153,7 @@ def from_environment(
         legacy_top_p=_float(env, "NUCLEUS", 0.9, 0.0, 1.0),
         usage_save=_flag(env, "USAGE_SAVE", True),
         usage_decay=_decay(env),
+        grammar_overlap=_flag(env, "COLI_GRAMMAR_OVERLAP", True),
     )
 
 

@@ -28,7 +28,9 @@ import numpy as np
 import numpy.typing as npt
 from llguidance.gbnf_to_lark import any_to_lark
 
-__all__ = ["GrammarError", "GrammarVocabulary", "Matcher", "check", "compile_grammar"]
+__all__ = [
+    "GrammarError", "GrammarVocabulary", "Matcher", "check", "compile_grammar", "gbnf_to_lark",
+]
 
 LARK_PREFIX = "%llguidance"
 Encoder = Callable[[bytes], list[int]]
@@ -63,11 +65,15 @@ def compile_grammar(text: str) -> str:
         )
     if kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(text)
+    return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(text))
+
+
+def gbnf_to_lark(text: str) -> str:
+    """A GBNF grammar as llguidance Lark, or GrammarError."""
     try:
-        lark = any_to_lark(text)
+        return any_to_lark(text)
     except Exception as exc:  # the converter raises bare Exceptions for user errors
         raise GrammarError(f"the GBNF grammar is invalid: {exc}") from None
-    return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
 def check(text: str) -> str:
@@ -165,6 +171,12 @@ class Matcher:
         n = min(row.size, allowed.size)
         masked[:n] = np.where(allowed[:n], row[:n], np.float32(-np.inf))
         return masked
+
+    def fork(self) -> Matcher:
+        """An independent copy of this state (its cached mask included)."""
+        copy = Matcher(self._vocabulary, self._matcher.deep_copy())
+        copy._mask = self._mask
+        return copy
 
     def consume(self, token: int) -> None:
         self._mask = None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from support.accelerated_support import BUILT, NOT_BUILT_REASON
@@ -29,4 +30,26 @@ def test_accelerated_section_reports_both_engines_and_ratios(
     for engine in ("accelerated", "reference"):
         assert section[engine]["decode"]["tokens_per_s"] > 0
         assert section[engine]["decode_batch"]["batch"] == 2
+        prefill = section[engine]["prefill"]
+        assert prefill["prompt_tokens"] == 12 and prefill["prefill_tokens"] == 64
+        assert prefill["time_to_first_token_ms"] > 0 and prefill["prefill_tokens_per_s"] > 0
     assert section["ratio_accelerated_over_reference_decode"] > 0
+    assert section["ratio_accelerated_over_reference_prefill"] > 0
+    assert section["llama_cpp"] == {"skipped": "--no-peers"}
+    assert "skipped" in section["accelerated_int4g64_int8"]  # only on the bench model
+
+
+def test_llama_cpp_peer_is_skipped_with_a_reason(tmp_path: Path) -> None:
+    import sys
+
+    from colibri.benchmarks.llama_cpp_peer import gguf_path, run_peer, unavailable_reason
+
+    gguf = gguf_path(tmp_path, Path("glm5-bench-1234"), "q8_0")
+    assert gguf == tmp_path / "gguf" / "glm5-bench-1234-q8_0.gguf"
+    # llama_cpp is never a dependency of colibri's environment; where it is installed
+    # the missing GGUF is the reason.
+    reason = unavailable_reason(sys.executable, gguf)
+    assert reason is not None
+    assert "llama_cpp" in reason or "no GGUF" in reason
+    got = run_peer(sys.executable, gguf, 64, 2, 1, 2, lambda steps: {})
+    assert got == {"skipped": reason}

@@ -70,3 +70,20 @@ def test_bench_model_is_reproducible_from_its_seed() -> None:
     assert a.keys() == b.keys()
     assert all(a[k].tobytes() == b[k].tobytes() for k in a)
     assert build_tensors(small, 8)["lm_head.weight"].tobytes() != a["lm_head.weight"].tobytes()
+
+
+def test_grammar_section_measures_every_mode_over_the_whole_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from colibri import resources
+    from colibri.benchmarks import grammar_mask
+
+    monkeypatch.setattr(grammar_mask, "REPEATS", 1)
+    entry = grammar_mask.measure("reference", resources.default_model_dir(), 12)
+    # The schema cannot end inside the budget: every mode decodes all the tokens.
+    assert [entry[f"{m}_decode_steps"] for m in grammar_mask.MODES] == [11, 11, 11]
+    assert entry["tokenizer"] == "the model's" and entry["decode_step_us"] > 0
+    for mode in ("inline", "overlapped"):
+        assert entry[f"{mode}_grammar_us_per_token"] > 0
+        assert entry[f"{mode}_grammar_over_decode_step"] > 0
+    assert "grammar" in load_sections()

@@ -5,29 +5,22 @@ reply below is valid only because the engine masks each row."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.engine_fakes import ByteTokenizer
 from support.engine_harness import EngineRun, run_engine, submit
+from support.engine_waves import comparable
+from support.grammar_cases import PERSON, PROMPT
 
 from colibri import resources
 from colibri.protocol import parse_line
 
 MODEL = resources.default_model_dir()
-PROMPT = b"[gMASK]<sop><|user|>Describe a person.<|assistant|><think></think>"
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
 
 
 def reply(
@@ -167,3 +160,43 @@ def test_every_bounded_schema_reply_validates(schema: Any, temperature: str, see
     # Every string, number and array is bounded, so the reply must end inside the budget.
     assert done_fields(run)[1] == 0, out
     jsonschema.validate(json.loads(out), schema)
+
+
+def _data(run: EngineRun, rid: int) -> bytes:
+    return b"".join(f.payload or b"" for f in run.for_id(rid) if f.kind == "DATA")
+
+
+def test_masks_overlapped_with_the_forward_give_the_same_frames() -> None:
+    """COLI_GRAMMAR_OVERLAP (default on) moves the mask to a worker during the forward; the
+    frames are the same bytes as with masks computed at the pick (kind (c))."""
+    grammar = json.dumps(PERSON).encode()
+    script = (
+        submit(1, 0, PROMPT, 30, temperature="0.9", top_p="0.95", grammar=grammar, ext="seed=5")
+        + submit(2, 1, PROMPT + b"x", 24, temperature="0", grammar=b'root ::= [a-z ]+')
+        + submit(3, 2, PROMPT + b"y", 16, temperature="0.9", ext="seed=9")
+    )
+    runs = [run_engine(script, model_dir=MODEL, ctx=512, kv_slots=3,
+                       env={"COLI_GRAMMAR_OVERLAP": flag}) for flag in ("1", "0")]
+    assert [r.engine.masks.enabled for r in runs] == [True, False]
+    for rid in (1, 2, 3):
+        assert comparable(runs[0].for_id(rid)) == comparable(runs[1].for_id(rid))
+    assert _data(runs[0], 1).startswith(b'{"name":"') and _data(runs[0], 2)
+
+
+def test_mtp_drafts_under_a_grammar_are_byte_identical_to_plain_decoding() -> None:
+    """The MTP fixture (byte vocabulary) under a grammar that leaves one choice most steps:
+    drafts are mostly kept, so the fork that computes the after-draft mask during the
+    verifying forward is used; drafted, overlapped or not, equals plain decoding."""
+    grammar = b'root ::= ("ab" | "ba")+ "."'
+    script = submit(1, 0, b"abab ba", 40, grammar=grammar)
+    mtp = resources.fixture_model_dir("glm5-tiny-mtp")
+    runs = {
+        name: run_engine(script, model_dir=mtp, ctx=128, tokenizer=ByteTokenizer(), env=env)
+        for name, env in (("overlap", {}), ("inline", {"COLI_GRAMMAR_OVERLAP": "0"}),
+                          ("plain", {"DRAFT": "0"}))
+    }
+    texts = {name: _data(run, 1) for name, run in runs.items()}
+    assert texts["overlap"] == texts["inline"] == texts["plain"]
+    assert re.fullmatch(rb"((ab)|(ba))+\.?", texts["plain"]), texts["plain"]
+    assert comparable(runs["overlap"].for_id(1)) == comparable(runs["plain"].for_id(1))
+    assert runs["overlap"].engine.mtp.accepted > 0 and runs["inline"].engine.mtp.accepted > 0

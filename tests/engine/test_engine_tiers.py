@@ -3,11 +3,17 @@ ranked from `.coli_usage`, live re-pinning (REPIN), and what the telemetry says 
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+import pytest
+from colibri.reference.config import ModelConfig
+from support.accelerated_support import needs_library
 from support.engine_harness import EngineRun, ids, run_engine, submit
 
 from colibri import resources
+from colibri.engine.backend import StepRow, sparse_layers, usage_rows
+from colibri.engine.registry import BackendOptions, open_backend
 
 TINY = resources.fixture_model_dir("glm5-tiny")
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
@@ -91,3 +97,41 @@ def test_hit_rate_and_disk_time_cover_the_decode_window_only() -> None:
     assert done[3] == "1" and done[5] == "0.0"
     perf = _lines(run, "PERF")[0]
     assert perf[3] == "0.000000"  # t_edisk
+
+
+@needs_library
+@pytest.mark.parametrize("fixture", ["glm5-tiny", "glm5-tiny-int4g64", "glm5-tiny-e8"])
+def test_tier_bytes_are_stored_bytes_and_the_same_for_both_backends(fixture: str) -> None:
+    # The reference holds dequantized float32 experts, the accelerated engine the container's
+    # bytes; TIERS' GB and the disk counters count the stored bytes in both (DEVIATIONS.md,
+    # "Tier bytes"), so the same traffic reports the same numbers.
+    from colibri.reference.safetensors import Checkpoint
+
+    model_dir = resources.fixture_model_dir(fixture)
+    checkpoint = Checkpoint(model_dir)
+    cfg = ModelConfig.from_dir(model_dir)
+    reports = []
+    for name in ("reference", "accelerated"):
+        backend = open_backend(name, model_dir, BackendOptions(), io.StringIO())
+        state = backend.new_state()
+        step = backend.step([StepRow(state, t, False) for t in PROMPT])
+        rows = usage_rows(backend.shape)
+        counts = backend.tiers.tier_counts(rows, backend.shape.n_routed_experts)
+        reports.append((counts, backend.tiers.counters().disk_bytes, step.routes.tolist()))
+        backend.close()
+    (ref, ref_disk, ref_routes), (acc, acc_disk, acc_routes) = reports
+    assert ref_routes == acc_routes
+    routed = {(layer, int(e)) for row in ref_routes
+              for layer, chosen in zip(sparse_layers(cfg), row, strict=True) for e in chosen}
+    stored = 0
+    for layer, e in routed:
+        for proj in ("gate", "up", "down"):
+            base = f"model.layers.{layer}.mlp.experts.{e}.{proj}_proj.weight"
+            for tensor in (base, base + ".qs"):
+                if tensor in checkpoint:
+                    info = checkpoint.info(tensor)
+                    stored += info.end - info.begin
+    assert acc == ref and acc_disk == ref_disk
+    assert ref.ram == len(routed) and ref.ram_bytes == stored == ref_disk
+    if fixture != "glm5-tiny":  # quantized: fewer bytes than the float32 the reference holds
+        assert stored < len(routed) * 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4

@@ -63,3 +63,37 @@ def test_http_md_documents_every_error_code_the_server_sends() -> None:
     assert codes, "no codes found in the server sources"
     missing = sorted(c for c in codes if f"`{c}`" not in text)
     assert missing == []
+
+
+def _request_schema(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(
+        json.loads(resources.spec_path(f"schemas/{name}.json").read_text()))
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+def test_request_schemas_document_structured_output() -> None:
+    """Every response_format kind the server enforces and strict tools on both surfaces are
+    described (spec/http.md 4.3.1); a kind the server refuses is not."""
+    chat = _request_schema("chat_request")
+    base = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    for fmt in ({"type": "text"}, {"type": "json_object"},
+                {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA,
+                                                         "strict": True}},
+                {"type": "gbnf", "grammar": 'root ::= "a"'}):
+        chat.validate({**base, "response_format": fmt})
+        _request_schema("completion_request").validate(
+            {"model": "m", "prompt": "x", "response_format": fmt})
+    for bad in ({"type": "xml"}, {"type": "json_schema", "json_schema": {"name": "p"}},
+                {"type": "gbnf", "grammar": ""}):
+        assert not chat.is_valid({**base, "response_format": bad}), bad
+    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": SCHEMA}}
+    chat.validate({**base, "tools": [tool, tool["function"]], "strict_tool_calls": True})
+    assert not chat.is_valid({**base, "tools": [{"type": "function", "function": {
+        "name": "f", "strict": "yes"}}]})
+    messages = _request_schema("messages_request")
+    messages.validate({"model": "m", "max_tokens": 8, "messages": base["messages"],
+                       "tools": [{"name": "f", "strict": True, "input_schema": SCHEMA}]})
+    assert not messages.is_valid({"model": "m", "max_tokens": 8, "messages": base["messages"],
+                                  "tools": [{"name": "f", "strict": 1}]})

@@ -92,9 +92,11 @@ def run_engine(
     state_dir: Path | None = None,
     model_dir: Path | None = None,
     wrap: Callable[[Backend], Backend] | None = None,
+    backend_name: str = "reference",
 ) -> EngineRun:
-    """Run on the fake backend (`model`), or with `model_dir` on a real model (the reference
-    backend); `wrap` replaces the backend with a wrapper of it."""
+    """Run on the fake backend (`model`), or with `model_dir` on a real model (the
+    `backend_name` backend, the reference by default); `wrap` replaces the backend with a
+    wrapper of it."""
     environment = {"COLI_PERSIST": "1" if state_dir else "0", **(env or {})}
     if state_dir is not None:
         environment["COLI_STATE_DIR"] = str(state_dir)
@@ -103,7 +105,7 @@ def run_engine(
     if model_dir is not None:
         settings = from_environment(environment, model_dir=model_dir, kv_slots=kv_slots, ctx=ctx)
         options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes)
-        backend = open_backend("reference", model_dir, options, log)
+        backend = open_backend(backend_name, model_dir, options, log)
     else:
         settings = from_environment(
             environment, model_dir=Path("fake-model"), kv_slots=kv_slots, ctx=ctx

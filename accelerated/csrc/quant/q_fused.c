@@ -42,7 +42,22 @@ static inline __m256 dec8_fp8(const uint8_t *row, int64_t c) {
     static inline void NAME(const uint8_t *row, int64_t c, __m256 w[4]) {                    \
         for (int k = 0; k < 4; k++) w[k] = DEC(row, c + 8 * k);                              \
     }
-Q_DEC32_BY_8(dec32_int4, dec8_int4)
+
+/* 16 bytes -> 32 nibbles in column order (byte i: low nibble column c + 2i, high c + 2i + 1),
+ * minus 8, in one load and a byte interleave: about two thirds of the instructions of four
+ * dec8_int4 calls, the same exact integer values (so the same bits downstream). Only for a
+ * whole 32-column block (its 16 bytes lie inside the row). */
+static inline void dec32_int4(const uint8_t *row, int64_t c, __m256 w[4]) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(row + c / 2));
+    __m128i nib = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    __m128i lo = _mm_and_si128(b, nib), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
+    __m128i v0 = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), eight); /* columns 0..15 */
+    __m128i v1 = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), eight); /* columns 16..31 */
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+}
 
 /* Eight 2-bit fields of a 16-bit word, field k at bits 2k, as int32 lanes. */
 static inline __m256i fields2(uint32_t word) {
