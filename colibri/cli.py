@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "colibri.commands.engine",
     "colibri.commands.chat",
     "colibri.commands.conformance",
+    "colibri.commands.golden",
     "colibri.commands.atlas",
     "colibri.commands.plan",
 )

@@ -283,7 +283,10 @@ def build(model: Path, request: Request, host: Mapping[str, int] | None = None,
                        "budget_bytes": (hot if hot else warm) * typical,
                        "tier": "vram" if hot else "ram"}
         plan["env"]["PIN"] = str(request.usage)
-        plan["env"]["PIN_GB"] = f"{len(pins) * typical / GB:.3f}"
+        # The engine pins in the same order while the next expert fits PIN_GB; half an
+        # expert of slack keeps the decimal GB from rounding the last pin away, and is too
+        # little for one more, so the engine pins exactly this set.
+        plan["env"]["PIN_GB"] = repr((len(pins) + 0.5) * typical / GB)
     return plan
 
 
@@ -329,11 +332,25 @@ def format_plan(plan: dict[str, Any]) -> list[str]:
 
 
 def environment_for_plan(plan: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
-    """What ``--auto-tier`` sets: the plan's variables, never overriding the user's."""
+    """What ``--auto-tier`` sets: the plan's variables, never overriding the user's. A
+    ``PIN`` the user set wins with the plan's ``PIN_GB`` only when the plan ranked that same
+    file, so the budget always belongs to the ranking the engine applies."""
     out = dict(env)
+    user_pin = env.get("PIN")
     for key, value in plan["env"].items():
+        if key == "PIN_GB" and user_pin is not None and user_pin != plan["env"].get("PIN"):
+            continue
         out.setdefault(key, value)
     return out
+
+
+def auto_tier_usage(usage: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The usage file ``--auto-tier`` suggests pins from: ``--usage``, else a ``PIN`` that
+    names a file (``PIN=auto`` ranks the engine's own history, which the plan cannot see)."""
+    if usage is not None:
+        return usage
+    pin = env.get("PIN", "")
+    return Path(pin) if pin and pin != "auto" and Path(pin).is_file() else None
 
 
 def shipped_config(name: str) -> Path:
@@ -347,5 +364,5 @@ def shipped_config(name: str) -> Path:
     return path
 
 
-__all__ = ["PlanError", "Request", "build", "environment_for_plan", "format_plan",
-           "shipped_config"]
+__all__ = ["PlanError", "Request", "auto_tier_usage", "build", "environment_for_plan",
+           "format_plan", "shipped_config"]

@@ -34,10 +34,13 @@ PROTOCOL_EXPECTATIONS = frozenset(
         "interleave",
         "logprobs",
         "state_files",
+        "file",
         "invariant",
     }
 )
-HTTP_EXPECTATIONS = frozenset({"status", "header", "json", "schema", "sse", "metrics", "relation"})
+HTTP_EXPECTATIONS = frozenset(
+    {"status", "header", "json", "schema", "sse", "metrics", "relation", "one_of"}
+)
 
 
 class CaseError(ValueError):
@@ -72,6 +75,8 @@ class Case:
     fresh: bool = False
     server_args: tuple[str, ...] = ()
     source: str = ""
+    #: Whose documented contract the case checks (conformance/http_profiles.py); "" if none.
+    profile: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -133,6 +138,7 @@ def _build(raw: dict[str, Any], source: str) -> Case:
         fresh=any(session.fresh for session in sessions),
         server_args=tuple(raw.get("server_args", [])),
         source=source,
+        profile=raw.get("profile", ""),
         raw=raw,
     )
 

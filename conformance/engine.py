@@ -44,7 +44,21 @@ CAPABILITY_ALIASES = {
     "stop": "stop",
     "accept": "accept",
     "context_exceeded": "context_exceeded",
+    "echo_at": "echo_at",
 }
+
+#: In a case's engine ``env`` values, this is replaced by the session's private state
+#: directory, so a case can point a file-writing variable (``STATS``) where the
+#: ``file`` expectation and the invariants read it, and nowhere else.
+STATE_DIR_TOKEN = "{state_dir}"
+
+#: Where the handshake probe asks for a STATS dump (inside the probe's own state dir).
+STATS_PROBE_FILE = "conformance-stats-probe.txt"
+
+
+def expand_env(value: str, state_dir: Path) -> str:
+    """A case's environment value with ``{state_dir}`` filled in."""
+    return value.replace(STATE_DIR_TOKEN, str(state_dir))
 
 
 class EngineError(RuntimeError):
@@ -86,7 +100,9 @@ class EngineTarget:
         persist = bool(config.get("persist", False))
         env["COLI_PERSIST"] = "1" if persist else "0"
         env["KVSAVE"] = "1" if persist else "0"
-        env.update({str(k): str(v) for k, v in config.get("env", {}).items()})
+        env.update(
+            {str(k): expand_env(str(v), state_dir) for k, v in config.get("env", {}).items()}
+        )
         return env
 
 
@@ -306,13 +322,21 @@ def probe_legacy(target: EngineTarget, timeout: float) -> bool:
 def probe_capabilities(
     target: EngineTarget, protocol_timeout: float = 30.0
 ) -> tuple[set[str], list[Frame]]:
-    """Start the engine once, read its whole handshake (EOF makes it exit), parse caps."""
+    """Start the engine once, read its whole handshake (EOF makes it exit), parse caps.
+
+    The same run probes the STATS dump (protocol.md 4.2), which no handshake line announces:
+    an engine that wrote the file named by ``STATS`` when it exited has ``stats_dump``.
+    """
     # SERVE_TOPK=1 so an engine able to send TOPK frames says so in its capability line.
-    session = EngineSession(target, {"kv_slots": 1, "env": {"SERVE_TOPK": "1"}})
+    env = {"SERVE_TOPK": "1", "STATS": f"{STATE_DIR_TOKEN}/{STATS_PROBE_FILE}"}
+    session = EngineSession(target, {"kv_slots": 1, "env": env})
     try:
         session.start()
         session.close_stdin()
-        session.await_exit(protocol_timeout)
-        return capabilities_from_frames(session.frames), list(session.frames)
+        code = session.await_exit(protocol_timeout)
+        found = capabilities_from_frames(session.frames)
+        if code == 0 and (session.state_dir / STATS_PROBE_FILE).is_file():
+            found.add("stats_dump")
+        return found, list(session.frames)
     finally:
         session.close()

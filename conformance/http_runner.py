@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import referencing
 from colibri.conformance.cases import Case
+from colibri.conformance.http_stream_rules import anthropic_blocks, openai_chunks
 from colibri.conformance.http_target import (
     COLIBRI_SERVER_CAPABILITIES,
     Endpoint,
@@ -192,23 +193,34 @@ class HttpRunner:
             self._sse(exp, response)
         elif kind == "metrics":
             _metrics(exp, response)
+        elif kind == "one_of":
+            self._one_of(exp, response)
         else:
             raise CheckFailure(f"expectation {kind!r} is not implemented for HTTP")
+
+    def _one_of(self, exp: dict[str, Any], response: Response) -> None:
+        """Passes when every expectation of at least one branch holds: for behaviour the
+        public references leave to the server (support a parameter, or refuse it)."""
+        reasons = []
+        for branch in exp["branches"]:
+            try:
+                for inner in branch:
+                    self._expect(inner, response)
+            except CheckFailure as exc:
+                reasons.append(str(exc))
+                continue
+            return
+        raise CheckFailure("no branch holds: " + " | ".join(reasons))
 
     def _json(self, exp: dict[str, Any], response: Response) -> None:
         document = response.json()
         if document is None:
             raise CheckFailure(f"body is not JSON: {response.body[:200]!r}")
-        value: Any = document
-        for part in exp["path"].split(".") if exp["path"] else []:
-            if isinstance(value, list) and part.isdigit() and int(part) < len(value):
-                value = value[int(part)]
-            elif isinstance(value, dict) and part in value:
-                value = value[part]
-            else:
-                if exp.get("exists") is False:
-                    return
-                raise CheckFailure(f"{exp['path']} missing in {json.dumps(document)[:300]}")
+        value = _lookup(document, exp["path"])
+        if value is _MISSING:
+            if exp.get("exists") is False:
+                return
+            raise CheckFailure(f"{exp['path']} missing in {json.dumps(document)[:300]}")
         if exp.get("exists") is False:
             raise CheckFailure(f"{exp['path']} present: {value!r}")
         if "equals" in exp and value != _substitute(exp["equals"], self.target.model_id):
@@ -218,6 +230,7 @@ class HttpRunner:
                 raise CheckFailure(f"{exp['path']} contains {needle!r}: {value!r}")
         if "matches" in exp and not (isinstance(value, str) and re.search(exp["matches"], value)):
             raise CheckFailure(f"{exp['path']} {value!r} does not match /{exp['matches']}/")
+        _json_relations(exp, value, document)
         if (
             "is" in exp
             and type(value).__name__
@@ -278,9 +291,11 @@ class HttpRunner:
                 raise CheckFailure("OpenAI streams carry data-only events")
             if events[-1].get("data") != "[DONE]":
                 raise CheckFailure(f"stream does not end with data: [DONE] ({events[-1]!r})")
+            chunks = [json.loads(event["data"]) for event in events[:-1]]
+            if exp.get("chunk_rules"):
+                openai_chunks(chunks, exp.get("usage"))
             text = ""
-            for event in events[:-1]:
-                chunk = json.loads(event["data"])
+            for chunk in chunks:
                 if chunk.get("object") not in ("chat.completion.chunk", "text_completion"):
                     raise CheckFailure(f"unexpected chunk object {chunk.get('object')!r}")
                 for choice in chunk.get("choices") or []:
@@ -303,10 +318,57 @@ class HttpRunner:
             )
             if not re.fullmatch(pattern, order):
                 raise CheckFailure(f"Anthropic event order: {order}")
+            if exp.get("block_rules"):
+                anthropic_blocks([json.loads(e["data"]) for e in events])
 
 
 _OPENAI_EVENT = rb"data: [^\n]+\n\n"
 _ANTHROPIC_EVENT = rb"event: [a-z_]+\ndata: [^\n]+\n\n"
+
+
+def _json_relations(exp: dict[str, Any], value: Any, document: Any) -> None:
+    """The json expectation's comparisons beyond equality (``in``, ``at_most``,
+    ``length``, ``equals_sum`` of other paths, ``parses_json``)."""
+    where = exp["path"]
+    if "in" in exp and value not in exp["in"]:
+        raise CheckFailure(f"{where} is {value!r}, expected one of {exp['in']!r}")
+    if "at_most" in exp and not (_is_count(value) and value <= exp["at_most"]):
+        raise CheckFailure(f"{where} is {value!r}, expected an integer <= {exp['at_most']}")
+    if "length" in exp and not (isinstance(value, list) and len(value) == exp["length"]):
+        raise CheckFailure(f"{where} is {value!r}, expected an array of {exp['length']}")
+    if "equals_sum" in exp:
+        parts = [_lookup(document, path) for path in exp["equals_sum"]]
+        if not all(_is_count(p) for p in parts) or value != sum(parts):
+            raise CheckFailure(f"{where} is {value!r}, expected the sum of "
+                               f"{exp['equals_sum']} = {parts!r}")
+    if exp.get("parses_json"):
+        try:
+            json.loads(value) if isinstance(value, str) else None
+        except json.JSONDecodeError as exc:
+            raise CheckFailure(f"{where} is not JSON text: {value!r} ({exc})") from None
+        if not isinstance(value, str):
+            raise CheckFailure(f"{where} is {value!r}, expected JSON text in a string")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: What _lookup answers for a path the document does not have (None is a JSON value).
+_MISSING = object()
+
+
+def _lookup(document: Any, path: str) -> Any:
+    """The value at a dotted path ("choices.0.message"; "" is the document itself)."""
+    value = document
+    for part in path.split(".") if path else []:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return _MISSING
+    return value
 
 
 def _metrics(exp: dict[str, Any], response: Response) -> None:
@@ -359,6 +421,7 @@ def body_schema(method: str, path: str, response: Response) -> str | None:
         "/v1/completions": ("completion.json", "completion_chunk.json"),
         "/v1/messages": ("message.json", "message_stream_event.json"),
         "/v1/systemone": ("systemone.json", "systemone.json"),
+        "/v1/messages/count_tokens": ("count_tokens.json", "count_tokens.json"),
     }
     if method == "POST" and path in posts:
         return posts[path][1 if response.is_sse else 0]
@@ -378,13 +441,14 @@ def body_schema(method: str, path: str, response: Response) -> str | None:
 def _schema_registry() -> referencing.Registry[Any]:
     resources = []
     folder = spec_dir() / "schemas"
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
         document = json.loads(path.read_text())
         resource = referencing.Resource.from_contents(
             document, default_specification=referencing.jsonschema.DRAFT202012
         )
-        resources.append((document.get("$id", path.name), resource))
-        resources.append((path.name, resource))
+        name = path.relative_to(folder).as_posix()
+        resources.append((document.get("$id", name), resource))
+        resources.append((name, resource))
     registry: referencing.Registry[Any] = referencing.Registry().with_resources(resources)
     return registry
 

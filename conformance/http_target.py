@@ -234,6 +234,12 @@ def probe(endpoint: Endpoint, model: str) -> set[str]:
         decision = endpoint.request("POST", "/v1/systemone", body=b"{}")
         if decision.status == 422 and isinstance((decision.json() or {}).get("detail"), list):
             caps.add("systemone")
+        # Token counting needs the server to know its model's tokenizer (not every colibri
+        # server does: --engine-cmd without --model answers 501), so it is always probed.
+        count = endpoint.request("POST", "/v1/messages/count_tokens", body=json.dumps(
+            {"model": model, "messages": [{"role": "user", "content": "Hi"}]}).encode())
+        if count.status == 200 and isinstance((count.json() or {}).get("input_tokens"), int):
+            caps.add("count_tokens")
         # A model check may come before routing (404 model_not_found), so name the model.
         body = json.dumps({"model": model, "prompt": ""}).encode()
         completions = endpoint.request("POST", "/v1/completions", body=body)

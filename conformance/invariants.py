@@ -16,16 +16,20 @@ same engine wrote for the same row, never against another machine's numbers.
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from colibri.conformance.engine import expand_env
 from colibri.conformance.frames import PREAMBLE, Frame
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import PromptCodec
+from colibri.conformance.usage_records import read_usage
 
 from colibri.protocol import LIMITS
 
@@ -141,6 +145,11 @@ def _maximum(view: SessionView, turn: Turn) -> int | None:
 def _logprobs_k(view: SessionView, rid: int) -> int:
     asked = view.requests.get(rid, {})
     return int(asked.get("ext", {}).get("logprobs", 0))
+
+
+def _echo_at(view: SessionView, rid: int) -> int:
+    asked = view.requests.get(rid, {})
+    return int(asked.get("ext", {}).get("echo_at", 0))
 
 
 # -- §2.6: telemetry dimensions ------------------------------------------------------------
@@ -270,7 +279,8 @@ def turn_accounting(view: SessionView, codec: PromptCodec) -> None:
             raise CheckFailure(f"request {turn.rid}: DONE prompt tokens != ACCEPT's {nt}")
         echoes = len(turn.of("ECHO"))
         wanted = nt if _logprobs_k(view, turn.rid) > 0 else 0
-        if echoes != wanted:
+        # An echo_at request scores only the option's tokens: invariant echo-at-window.
+        if echoes != wanted and _echo_at(view, turn.rid) == 0:
             raise CheckFailure(f"request {turn.rid}: {echoes} ECHO frames, expected {wanted}")
         topks = len(turn.of("TOPK"))
         if topks != (data if topk else 0):
@@ -553,8 +563,8 @@ def token_payloads(view: SessionView, codec: PromptCodec) -> None:
                 _payload_id(frame.payload, codec.vocab, f"DATA of request {turn.rid}")
         echoes = turn.of("ECHO")
         payload = view.submitted.get(turn.rid)
-        if not echoes or payload is None:
-            continue
+        if not echoes or payload is None or _echo_at(view, turn.rid):
+            continue  # an echo_at window spells a suffix: invariant echo-at-window
         spelled = b"".join(f.payload or b"" for f in echoes)
         if _no_tokenizer(view) and payload.ids:
             sent = payload.data.split()
@@ -571,6 +581,53 @@ def token_payloads(view: SessionView, codec: PromptCodec) -> None:
         checked += 1
     if not checked:
         raise CheckFailure("no request with ECHO frames and a known payload")
+
+
+def echo_at_window(view: SessionView, codec: PromptCodec) -> None:
+    """`echo_at=a` scores exactly the tokens that cover payload bytes >= a (§2.2, §2.8): the
+    ECHO frames are positions s … nt−1 in order, their payloads spell the prompt's bytes
+    from token s's first byte on, token s reaches past byte a and token s−1 does not (so a
+    token merging across byte a is scored). a at or past the end: no ECHO at all."""
+    checked = 0
+    for turn in _finished(view):
+        at = _echo_at(view, turn.rid)
+        payload = view.submitted.get(turn.rid)
+        if at == 0 or payload is None or payload.ids:
+            continue
+        echoes = turn.of("ECHO")
+        nt = turn.prompt_tokens
+        prompt = payload.data
+        checked += 1
+        if at >= len(prompt):
+            if echoes:
+                raise CheckFailure(
+                    f"request {turn.rid}: echo_at={at} is past the {len(prompt)}-byte prompt, "
+                    f"yet {len(echoes)} ECHO frame(s) came"
+                )
+            continue
+        if not echoes:
+            raise CheckFailure(f"request {turn.rid}: echo_at={at} inside the prompt, no ECHO")
+        positions = [_int(f.fields, 3, "ECHO position") for f in echoes]
+        first = nt - len(echoes)
+        if positions != list(range(first, nt)):
+            raise CheckFailure(
+                f"request {turn.rid}: ECHO positions {positions[:8]}… are not s … {nt - 1}"
+            )
+        spelled = b"".join(f.payload or b"" for f in echoes)
+        start = len(prompt) - len(spelled)
+        if start < 0 or prompt[start:] != spelled:
+            raise CheckFailure(
+                f"request {turn.rid}: ECHO payloads {spelled[:40]!r} are not the end of the "
+                f"prompt {prompt[-40:]!r}"
+            )
+        first_bytes = len(echoes[0].payload or b"")
+        if not start <= at < start + first_bytes:
+            raise CheckFailure(
+                f"request {turn.rid}: the first scored token spans bytes {start} … "
+                f"{start + first_bytes - 1}, it must be the token covering byte {at}"
+            )
+    if not checked:
+        raise CheckFailure("no finished echo_at request with a text payload")
 
 
 def chosen_in_table(view: SessionView, codec: PromptCodec) -> None:
@@ -665,33 +722,78 @@ def state_history(view: SessionView, codec: PromptCodec) -> None:
         emitted_ids = [_payload_id(f.payload, codec.vocab, "DATA") for f in turn.of("DATA")]
         if tokens != sent + emitted_ids[:-1]:
             raise CheckFailure(f".coli_kv tokens {tokens[-8:]} are not the turn's history")
-    _usage_matches_emap(view)
+    _usage_matches_emap(view, view.state_dir / ".coli_usage")
 
 
-def _usage_matches_emap(view: SessionView) -> None:
-    assert view.state_dir is not None
+def _usage_matches_emap(view: SessionView, path: Path) -> dict[tuple[int, int], int]:
+    """The usage file at `path` is in the `.coli_usage` layout (§4.2) and its counts give
+    exactly the heats of the session's last EMAP; returns the counts."""
     emaps = [f for f in _frames(view) if f.kind == "EMAP"]
     if not emaps:
-        raise CheckFailure("no EMAP line to compare with .coli_usage")
+        raise CheckFailure(f"no EMAP line to compare with {path.name}")
     emap = _emap(emaps[-1])
-    lines = (view.state_dir / ".coli_usage").read_text(encoding="ascii").splitlines()
-    records = [tuple(int(x) for x in line.split()) for line in lines]
-    if not records or records[0][:1] != (-1,) or records[0][2] != emap.cols:
-        raise CheckFailure(f".coli_usage header {lines[:1]} does not name {emap.cols} experts")
-    if (-2, 1, USAGE_ENGINE_ID) not in records[1:2]:
-        raise CheckFailure(f".coli_usage second line {lines[1:2]} is not '-2 1 {USAGE_ENGINE_ID}'")
-    counts = [r for r in records[2:] if len(r) == 3]
-    keys = [(r[0], r[1]) for r in counts]
-    if keys != sorted(set(keys)) or any(r[2] <= 0 for r in counts):
-        raise CheckFailure(".coli_usage records are not ascending, unique and non-zero")
-    if len({layer for layer, _ in keys}) > emap.rows:
-        raise CheckFailure(f".coli_usage names more layers than EMAP's {emap.rows} rows")
-    saved = sorted(min(r[2].bit_length(), 63) for r in counts)
+    counts = read_usage(path, emap.cols, USAGE_ENGINE_ID)
+    if len({layer for layer, _ in counts}) > emap.rows:
+        raise CheckFailure(f"{path.name} names more layers than EMAP's {emap.rows} rows")
+    saved = sorted(min(count.bit_length(), 63) for count in counts.values())
     shown = sorted(h for h in emap.heats() if h)
     if saved != shown:
         raise CheckFailure(
-            f".coli_usage counts give heats {saved[:10]}..., the last EMAP shows {shown[:10]}..."
+            f"{path.name} counts give heats {saved[:10]}..., the last EMAP shows {shown[:10]}..."
         )
+    return counts
+
+
+# -- §4.2 "STATS dump": the counters an expert atlas reads ---------------------------------
+def stats_dump(view: SessionView, codec: PromptCodec) -> None:
+    """With `STATS=<path>`, `COLI_PERSIST=0` and `DRAFT=0` (the atlas' controls), the file
+    written at exit holds this process's routing and nothing else: the `.coli_usage` layout,
+    the heats of the last EMAP, and in every routed layer top-k selections per forwarded
+    token. A turn forwards its nt prompt tokens and every emitted token but a last one that
+    ended it length-limited; each slot is used once, so no prefix is reused."""
+    env = view.config.get("env", {})
+    if "STATS" not in env or view.state_dir is None:
+        raise CheckFailure("the case sets no STATS path for this session")
+    if env.get("DRAFT") != "0" or view.config.get("persist"):
+        raise CheckFailure("a STATS measurement needs DRAFT=0 and no persistence (§4.2)")
+    if view.alive or view.exit_codes[-1:] != [0]:
+        raise CheckFailure("the engine must have exited with status 0 before its dump is read")
+    path = Path(expand_env(str(env["STATS"]), view.state_dir))
+    if not path.is_file():
+        raise CheckFailure(f"no STATS dump at {path.name} after the engine exited")
+    top_k = _config_int(codec, "num_experts_per_tok")
+    finished = _finished(view)
+    slots = [view.requests.get(t.rid, {}).get("slot", 0) for t in finished]
+    if len(set(slots)) != len(slots) or len(_runs(view)) != 1:
+        raise CheckFailure("the case must use each slot once in one engine process")
+    forwarded = 0
+    for turn in finished:
+        done = turn.done
+        assert done is not None
+        emitted = _int(done.fields, 3, "DONE emitted")
+        last_unforwarded = 1 if emitted and done.fields[8:9] == ["1"] else 0
+        forwarded += turn.prompt_tokens + emitted - last_unforwarded
+    counts = _usage_matches_emap(view, path)
+    per_layer: Counter[int] = Counter()
+    for (layer, _expert), count in counts.items():
+        per_layer[layer] += count
+    if not per_layer:
+        raise CheckFailure(f"{path.name} is empty after {forwarded} forwarded token(s)")
+    wrong = {layer: n for layer, n in per_layer.items() if n != top_k * forwarded}
+    if wrong:
+        raise CheckFailure(
+            f"{path.name}: layer selections {dict(sorted(wrong.items()))} != top-{top_k} x "
+            f"{forwarded} forwarded tokens = {top_k * forwarded}"
+        )
+
+
+def _config_int(codec: PromptCodec, key: str) -> int:
+    if codec.model_dir is None or not (codec.model_dir / "config.json").is_file():
+        raise NotApplicable("the model's config.json is not available")
+    value = json.loads((codec.model_dir / "config.json").read_text(encoding="utf-8")).get(key)
+    if not isinstance(value, int):
+        raise NotApplicable(f"config.json has no integer {key}")
+    return value
 
 
 Check = Callable[["SessionView", PromptCodec], None]
@@ -711,6 +813,8 @@ INVARIANTS: dict[str, Check] = {
     "chosen-in-table": chosen_in_table,
     "caps-agree": caps_agree,
     "state-history": state_history,
+    "echo-at-window": echo_at_window,
+    "stats-dump": stats_dump,
 }
 
 

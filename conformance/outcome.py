@@ -34,6 +34,8 @@ class Result:
     attempts: int = 1
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: The profile the case belongs to (conformance/http_profiles.py); "" when it names none.
+    profile: str = ""
 
     @property
     def blocking(self) -> bool:

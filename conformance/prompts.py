@@ -85,3 +85,28 @@ class PromptCodec:
             ids = self.text_ids(prompt)
             return Payload(" ".join(map(str, ids)).encode(), len(ids), True)
         return Payload(prompt.encode("utf-8"), None, False)
+
+
+def submit_frame(
+    request_id: int,
+    slot: int,
+    payload: Payload,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    ext: dict[str, int],
+    grammar: bytes = b"",
+) -> bytes:
+    """The SUBMIT header, payload and grammar bytes of one request (spec/protocol.md 2.3);
+    an ids payload adds ``ids=1`` unless ``ext`` says otherwise."""
+    ext = dict(ext)
+    if payload.ids:
+        ext.setdefault("ids", 1)
+    header = (
+        f"SUBMIT {request_id} {slot} {len(payload.data)} {max_tokens} "
+        f"{temperature:.8g} {top_p:.8g}"
+    )
+    if ext or grammar:
+        # colibri's parser only takes key=value tokens after an explicit gbytes field.
+        header += f" {len(grammar)}" + "".join(f" {k}={v}" for k, v in ext.items())
+    return header.encode() + b"\n" + payload.data + grammar + b"\n"

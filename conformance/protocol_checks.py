@@ -247,6 +247,11 @@ def _same_stream(views: Views, exp: dict[str, Any]) -> None:
     kinds = set(exp.get("kinds", ["ACCEPT", "ECHO", "DATA", "TOPK", "DONE"]))
     left = [item for item in left if item[0] in kinds]
     right = [item for item in right if item[0] in kinds]
+    if exp.get("mode", "exact") == "suffix":
+        # echo_at scoring on a warm slot: its frames are the tail of a cold full echo (§2.8).
+        if not left or left != right[len(right) - len(left) :]:
+            raise CheckFailure(_first_difference(left, right[-len(left) :], "is not a tail of"))
+        return
     if exp.get("mode", "exact") == "prefix":
         # A STOPped/CANCELled request may end anywhere, but what it sent must be a prefix.
         left = [item for item in left if item[0] in ("ECHO", "DATA", "TOPK", "ACCEPT")]
@@ -357,6 +362,8 @@ def check_protocol(case: Case, views: Views, grammar: Grammar, codec: PromptCode
                 _legacy(views, exp)
             elif kind == "state_files":
                 _state_files(views, exp, codec)
+            elif kind == "file":
+                _file(views, exp)
             elif kind == "interleave":
                 _interleave(views, exp)
             elif kind == "logprobs":
@@ -483,6 +490,28 @@ def _logprobs(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
             _table(f.fields, 4, k, codec.vocab, f"ECHO {f.describe()!r}")
     if not seen_data:
         raise CheckFailure(f"no DATA frames for request {rid}: no logprob tables to check")
+
+
+def _file(views: Views, exp: dict[str, Any]) -> None:
+    """A file the engine wrote into the session's state directory (a case points a variable
+    such as STATS there with ``{state_dir}`` in its env): present or absent, and its size."""
+    view = _session(views, exp.get("session"))
+    relative = Path(exp["path"])
+    if relative.is_absolute() or ".." in relative.parts:
+        raise CheckFailure(f"file path {exp['path']!r} must stay inside the state directory")
+    if view.state_dir is None:
+        raise CheckFailure("no state directory for this session")
+    path = view.state_dir / relative
+    if not exp.get("exists", True):
+        if path.exists():
+            raise CheckFailure(f"{exp['path']} exists, it must not")
+        return
+    if not path.is_file():
+        raise CheckFailure(f"{exp['path']} missing from the state directory")
+    if "size" in exp and path.stat().st_size != exp["size"]:
+        raise CheckFailure(
+            f"{exp['path']} holds {path.stat().st_size} bytes, expected {exp['size']}"
+        )
 
 
 _USAGE_LINE = re.compile(r"-?[0-9]+ [0-9]+ [0-9]+")

@@ -19,7 +19,7 @@ from colibri.conformance.frames import Frame
 from colibri.conformance.fuzz import run_fuzz
 from colibri.conformance.grammar import Grammar
 from colibri.conformance.outcome import CheckFailure, NotApplicable
-from colibri.conformance.prompts import Payload, PromptCodec
+from colibri.conformance.prompts import Payload, PromptCodec, submit_frame
 from colibri.conformance.protocol_checks import SessionView, check_protocol
 
 TERMINAL = ("DONE", "ERROR")
@@ -253,14 +253,10 @@ class ProtocolRunner:
         if payload.ids:
             ext.setdefault("ids", 1)
         grammar: bytes = str(step.get("grammar", "")).encode("utf-8")
-        header = (
-            f"SUBMIT {step['id']} {step.get('slot', 0)} {len(payload.data)} "
-            f"{step.get('max_tokens', 8)} {_num(step.get('temperature', 0))} "
-            f"{_num(step.get('top_p', 1))}"
+        frame = submit_frame(
+            int(step["id"]), int(step.get("slot", 0)), payload, int(step.get("max_tokens", 8)),
+            float(step.get("temperature", 0)), float(step.get("top_p", 1)), ext, grammar,
         )
-        if ext or grammar:
-            # colibri's parser only takes key=value tokens after an explicit gbytes field.
-            header += f" {len(grammar)}" + "".join(f" {k}={v}" for k, v in ext.items())
         session.submitted[int(step["id"])] = payload
         session.requests[int(step["id"])] = {
             "slot": int(step.get("slot", 0)),
@@ -269,7 +265,7 @@ class ProtocolRunner:
             "ext": ext,
         }
         session.open_ids.add(int(step["id"]))
-        return header.encode() + b"\n" + payload.data + grammar + b"\n"
+        return frame
 
     def _await(self, session: LiveSession, step: dict[str, Any]) -> None:
         engine = session.engine
@@ -325,10 +321,6 @@ def latest_caps(frames: list[Frame]) -> dict[str, int]:
             pairs = (token.partition("=") for token in frame.fields[1:])
             return {k: int(v) for k, _, v in pairs if v.isdigit()}
     return {}
-
-
-def _num(value: float) -> str:
-    return f"{value:.8g}"
 
 
 def _stderr_hint(engine: EngineSession) -> str:

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TextIO
 
+from colibri.conformance.http_profiles import describe, profile_counts
 from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL, XPASS, Result
 
 COLUMNS = (PASS, FAIL, ERROR, XFAIL, XPASS, SKIP)
@@ -28,6 +29,10 @@ def summary_table(results: list[Result], out: TextIO) -> None:
         out.write(f"{area:<{width}}  " + "  ".join(f"{counts[c]:>5}" for c in COLUMNS) + "\n")
     out.write("-" * len(header) + "\n")
     out.write(f"{'total':<{width}}  " + "  ".join(f"{totals[c]:>5}" for c in COLUMNS) + "\n")
+    if any(r.profile for r in results):
+        out.write("\nper profile:\n")
+        for line in describe(profile_counts(results)):
+            out.write(f"  {line}\n")
     for result in results:
         if result.status in (FAIL, ERROR, XPASS) or result.warnings:
             label = result.status.upper() if result.status != PASS else "WARN"
@@ -49,6 +54,7 @@ def write_json(results: list[Result], path: Path) -> None:
             "area": r.area,
             "level": r.level,
             "clause": r.clause,
+            "profile": r.profile,
             "status": r.status,
             "message": r.message,
             "warnings": r.warnings,
@@ -57,9 +63,9 @@ def write_json(results: list[Result], path: Path) -> None:
         }
         for r in results
     ]
-    path.write_text(
-        json.dumps({"ok": verdict(results), "cases": records}, indent=2) + "\n", encoding="utf-8"
-    )
+    profiles = {name: dict(counts) for name, counts in profile_counts(results).items()}
+    document = {"ok": verdict(results), "profiles": profiles, "cases": records}
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
 def write_junit(results: list[Result], path: Path, name: str) -> None:
@@ -84,6 +90,7 @@ def write_junit(results: list[Result], path: Path, name: str) -> None:
             [
                 ET.Element("property", name="level", value=r.level),
                 ET.Element("property", name="clause", value=r.clause),
+                ET.Element("property", name="profile", value=r.profile),
             ]
         )
         if r.status == FAIL:

@@ -62,7 +62,8 @@ def _attempt(executor: Executor, case: Case) -> tuple[str, str, list[str]]:
 
 
 def run_case(executor: Executor, case: Case, expectations: Expectations, reruns: int = 2) -> Result:
-    result = Result(case.id, case.suite, case.area, case.level, case.clause, SKIP)
+    result = Result(case.id, case.suite, case.area, case.level, case.clause, SKIP,
+                    profile=case.profile)
     expected = expectations.get(case.id)
     if expected is not None and expected.status == "skip":
         result.message = f"skipped by expectations: {expected.reason}"
@@ -168,4 +169,4 @@ def _lost(case: Case, death: str | None) -> Result:
     """The verdict of a case whose worker died: an ERROR, never a silently missing case."""
     reason = f"worker died: {death}" if death else "no worker was left to run it"
     return Result(case.id, case.suite, case.area, case.level, case.clause, ERROR,
-                  f"harness error: {reason}")
+                  f"harness error: {reason}", profile=case.profile)

@@ -9,6 +9,7 @@ from typing import TextIO, cast
 
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.expectations import Expectations
+from colibri.conformance.http_profiles import select_profiles
 from colibri.conformance.outcome import Result
 from colibri.conformance.report import summary_table, verdict, write_json, write_junit
 from colibri.conformance.runner import (
@@ -35,6 +36,8 @@ class RunOptions:
     list_only: bool = False
     quiet: bool = False
     jobs: int = 1
+    #: Only the cases of these profiles (conformance/http_profiles.py); all when empty.
+    profiles: list[str] = field(default_factory=list)
 
 
 def finish(
@@ -45,7 +48,9 @@ def finish(
     out: TextIO = sys.stdout,
 ) -> tuple[int, list[Result]]:
     """Run the selected cases on an executor, report, and return (exit status, results)."""
-    cases: list[Case] = select_cases(load_cases(suite, options.case_files), options.select)
+    cases: list[Case] = select_profiles(
+        select_cases(load_cases(suite, options.case_files), options.select), options.profiles
+    )
     executor.capabilities |= set(options.capabilities)
     executor.capabilities -= set(options.without)
     if options.list_only:
@@ -53,7 +58,8 @@ def finish(
         for case in cases:
             missing = sorted(case.requires - executor.capabilities)
             note = f"  (skipped: lacks {', '.join(missing)})" if missing else ""
-            out.write(f"{case.id}  [{case.level}]  {case.clause}{note}\n")
+            profile = f"  <{case.profile}>" if case.profile else ""
+            out.write(f"{case.id}  [{case.level}]{profile}  {case.clause}{note}\n")
         return 0, []
     expectations = Expectations.load(options.expectations)
     unknown = expectations.unknown_ids({c.id for c in load_cases(suite, options.case_files)})

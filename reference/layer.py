@@ -82,6 +82,18 @@ def full_sequence_layer(
     """x [T, D] at positions 0..T-1 -> (y [T, D], the [T, T] mask of keys each query saw).
 
     ``rope`` is ``cos_sin`` of positions 0..T-1."""
+    h, allowed = full_sequence_attention(x, lw, ctx, prev_allowed, rope)
+    return full_sequence_feed_forward(h, lw, ctx), allowed
+
+
+def full_sequence_attention(
+    x: F32,
+    lw: LayerWeights,
+    ctx: LayerContext,
+    prev_allowed: np.ndarray | None,
+    rope: tuple[F32, F32],
+) -> tuple[F32, np.ndarray]:
+    """The first half of a layer: (h = x + attention(rms_norm(x)), the key mask)."""
     cfg = ctx.cfg
     t = x.shape[0]
     cos, sin = rope
@@ -106,9 +118,13 @@ def full_sequence_layer(
     attn = naive_attention(p, p.latent, p.rope_key, allowed, aw, cfg)
     x = x + dense_matmul(attn, aw.o)
     ctx.clock.attention_s += time.perf_counter() - started
-    h = rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-    y, _ = _feed_forward(h, lw, ctx, dense_matmul)
-    return x + y, allowed
+    return x, allowed
+
+
+def full_sequence_feed_forward(h: F32, lw: LayerWeights, ctx: LayerContext) -> F32:
+    """The second half of a layer: h + mlp(rms_norm(h, post_attention_norm))."""
+    y, _ = _feed_forward(rms_norm(h, lw.post_norm, ctx.cfg.rms_norm_eps), lw, ctx, dense_matmul)
+    return h + y
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,22 +23,27 @@ from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import LayerWeights
 
 
+def route(x: F32, lw: LayerWeights, cfg: ModelConfig, mm: Matmul) -> tuple[I32, F32]:
+    """(the experts each token chose [T, k], ascending ids; their weights [T, k]), §7.1."""
+    assert lw.router is not None
+    logits = mm(x, lw.router.gate)
+    t, k = x.shape[0], cfg.num_experts_per_tok
+    chosen = np.empty((t, k), np.int32)
+    weights = np.empty((t, k), np.float32)
+    for row in range(t):
+        chosen[row], weights[row] = select_experts(logits[row], lw.router.bias, cfg)
+    return chosen, weights
+
+
 def moe(
     x: F32, lw: LayerWeights, store: ExpertStore, cfg: ModelConfig, mm: Matmul, clock: PhaseClock
 ) -> tuple[F32, I32]:
     """(y [T, D], the experts each token chose [T, k] in the router's order). The expert
     products add to ``clock.matmul_s``; reading an expert's weights does not."""
-    assert lw.router is not None
     layer_id = lw.index
     t = x.shape[0]
     k = cfg.num_experts_per_tok
-    logits = mm(x, lw.router.gate)
-    chosen = np.empty((t, k), np.int32)
-    weights: list[F32] = []
-    for row in range(t):
-        ids, w = select_experts(logits[row], lw.router.bias, cfg)
-        chosen[row] = ids
-        weights.append(w)
+    chosen, weights = route(x, lw, cfg, mm)
     outputs = np.empty((t, k, cfg.hidden_size), dtype=np.float32)
     users: dict[int, list[tuple[int, int]]] = {}
     for row in range(t):

@@ -14,7 +14,7 @@ from colibri.server.openai_api import check_prompt, submit_request
 from colibri.server.piped_turn import run_piped
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
-from colibri.server.template import check_continuation, render_chat
+from colibri.server.template import Rendered, check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
 from colibri.server.toolcalls import ToolCall, parse_tool_calls
 
@@ -184,17 +184,14 @@ def _event(name: str, data: JSON) -> bytes:
     return f"event: {name}\ndata: ".encode() + dumps(data).encode() + b"\n\n"
 
 
-async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
-    config = state.config
-    for name, label in (("stop_sequences", "custom stop sequences"),
-                        ("top_k", "top-k sampling")):
-        if name in body and body[name] not in (None, [], ""):
-            raise bad(f"Colibri does not support `{name}` ({label}) yet.", name,
-                      "unsupported_value")
+def render_request(body: JSON, think_default: bool,
+                   need_max_tokens: bool) -> tuple[list[JSON], JSON, Rendered]:
+    """Translate a Messages body and render its GLM prompt, in spec/http.md §9's order; the
+    prompt is the one the engine gets (and `count_tokens` counts)."""
     translated = translate_messages(body)
     tools, choice = translate_tools(body)
-    thinking = _thinking(body, config.think_default)
-    if body.get("max_tokens") is None:
+    thinking = _thinking(body, think_default)
+    if need_max_tokens and body.get("max_tokens") is None:
         raise bad("`max_tokens` is required.", "max_tokens")
     openai_body: JSON = {"messages": translated, "max_tokens": body.get("max_tokens"),
                          "temperature": body.get("temperature"), "top_p": body.get("top_p"),
@@ -207,8 +204,20 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
     continued = check_continuation(translated, openai_body)
     rendered = render_chat(translated, thinking=thinking, effort="high" if thinking else None,
                            tools=v.lenient_tool_spec(openai_body), continued=continued)
+    return translated, openai_body, rendered
+
+
+async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
+    config = state.config
+    for name, label in (("stop_sequences", "custom stop sequences"),
+                        ("top_k", "top-k sampling")):
+        if name in body and body[name] not in (None, [], ""):
+            raise bad(f"Colibri does not support `{name}` ({label}) yet.", name,
+                      "unsupported_value")
+    translated, openai_body, rendered = render_request(body, config.think_default, True)
     shaping = v.shaping(openai_body, config.max_tokens)
-    constrain_output(shaping, tools, False, rendered.starts_in_reasoning, _input_schema_param)
+    constrain_output(shaping, openai_body.get("tools"), False, rendered.starts_in_reasoning,
+                     _input_schema_param)
     slot = v.cache_slot(openai_body, config.kv_slots)
     if slot is None and config.kv_slots > 1:
         slot = conversation_slot(translated, config.kv_slots)

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 import tornado.iostream
 import tornado.web
-from colibri.server import anthropic_api, metrics, openai_api, systemone
+from colibri.server import anthropic_api, metrics, openai_api, systemone, token_count
 from colibri.server.context import JSON, ServerState, dumps
 from colibri.server.errors import APIError, ClientCancelled, EngineFailure, bad, engine_error
 from colibri.server.template import continue_assistant_enabled
@@ -43,6 +43,7 @@ POST_ROUTES: dict[str, Endpoint] = {
     "/v1/chat/completions": openai_api.chat_completion,
     "/v1/completions": openai_api.completion,
     "/v1/messages": anthropic_api.messages,
+    "/v1/messages/count_tokens": token_count.count_tokens,
     "/v1/systemone": systemone.systemone,
 }
 #: What this server answers, in /v1/models and /health (colibri's capability names).
@@ -340,7 +341,7 @@ class Handler(tornado.web.RequestHandler):
 
     async def post(self, *_args: str) -> None:
         path = self.request.path
-        self.anthropic = path == "/v1/messages"
+        self.anthropic = path in ("/v1/messages", "/v1/messages/count_tokens")
         try:
             if not self._host_allowed():
                 raise self._host_error()

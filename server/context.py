@@ -42,6 +42,8 @@ class ServerConfig:
     web_dist: str | None = None
     #: The expert atlas served as /experts.json (None: $COLI_ATLAS or the state default).
     atlas_path: str | None = None
+    #: The served model's tokenizer.json, for /v1/messages/count_tokens (None: not known).
+    tokenizer_path: str | None = None
     max_connections: int = 64
     max_connections_per_ip: int = 8
     read_deadline_s: float = 30.0

@@ -1,53 +1,47 @@
-"""Prometheus text exposition of the scheduler (names, help texts and buckets as colibri's)."""
+"""Prometheus text exposition of the scheduler through ``prometheus_client`` (names, help
+texts, order and buckets as colibri's; spec/http.md §10, DEVIATIONS "Metrics exposition").
+
+The gauges and counters are the scheduler's own numbers, read once per scrape from one
+snapshot, so a scrape can never show, say, more completed than admitted requests. The four
+latency histograms are ``prometheus_client.Histogram`` objects that live as long as the
+server; they are not registered globally (several servers may run in one process, as the
+tests do); their ``_created`` samples are left out and ``_sum`` comes before ``_count``, as
+in colibri's exposition.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 BUCKETS: tuple[float, ...] = (0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
-
-
-@dataclass
-class Histogram:
-    name: str
-    help: str
-    counts: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
-    total: int = 0
-    sum: float = 0.0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(BUCKETS):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += 1
-        self.sum += value
-
-    def lines(self) -> list[str]:
-        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        for bound, count in zip(BUCKETS, self.counts, strict=True):
-            out.append(f'{self.name}_bucket{{le="{bound}"}} {count}')
-        out.append(f'{self.name}_bucket{{le="+Inf"}} {self.total}')
-        out.append(f"{self.name}_sum {float(self.sum)!r}")
-        out.append(f"{self.name}_count {self.total}")
-        return out
-
-
 PREFIX = "colibri_scheduler_"
+
+
+def _histogram(name: str, text: str) -> Histogram:
+    return Histogram(PREFIX + name, text, buckets=BUCKETS, registry=None)
 
 
 class GenerationMetrics:
     def __init__(self) -> None:
-        self.queue_wait = Histogram(PREFIX + "queue_wait_seconds",
-                                    "Queue wait of admitted requests only.")
-        self.slot_duration = Histogram(
-            PREFIX + "slot_duration_seconds",
+        self.queue_wait = _histogram("queue_wait_seconds",
+                                     "Queue wait of admitted requests only.")
+        self.slot_duration = _histogram(
+            "slot_duration_seconds",
             "Slot occupancy of finished admitted requests, including errors and cancellation.")
-        self.first_output = Histogram(
-            PREFIX + "first_output_seconds",
+        self.first_output = _histogram(
+            "first_output_seconds",
             "Engine-call start to first nonempty text or tool callback, excluding queue wait.")
-        self.engine_call = Histogram(
-            PREFIX + "engine_call_seconds",
+        self.engine_call = _histogram(
+            "engine_call_seconds",
             "Duration of finished engine generation calls, including errors and cancellation.")
+
+    def histograms(self) -> tuple[Histogram, ...]:
+        return (self.queue_wait, self.slot_duration, self.first_output, self.engine_call)
 
 
 GAUGES = (("active", "Currently admitted requests."),
@@ -62,15 +56,29 @@ COUNTERS = (("admitted", "Requests admitted to a KV slot."),
             ("cancelled", "Requests cancelled while queued or admitted."))
 
 
+class _Scrape(Collector):
+    """One scrape: the snapshot's gauges and counters, then the histograms, in that order."""
+
+    def __init__(self, snapshot: dict[str, float | int], histograms: Iterable[Histogram]):
+        self.snapshot = snapshot
+        self.histograms = tuple(histograms)
+
+    def collect(self) -> Iterator[Metric]:
+        for key, text in GAUGES:
+            yield GaugeMetricFamily(PREFIX + key, text, value=self.snapshot[key])
+        for key, text in COUNTERS:
+            yield CounterMetricFamily(PREFIX + key, text, value=self.snapshot[key])
+        for histogram in self.histograms:
+            for family in histogram.collect():
+                # colibri's order: the buckets, _sum, then _count; and no _created.
+                order = {"_bucket": 0, "_sum": 1, "_count": 2}
+                kept = [s for s in family.samples if not s.name.endswith("_created")]
+                family.samples = sorted(
+                    kept, key=lambda s: order[s.name[s.name.rindex("_"):]])
+                yield family
+
+
 def render(snapshot: dict[str, float | int], metrics: GenerationMetrics) -> str:
-    lines: list[str] = []
-    for key, text in GAUGES:
-        name = PREFIX + key
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {snapshot[key]}"]
-    for key, text in COUNTERS:
-        name = f"{PREFIX}{key}_total"
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} counter", f"{name} {snapshot[key]}"]
-    for hist in (metrics.queue_wait, metrics.slot_duration, metrics.first_output,
-                 metrics.engine_call):
-        lines += hist.lines()
-    return "\n".join(lines) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Scrape(snapshot, metrics.histograms()))
+    return generate_latest(registry).decode("utf-8")

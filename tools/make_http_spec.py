@@ -371,6 +371,15 @@ MESSAGES_REQUEST: Schema = {
         "cache_slot": {"type": ["integer", "null"], "minimum": 0},
     }}
 
+# Anthropic's token count: a Messages body without max_tokens (and without sampling fields,
+# which it ignores), answered with the number of prompt tokens.
+COUNT_TOKENS_REQUEST: Schema = {
+    "type": "object", "required": ["model", "messages"], "additionalProperties": True,
+    "description": "The fields of a Messages request that shape its prompt; others are ignored.",
+    "properties": {k: MESSAGES_REQUEST["properties"][k]
+                   for k in ("model", "messages", "system", "thinking", "tools", "tool_choice")}}
+COUNT_TOKENS = obj({"input_tokens": {"type": "integer", "minimum": 0}})
+
 # System One (spec/http.md "System One"). `model` is read by nobody: any value, or none.
 SYSTEMONE_REQUEST: Schema = {
     "type": "object", "required": ["state", "question", "options"],
@@ -436,6 +445,8 @@ SCHEMAS: dict[str, tuple[str, Schema]] = {
     "messages_request": ("POST /v1/messages body", MESSAGES_REQUEST),
     "message": ("Non-streamed Anthropic message", MESSAGE),
     "message_stream_event": ("Streamed Anthropic event", MESSAGE_EVENT),
+    "count_tokens_request": ("POST /v1/messages/count_tokens body", COUNT_TOKENS_REQUEST),
+    "count_tokens": ("POST /v1/messages/count_tokens reply", COUNT_TOKENS),
     "colibri_stats": ("The `colibri` stats object", COLIBRI_STATS),
     "health": ("GET /health", HEALTH),
     "experts": ("GET /experts", EXPERTS),
@@ -536,6 +547,19 @@ def openapi_document() -> Schema:
             "JSON, or named SSE events (no [DONE])", "message",
             "message_stream_event", "`event: <type>` + `data: <event>` pairs",
             _errors("anthropic_error", *gen_errors)),
+        "/v1/messages/count_tokens": {"post": {
+            "summary": "Anthropic token count of a Messages request",
+            "operationId": "countMessageTokens",
+            "description": "The prompt tokens the engine would accept for the same Messages "
+                           "request, counted with the served model's tokenizer; no engine "
+                           "call, no KV slot.",
+            "requestBody": {"required": True, "content": _json("count_tokens_request")},
+            "responses": {"200": {"description": "The count",
+                                  "content": _json("count_tokens")},
+                          "501": {"description": "The served model's tokenizer is unknown "
+                                                 "(an --engine-cmd server without --model)",
+                                  "content": _json("anthropic_error")},
+                          **_errors("anthropic_error", 400, 401, 403, 404)}}},
         "/v1/systemone": {"post": {
             "summary": "System One: the probability of each option of a closed question",
             "operationId": "systemOne",

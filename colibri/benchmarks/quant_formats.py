@@ -46,6 +46,7 @@ def container_for(base: Path, scheme: str, cache_dir: Path,
     (converted once, then reused)."""
     if scheme == "f32" and dense == "f32":
         return base, None
+    from colibri.commands.progress import byte_progress
     from colibri.reference.quant.convert import convert
 
     target = cache_dir / (f"{base.name}-{scheme}" if dense == "f32"
@@ -59,7 +60,11 @@ def container_for(base: Path, scheme: str, cache_dir: Path,
             path.unlink()
         target.rmdir()
     t0 = time.perf_counter()
-    report = convert(base, target, scheme, dense, progress=sys.stderr)
+    advance, close = byte_progress(f"convert {scheme}")
+    try:
+        report = convert(base, target, scheme, dense, progress=advance)
+    finally:
+        close()
     seconds = time.perf_counter() - t0
     done.write_text(json.dumps({**report.as_dict(), "convert_s": seconds}, indent=2) + "\n")
     return target, seconds

@@ -62,11 +62,10 @@ def _say(text: str) -> None:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
     from colibri.atlas.probes import load_probes
     from colibri.atlas.stats import AtlasError
     from colibri.atlas.sweep import sweep
+    from colibri.commands.progress import bar as bar_for
 
     if args.max_tokens < 1:
         print("colibri atlas sweep: --max-tokens must be at least 1", file=sys.stderr)
@@ -74,7 +73,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     try:
         probes = load_probes(args.probes)
         total = sum(len(p) for p in probes.values())
-        with tqdm(total=total, desc="atlas sweep", unit="probe", file=sys.stderr) as bar:
+        with bar_for(total, "atlas sweep", "probe") as bar:
             def advance(probe: object) -> None:
                 bar.set_postfix_str(str(getattr(probe, "name", "")))
                 bar.update(1)

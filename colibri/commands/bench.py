@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from colibri import __version__
     from colibri.benchmarks import BenchOptions, load_sections, select
+    from colibri.commands.progress import bar
 
     if args.list:
         for section in load_sections().values():
@@ -68,11 +69,15 @@ def run(args: argparse.Namespace) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sections": {},
     }
-    for section in sections:
-        t0 = time.perf_counter()
-        result = section.run(options)
-        result["section_wall_s"] = time.perf_counter() - t0
-        report["sections"][section.name] = result
+    # The bar is on stderr: stdout carries only the JSON document.
+    with bar(len(sections), "bench", "section") as progress:
+        for section in sections:
+            progress.set_postfix_str(section.name)
+            t0 = time.perf_counter()
+            result = section.run(options)
+            result["section_wall_s"] = time.perf_counter() - t0
+            report["sections"][section.name] = result
+            progress.update(1)
     text = json.dumps(report, indent=2)
     print(text)
     if args.output is not None:

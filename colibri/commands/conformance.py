@@ -110,6 +110,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     http.add_argument("--model-id", help="model id the server serves (default: ask /v1/models)")
     http.add_argument("--api-key", help="API key the server expects")
+    http.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        choices=("openai", "anthropic", "colibri"),
+        help="run only the cases of this profile (repeatable): openai / anthropic (what their "
+        "public API references document) or colibri (colibri's own surface)",
+    )
     _common(http)
     http.set_defaults(handler=run_http)
 
@@ -131,6 +139,7 @@ def _options(args: argparse.Namespace) -> object:
         list_only=args.list_only,
         quiet=args.quiet,
         jobs=getattr(args, "jobs", 1),
+        profiles=getattr(args, "profile", []),
     )
 
 

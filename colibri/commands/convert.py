@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from colibri.commands.progress import byte_progress
     from colibri.reference.quant.convert import ConvertError, convert
     from colibri.reference.quant.errors import QuantFormatError
     from colibri.reference.quant.safetensors_file import ContainerError
@@ -39,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.shard_mb <= 0:
         print("colibri convert: --shard-mb must be positive", file=sys.stderr)
         return 2
+    advance, close = byte_progress("convert")
     try:
         report = convert(
             args.model,
@@ -46,11 +48,13 @@ def run(args: argparse.Namespace) -> int:
             args.experts,
             args.dense,
             shard_bytes=args.shard_mb << 20,
-            progress=sys.stderr,
+            progress=advance,
         )
     except (ConvertError, QuantFormatError, ContainerError, FileNotFoundError) as exc:
+        close()
         print(f"colibri convert: {exc}", file=sys.stderr)
         return 1
+    close()
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

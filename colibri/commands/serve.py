@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from colibri.engine.registry import BACKENDS
 
@@ -58,7 +61,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra Host header to accept (repeat; env COLI_ALLOWED_HOSTS)")
     parser.add_argument("--auto-tier", action="store_true",
                         help="apply `colibri plan` to the engine: RAM_GB (expert cache), CTX, "
-                        "never overriding variables already set")
+                        "the pin set of --usage (PIN, PIN_GB), never overriding variables "
+                        "already set")
+    parser.add_argument("--usage", type=Path, default=None, metavar="FILE",
+                        help="with --auto-tier: a .coli_usage or STATS dump to pin the most "
+                        "used experts from (default: $PIN when it names a file)")
+
+
+def auto_tier(model_dir: Path, kv_slots: int, usage: Path | None, env: dict[str, str],
+              host: Mapping[str, int] | None = None,
+              devices: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """The engine environment with the plan applied (colibri's `--auto-tier`); prints the
+    `[PLAN]` line. Raises PlanError for a model or usage file the plan cannot read."""
+    from colibri.plan import Request, auto_tier_usage, build, environment_for_plan
+
+    plan = build(model_dir, Request(kv_slots=kv_slots, usage=auto_tier_usage(usage, env)),
+                 host, devices)
+    out = environment_for_plan(plan, env)
+    ram = plan["tiers"]["ram"]
+    where = "VRAM" if plan["tiers"]["vram"]["hot_experts"] else "CPU"
+    pins = f" · pin {len(plan['pin']['experts'])}" if "pin" in plan else ""
+    print(f"[PLAN] RAM {float(out['RAM_GB']):.1f} GB · cap "
+          f"{ram['cache_slots_per_layer']}/layer · {where}{pins}", file=sys.stderr)
+    return out
+
+
+def served_tokenizer(model: str | None, engine_cmd: str | None) -> str | None:
+    """The tokenizer.json of the model the engine serves, when this process knows it: an
+    `--engine-cmd` without `--model` may serve any model, so its tokenizer is unknown."""
+    from colibri import resources
+
+    if model is None and engine_cmd:
+        return None
+    path = Path(model or resources.default_model_dir()) / "tokenizer.json"
+    return str(path) if path.is_file() else None
 
 
 #: The id colibri's gateway serves a real GLM-5 checkpoint under (seeds/api.md).
@@ -118,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
         web_dist=os.environ.get("COLI_WEB_DIST"),
         max_connections=int(os.environ.get("COLI_MAX_CONNECTIONS", "64")),
         max_connections_per_ip=int(os.environ.get("COLI_MAX_CONNECTIONS_PER_IP", "8")),
-        read_deadline_s=float(os.environ.get("COLI_READ_DEADLINE", "30")))
+        read_deadline_s=float(os.environ.get("COLI_READ_DEADLINE", "30")),
+        tokenizer_path=served_tokenizer(args.model, args.engine_cmd))
     try:
         validate(config, args.port)
     except ConfigError as exc:
@@ -130,20 +167,13 @@ def run(args: argparse.Namespace) -> int:
     spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd, args.backend)
     env = engine_env(spec, config)
     if getattr(args, "auto_tier", False):
-        from pathlib import Path
-
-        from colibri.plan import PlanError, Request, build, environment_for_plan
+        from colibri.plan import PlanError
 
         try:
-            plan = build(Path(model_dir), Request(kv_slots=config.kv_slots))
+            env = auto_tier(Path(model_dir), config.kv_slots, args.usage, env)
         except PlanError as exc:
             print(f"colibri serve: --auto-tier: {exc}", file=sys.stderr)
             return 1
-        env = environment_for_plan(plan, env)
-        ram = plan["tiers"]["ram"]
-        where = "VRAM" if plan["tiers"]["vram"]["hot_experts"] else "CPU"
-        print(f"[PLAN] RAM {float(env['RAM_GB']):.1f} GB · cap "
-              f"{ram['cache_slots_per_layer']}/layer · {where}", file=sys.stderr)
     try:
         return asyncio.run(serve_forever(config, engine_argv(spec, config.kv_slots),
                                          env, args.port))

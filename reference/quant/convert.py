@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,6 @@ from colibri.reference.quant.codec import quantize
 from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import E8_BLOCK, FORMAT_NAMES, Fmt
 from colibri.reference.quant.fp8 import dequantize_fp8
-from colibri.reference.quant.progress import ProgressBar
 from colibri.reference.quant.resolve import resolve_format
 from colibri.reference.quant.safetensors_file import (
     FMT_STAMP_KEY,
@@ -240,9 +239,12 @@ def convert(
     dense: str = "f32",
     *,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
-    progress: TextIO | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ConvertReport:
-    """Write the container for ``model_dir`` to the (absent or empty) ``out_dir``."""
+    """Write the container for ``model_dir`` to the (absent or empty) ``out_dir``.
+
+    ``progress(nbytes, total_bytes)`` is called after each tensor with its input bytes and
+    the total over all tensors (the CLI draws the bar; this module stays I/O-free)."""
     if experts not in EXPERT_SCHEMES:
         choices = ", ".join(EXPERT_SCHEMES)
         raise ConvertError(f"--experts must be one of {choices}, got {experts!r}")
@@ -258,7 +260,7 @@ def convert(
             for name, shape, nbytes in source.names()]
     _preflight(plan)
     report = ConvertReport()
-    bar = ProgressBar("convert", len(plan), sum(p[2] for p in plan), progress)
+    total_bytes = sum(p[2] for p in plan)
     dst.mkdir(parents=True, exist_ok=True)
     shard: dict[str, npt.NDArray[Any]] = {}
     shards: list[dict[str, npt.NDArray[Any]]] = []
@@ -283,7 +285,8 @@ def convert(
         report.tensors += 1
         report.input_bytes += nbytes
         report.output_bytes += out_bytes
-        bar.advance(nbytes)
+        if progress is not None:
+            progress(nbytes, total_bytes)
     shards.append(shard)
     _write_shards(dst, shards, stamps, report)
     _copy_json(src_dir, dst)

@@ -116,3 +116,39 @@ def test_doctor_json_keeps_schema_version_and_adds_the_plan() -> None:
     doc = json.loads(done.stdout)
     assert doc["schema_version"] == 1 and doc["model"] and doc["plan"]["kv_slots_that_fit"] >= 1
     assert {"model_config", "model_weights", "model_formats"} <= {c["id"] for c in doc["checks"]}
+
+
+def test_auto_tier_applies_the_pin_set_it_computes(tmp_path: Path) -> None:
+    """`serve --auto-tier` with a usage file: the engine pins exactly the plan's set (the
+    handshake's TIERS and EMAP show it), here 4 of the 10 used experts, limited by RAM."""
+    from support.engine_harness import run_engine
+
+    from colibri.commands.serve import auto_tier
+
+    model = resources.default_model_dir()
+    usage = tmp_path / "usage.txt"
+    counts = {(3, 1): 50, (4, 6): 40, (3, 7): 40, (4, 0): 30, (3, 0): 20, (4, 2): 20,
+              (3, 5): 9, (4, 7): 8, (3, 2): 3, (4, 4): 1}
+    usage.write_text("-1 5 8\n-2 1 3815245270\n" + "".join(
+        f"{layer} {expert} {n}\n" for (layer, expert), n in sorted(counts.items())))
+    big = build(model, Request(usage=usage), HOST, [])
+    ram, typical = big["tiers"]["ram"], big["model"]["weights"]["typical_expert_bytes"]
+    # RAM for the dense part, the runtime and 4.5 experts: the warm tier holds 4
+    host = {"MemAvailable": int((ram["dense_bytes"] + ram["runtime_bytes"] + 4.5 * typical)
+                                / 0.88) + 1}
+    env = auto_tier(model, 1, usage, {}, host, [])
+    plan = build(model, Request(usage=usage), host, [])
+    assert plan["pin"]["experts"] == ["3:1", "3:7", "4:6", "4:0"]  # ties: lower layer first
+    assert env["PIN"] == str(usage)
+    run = run_engine(b"", model_dir=model, env=env, ctx=64)
+    tiers = next(f for f in run.frames if f.kind == "TIERS")
+    emap = next(f for f in run.frames if f.kind == "EMAP")
+    _, rows_text, cols_text, hex_cells = emap.line.decode().split()
+    rows, cols, cells = int(rows_text), int(cols_text), bytes.fromhex(hex_cells)
+    assert (rows, cols) == (2, 8)
+    resident = {f"{3 + i // cols}:{i % cols}" for i, cell in enumerate(cells) if cell >> 6}
+    assert resident == set(plan["pin"]["experts"])
+    assert int(tiers.line.split()[2]) == 4  # RAM tier
+    # A PIN the user set to another file keeps its own budget: the plan's is for its ranking.
+    other = auto_tier(model, 1, usage, {"PIN": str(tmp_path / "mine.txt")}, host, [])
+    assert other["PIN"] == str(tmp_path / "mine.txt") and "PIN_GB" not in other

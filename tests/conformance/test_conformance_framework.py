@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -34,6 +35,8 @@ def _sections(document: str) -> list[str]:
 def test_every_spec_section_is_checked_by_a_case(suite: str, document: str) -> None:
     cited: set[str] = set()
     for case in load_cases(suite):
+        if case.profile in ("openai", "anthropic") and case.id.startswith(f"http.{case.profile}."):
+            continue  # they cite the public API reference (tests/conformance/test_http_profiles.py)
         assert case.clause.startswith(document + " §"), case.id
         cited.update(re.findall(r"§([0-9]+(?:\.[0-9]+)?)", case.clause))
     sections = _sections(document)
@@ -76,7 +79,11 @@ def test_schema_rejects_malformed_cases_naming_them() -> None:
     with pytest.raises(CaseError, match="does not apply"):
         parse_cases(_case(expect=[{"type": "status", "equals": 200}]), "bad.json")
     with pytest.raises(CaseError, match="must start with"):
-        parse_cases(_case(id="protocol.x.y", suite="http", steps=[]), "bad.json")
+        parse_cases(_case(id="protocol.x.y", suite="http", profile="openai", steps=[]), "bad.json")
+    http_case = _case(id="http.x.y", suite="http", steps=[], expect=[{"type": "status"}])
+    parse_cases({**http_case, "profile": "colibri"}, "ok.json")
+    with pytest.raises(CaseError, match="'profile' is a required property"):
+        parse_cases(http_case, "bad.json")  # an HTTP case names whose contract it checks
 
 
 def test_unknown_capability_is_refused() -> None:
@@ -326,3 +333,43 @@ def test_logprobs_check_fails_without_data_frames() -> None:
     codec = PromptCodec(ids_mode=True, vocab=256, oracle={})
     with pytest.raises(CheckFailure, match="no DATA frames for request 1"):
         _logprobs(views, {"id": 1, "k": 2}, codec)
+
+
+def test_an_engine_without_a_stats_dump_skips_the_stats_cases() -> None:
+    """No handshake line announces the STATS dump: the probe asks for one and looks. The
+    engine tests' fake engine never writes it, so its stats cases skip instead of failing."""
+    import shlex
+    import sys
+
+    from colibri.conformance.engine import EngineTarget, probe_capabilities
+
+    support = Path(__file__).parents[1] / "support" / "conformance_support"
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(support / 'mux_fake_model.py'))}"
+    target = EngineTarget.from_command(command, support / "fake-model")
+    found, _ = probe_capabilities(target, 10.0)
+    assert "echo_at" in found and "stats_dump" not in found
+    executor = _Scripted({}, {"mux", "logprobs", "ids"} | found)
+    stats = [c for c in load_cases("protocol") if c.area == "stats"]
+    results = [run_case(executor, case, Expectations()) for case in stats]
+    assert stats and all(r.status == SKIP and "stats_dump" in r.message for r in results)
+
+
+def test_file_expectations_stay_inside_the_state_dir(tmp_path: Path) -> None:
+    from colibri.conformance.grammar import load_grammar
+    from colibri.conformance.prompts import PromptCodec
+    from colibri.conformance.protocol_checks import SessionView, check_protocol
+
+    (tmp_path / "dump.txt").write_text("x")
+    views = {"main": SessionView("main", [], [0], False, {}, tmp_path)}
+    codec = PromptCodec(ids_mode=True, vocab=64, oracle={})
+
+    def check(**exp: Any) -> None:
+        case = dataclasses.replace(_cases("file")[0], expect=[{"type": "file", **exp}])
+        check_protocol(case, views, load_grammar(spec_path("protocol.json")), codec)
+
+    check(path="dump.txt", size=1)
+    check(path="other.txt", exists=False)
+    for bad in ({"path": "../dump.txt"}, {"path": "dump.txt", "size": 0},
+                {"path": "dump.txt", "exists": False}, {"path": "missing.txt"}):
+        with pytest.raises(CheckFailure):
+            check(**bad)

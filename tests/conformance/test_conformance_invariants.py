@@ -63,7 +63,11 @@ def view(
 
 
 GOOD = TURN + block(1, 2, 2, "0300")
-WIRE_INVARIANTS = sorted(set(INVARIANTS) - {"heat-restored", "state-history", "caps-agree"})
+#: Invariants of state files or of one extension have their own transcripts below.
+WIRE_INVARIANTS = sorted(
+    set(INVARIANTS)
+    - {"heat-restored", "state-history", "caps-agree", "echo-at-window", "stats-dump"}
+)
 
 
 @pytest.mark.parametrize("name", WIRE_INVARIANTS)
@@ -126,3 +130,99 @@ def test_hits_padding_bits_must_be_zero() -> None:
     assert _hits(frames[1], None) == {0, 1, 2}
     with pytest.raises(CheckFailure, match="padding"):
         _hits(frames[2], None)
+
+
+# -- echo_at: the scored window (protocol.md 2.2, 2.8) ---------------------------------------
+#: "ab cd" as tokens "ab" | " c" | "d"; echo_at=3 falls inside " c", so positions 1 and 2.
+ECHO_AT = (
+    "ACCEPT 1 3\nECHO 1 2 1 -0.500000 1 6 -0.500000\n c\nECHO 1 1 2 -0.500000 1 6 -0.500000\nd\n"
+    + block(1, 3, 0).replace("STAT 0 10.00", "STAT 0 0.00")
+)
+
+
+def echo_at_view(text: str, at: int = 3) -> SessionView:
+    plain = view(text)
+    ask = {"slot": 0, "max_tokens": 0, "temperature": 0.0, "ext": {"logprobs": 1, "echo_at": at}}
+    return SessionView(
+        "main", plain.frames, [], True, {1: Payload(b"ab cd", None, False)}, None,
+        {1: ask}, {}, dict(CAPS, tokenizer=1),
+    )
+
+
+def test_echo_at_window_holds_the_covering_tokens() -> None:
+    check_invariant(echo_at_view(ECHO_AT), {"name": "echo-at-window"}, CODEC)
+    check_invariant(echo_at_view(ECHO_AT), {"name": "turn-accounting"}, CODEC)
+    past_end = "ACCEPT 1 3\n" + block(1, 3, 0)
+    check_invariant(echo_at_view(past_end, at=5), {"name": "echo-at-window"}, CODEC)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "at"),
+    [
+        # the token merging across byte 3 is missing: only "d" scored
+        ("ECHO 1 2 1 -0.500000 1 6 -0.500000\n c\n", "", 3),
+        # one token too many: "ab" does not reach past byte 3
+        ("ACCEPT 1 3\n", "ACCEPT 1 3\nECHO 1 2 0 nan 0\nab\n", 3),
+        # positions do not end at nt - 1
+        ("ECHO 1 1 2 -0.5", "ECHO 1 1 3 -0.5", 3),
+        # the payloads are not the prompt's tail
+        ("\nd\n", "\nx\n", 3),
+        # scored although echo_at is past the end
+        ("", "", 5),
+    ],
+)
+def test_echo_at_window_fails_on_a_shifted_window(old: str, new: str, at: int) -> None:
+    with pytest.raises(CheckFailure):
+        broken = echo_at_view(ECHO_AT.replace(old, new, 1), at)
+        check_invariant(broken, {"name": "echo-at-window"}, CODEC)
+
+
+# -- the STATS dump (protocol.md 4.2) ----------------------------------------------------------
+#: Two routed layers x 8 experts, three experts per layer routed twice (heat 2): top-2 x 3
+#: forwarded tokens (2 prompt + 2 emitted - the last, length-limited) = 6 per layer.
+STATS_TURN = GOOD.replace("41" * 16, ("42" * 3 + "40" * 5) * 2)
+STATS_FILE = "-1 5 8\n-2 1 3815245270\n" + "".join(
+    f"{layer} {expert} 2\n" for layer in (3, 4) for expert in range(3)
+)
+
+
+def stats_view(tmp_path: Path, text: str = STATS_FILE, alive: bool = False) -> SessionView:
+    (tmp_path / "stats.txt").write_text(text)
+    plain = view(STATS_TURN)
+    config = {"env": {"STATS": "{state_dir}/stats.txt", "DRAFT": "0"}}
+    return SessionView(
+        "main", plain.frames, [] if alive else [0], alive, plain.submitted, tmp_path,
+        plain.requests, config, plain.caps,
+    )
+
+
+@pytest.fixture()
+def stats_codec(tmp_path: Path) -> PromptCodec:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_experts_per_tok": 2}')
+    return PromptCodec(ids_mode=True, vocab=64, oracle={}, model_dir=model)
+
+
+def test_stats_dump_counts_top_k_per_forwarded_token(
+    tmp_path: Path, stats_codec: PromptCodec
+) -> None:
+    check_invariant(stats_view(tmp_path), {"name": "stats-dump"}, stats_codec)
+
+
+@pytest.mark.parametrize(
+    ("text", "alive", "match"),
+    [
+        (STATS_FILE.replace("4 2 2", "4 2 3"), False, "top-2 x 3"),  # same heat, one too many
+        (STATS_FILE.replace("3 2 2\n", ""), False, "heats"),
+        (STATS_FILE.replace("-2 1 ", "-2 2 "), False, "second line"),
+        (STATS_FILE.replace("3 1 2\n3 2 2", "3 2 2\n3 1 2"), False, "ascending"),
+        ("", False, "heats"),
+        (STATS_FILE, True, "exited"),
+    ],
+)
+def test_stats_dump_fails_on_a_wrong_count(
+    tmp_path: Path, stats_codec: PromptCodec, text: str, alive: bool, match: str
+) -> None:
+    with pytest.raises(CheckFailure, match=match):
+        check_invariant(stats_view(tmp_path, text, alive), {"name": "stats-dump"}, stats_codec)

@@ -95,7 +95,7 @@ def test_fused_experts_are_split(tmp_path: Path) -> None:
     tensors[f"model.layers.{L}.mlp.experts.gate_up_proj"] = gate_up
     tensors[f"model.layers.{L}.mlp.experts.down_proj"] = down
     out = tmp_path / "out"
-    convert(hf_dir(tmp_path, tensors), out, "int8", progress=io.StringIO())
+    convert(hf_dir(tmp_path, tensors), out, "int8")
     container = QuantContainer.open(out)
     up = container.weight(expert(1, "up_proj"), (M, D))
     payload, scales = quantize(Fmt.INT8_ROW, gate_up[1, M:])
@@ -123,7 +123,7 @@ def fp8_checkpoint(tmp_path: Path, scale_dtype: str = "F32") -> tuple[Path, dict
 def test_hf_fp8_passes_through_byte_for_byte(tmp_path: Path) -> None:
     src, tensors = fp8_checkpoint(tmp_path)
     out = tmp_path / "out"
-    convert(src, out, "fp8", progress=io.StringIO())
+    convert(src, out, "fp8")
     files = SafetensorsDir(out)
     name = expert(0, "down_proj")
     assert files.raw(name).tobytes() == tensors[name].tobytes()
@@ -134,7 +134,7 @@ def test_hf_fp8_passes_through_byte_for_byte(tmp_path: Path) -> None:
 def test_hf_fp8_requantizes_to_other_formats(tmp_path: Path) -> None:
     src, tensors = fp8_checkpoint(tmp_path)
     out = tmp_path / "out"
-    convert(src, out, "int4g64", progress=io.StringIO())
+    convert(src, out, "int4g64")
     name = expert(1, "gate_proj")
     source = dequantize(
         8, tensors[name].view(np.uint8).reshape(-1), tensors[name + "_scale_inv"], (M, D)
@@ -187,12 +187,21 @@ def test_e8_dense_width_must_be_a_multiple_of_256(
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
-def test_progress_bar_reaches_the_total(tmp_path: Path) -> None:
+def test_progress_reaches_the_total(tmp_path: Path) -> None:
+    """One callback per tensor, with its input bytes and the fixed total; the CLI's tqdm bar
+    drawn from it ends at 100%."""
+    from colibri.commands.progress import byte_progress
+
     src, _ = unfused(tmp_path)
+    calls: list[tuple[int, int]] = []
+    report = convert(src, tmp_path / "out", "int2", progress=lambda n, t: calls.append((n, t)))
+    assert len(calls) == report.tensors and {t for _, t in calls} == {report.input_bytes}
+    assert sum(n for n, _ in calls) == report.input_bytes
     stream = io.StringIO()
-    report = convert(src, tmp_path / "out", "int2", progress=stream)
-    last = stream.getvalue().strip().splitlines()[-1]
-    assert f"{report.tensors}/{report.tensors} tensors" in last and "[" + "#" * 30 + "]" in last
+    advance, close = byte_progress("convert", stream)
+    convert(src, tmp_path / "again", "int2", progress=advance)
+    close()
+    assert "100%" in stream.getvalue() and "convert" in stream.getvalue()
 
 
 def test_ambiguous_shapes_get_a_stamp(tmp_path: Path) -> None:
@@ -203,7 +212,7 @@ def test_ambiguous_shapes_get_a_stamp(tmp_path: Path) -> None:
         tensors[expert(e, "up_proj")] = rand((1, 100), 5 + e)
         tensors[expert(e, "down_proj")] = rand((100, 1), 9 + e)
     out = tmp_path / "out"
-    report = convert(hf_dir(tmp_path, tensors), out, "fp8", progress=io.StringIO())
+    report = convert(hf_dir(tmp_path, tensors), out, "fp8")
     assert expert(0, "gate_proj") in report.stamped and expert(0, "down_proj") not in report.stamped
     container = QuantContainer.open(out)
     assert container.tensor_format(expert(0, "gate_proj"), (1, 100)).fmt == Fmt.FP8_E4M3_B128
@@ -212,7 +221,7 @@ def test_ambiguous_shapes_get_a_stamp(tmp_path: Path) -> None:
 def test_large_models_are_split_into_shards(tmp_path: Path) -> None:
     src, tensors = unfused(tmp_path)
     out = tmp_path / "out"
-    report = convert(src, out, "int4g64", shard_bytes=100_000, progress=io.StringIO())
+    report = convert(src, out, "int4g64", shard_bytes=100_000)
     assert len(report.shards) > 1
     assert sorted(p.name for p in out.glob("*.safetensors")) == sorted(report.shards)
     container = QuantContainer.open(out)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 
@@ -23,7 +22,7 @@ EXPERT = "model.layers.1.mlp.experts.3.down_proj.weight"
 def test_quantized_dense_weights_are_dequantized_at_load(tmp_path: Path) -> None:
     source = fixture_model_dir("glm5-tiny")
     out = tmp_path / "dense"
-    convert(source, out, "int4g64", "int8", progress=io.StringIO())
+    convert(source, out, "int4g64", "int8")
     model = load_model(out)
     original = SafetensorsDir(source).float32(O_PROJ)
     payload, scales = quantize(Fmt.INT8_ROW, original)
@@ -73,7 +72,7 @@ def test_non_finite_expert_scale_is_refused_on_first_use(tmp_path: Path) -> None
 
 def test_converting_a_container_again_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="already a colibri container"):
-        convert(fixture_model_dir("glm5-tiny-e8"), tmp_path / "o", "int8", progress=io.StringIO())
+        convert(fixture_model_dir("glm5-tiny-e8"), tmp_path / "o", "int8")
     assert not (tmp_path / "o").exists()
 
 

@@ -139,9 +139,9 @@ def test_loopback_load_exact_rejections_and_counters(tmp_path: Path) -> None:
         assert snap["rejected"] == 7 and snap["active"] == 0 and snap["queued"] == 0
         assert snap["admitted"] == snap["completed"] + snap["failed"] + snap["cancelled"] == 3
         metrics = exchange(live.url, "GET", "/metrics")["text"]
-        assert "colibri_scheduler_rejected_total 7\n" in metrics
-        assert "colibri_scheduler_admitted_total 3\n" in metrics
-        assert 'colibri_scheduler_queue_wait_seconds_bucket{le="+Inf"} 3\n' in metrics
+        assert "colibri_scheduler_rejected_total 7.0\n" in metrics
+        assert "colibri_scheduler_admitted_total 3.0\n" in metrics
+        assert 'colibri_scheduler_queue_wait_seconds_bucket{le="+Inf"} 3.0\n' in metrics
     finally:
         live.stop()
 
@@ -268,7 +268,7 @@ def test_metrics_exposition(server: LiveServer) -> None:
     assert response.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
     assert "# HELP colibri_scheduler_failed_total Admitted requests that raised an error.\n" in text
     for name in ("queue_wait", "slot_duration", "first_output", "engine_call"):
-        assert f'colibri_scheduler_{name}_seconds_bucket{{le="1"}}' in text
+        assert f'colibri_scheduler_{name}_seconds_bucket{{le="1.0"}}' in text
         assert f'colibri_scheduler_{name}_seconds_bucket{{le="0.001"}}' in text
     assert "Héllo" not in text and "@@rome@@" not in text and "Complete me" not in text
 

@@ -261,16 +261,34 @@ def test_scheduler_reservations_and_rejections() -> None:
 
 
 def test_metrics_lines() -> None:
+    from colibri.server.metrics import COUNTERS, GAUGES
+    from prometheus_client.parser import text_string_to_metric_families
+
     metrics = GenerationMetrics()
     metrics.queue_wait.observe(0.25)
-    text = render({"active": 0, "queued": 0, "capacity": 1, "max_queue": 8, "admitted": 1,
-                   "completed": 1, "failed": 0, "rejected": 0, "timed_out": 0,
+    metrics.queue_wait.observe(2.0)
+    text = render({"active": 0, "queued": 0, "capacity": 1, "max_queue": 8, "admitted": 2,
+                   "completed": 1, "failed": 0, "rejected": 7, "timed_out": 0,
                    "cancelled": 0}, metrics)
-    assert 'colibri_scheduler_queue_wait_seconds_bucket{le="0.5"} 1\n' in text
-    assert 'colibri_scheduler_queue_wait_seconds_bucket{le="0.1"} 0\n' in text
-    assert "colibri_scheduler_queue_wait_seconds_sum 0.25\n" in text
-    assert "colibri_scheduler_engine_call_seconds_sum 0.0\n" in text
-    assert text.endswith("colibri_scheduler_engine_call_seconds_count 0\n")
+    # prometheus_client writes numbers as floats (spec/DEVIATIONS.md, "Metrics exposition")
+    assert 'colibri_scheduler_queue_wait_seconds_bucket{le="0.5"} 1.0\n' in text
+    assert 'colibri_scheduler_queue_wait_seconds_bucket{le="0.1"} 0.0\n' in text
+    assert "colibri_scheduler_queue_wait_seconds_sum 2.25\n" in text
+    assert "colibri_scheduler_rejected_total 7.0\n" in text
+    assert text.endswith("colibri_scheduler_engine_call_seconds_count 0.0\n")
+    assert "_created" not in text
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert names == ["colibri_scheduler_" + k for k, _ in GAUGES + COUNTERS] + [
+        "colibri_scheduler_" + n for n in ("queue_wait_seconds", "slot_duration_seconds",
+                                           "first_output_seconds", "engine_call_seconds")]
+    helps = {f.name: f.documentation for f in families}
+    assert helps["colibri_scheduler_failed"] == "Admitted requests that raised an error."
+    wait = next(f for f in families if f.name.endswith("queue_wait_seconds"))
+    buckets = [(s.labels["le"], s.value) for s in wait.samples if s.name.endswith("_bucket")]
+    assert [float(b) for b, _ in buckets[:-1]] == [0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30,
+                                                   60, 300]
+    assert buckets[-1] == ("+Inf", 2.0) and dict(buckets)["5.0"] == 2.0
 
 
 def test_frame_parsers() -> None:

@@ -57,7 +57,7 @@ def schema_for(method: str, path: str, status: int, streaming: bool) -> str | No
     if status == 422 and path == "/v1/systemone":
         return "validation_error"
     if status >= 400:
-        if path == "/v1/messages" and method == "POST":
+        if path.startswith("/v1/messages") and method == "POST":
             return "anthropic_error"
         return "error"
     table = {
@@ -67,6 +67,7 @@ def schema_for(method: str, path: str, status: int, streaming: bool) -> str | No
         "/v1/models": ("model_list", None), "/health": ("health", None),
         "/experts": ("experts", None), "/profile": ("profile", None),
         "/v1/systemone": ("systemone", None),
+        "/v1/messages/count_tokens": ("count_tokens", None),
     }
     if path.startswith("/v1/models/"):
         return "model"
