@@ -12,8 +12,10 @@ import os
 from importlib import resources
 from pathlib import Path
 
-#: The model `colibri serve`, `colibri engine` and `colibri generate` use when none is given.
-DEFAULT_MODEL_NAME = "glm5-chat-tiny"
+#: The model `colibri serve`, `colibri engine` and `colibri generate` use when none is given:
+#: glm5-chat-small, trained here (fixtures/train_chat_small.py). glm5-chat-tiny, the random-
+#: weight model it replaced, stays as an oracle fixture.
+DEFAULT_MODEL_NAME = "glm5-chat-small"
 
 #: Environment variable that overrides the default model directory (used by doctor's tests
 #: and by anyone who wants a different default without passing --model everywhere).

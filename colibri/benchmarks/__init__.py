@@ -26,6 +26,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.server_stream",
     "colibri.benchmarks.control_plane_overhead",
     "colibri.benchmarks.grammar_mask",
+    "colibri.benchmarks.default_model",
 )
 
 

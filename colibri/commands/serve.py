@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="any conformant engine command line (env COLI_ENGINE_CMD)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model-id", default=os.environ.get("COLI_MODEL_ID",
-                                                             "glm-5.2-colibri"))
+    parser.add_argument("--model-id", default=os.environ.get("COLI_MODEL_ID"),
+                        help="the only accepted `model` (env COLI_MODEL_ID; default: the "
+                             "embedded model's name, or glm-5.2-colibri with --model)")
     parser.add_argument("--api-key", default=os.environ.get("COLI_API_KEY") or None)
     parser.add_argument("--kv-slots", type=int, default=_env_int("COLI_KV_SLOTS", 1))
     parser.add_argument("--max-queue", type=int, default=_env_int("COLI_MAX_QUEUE", 8))
@@ -96,6 +97,22 @@ def served_tokenizer(model: str | None, engine_cmd: str | None) -> str | None:
     return str(path) if path.is_file() else None
 
 
+#: The id colibri's gateway serves a real GLM-5 checkpoint under (seeds/api.md).
+GATEWAY_MODEL_ID = "glm-5.2-colibri"
+
+
+def served_model_id(model_id: str | None, model: str | None) -> str:
+    """An explicit id wins; the embedded default is served under its own name (it is not
+    GLM-5.2: spec/DEVIATIONS.md "Served model id"); any other --model under the gateway's id."""
+    if model_id:
+        return model_id
+    if model is None:
+        from colibri import resources
+
+        return resources.default_model_dir().name
+    return GATEWAY_MODEL_ID
+
+
 def cors_origins(values: list[str]) -> tuple[str, ...]:
     from colibri.server.context import DEFAULT_CORS_ORIGINS
 
@@ -127,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         print("colibri: warning: --allowed-host '*' disables the DNS-rebinding guard",
               file=sys.stderr)
     config = ServerConfig(
-        model_id=args.model_id, api_key=args.api_key, max_tokens=args.max_tokens,
+        model_id=served_model_id(args.model_id, args.model), api_key=args.api_key,
+        max_tokens=args.max_tokens,
         kv_slots=args.kv_slots, max_queue=args.max_queue, queue_timeout=args.queue_timeout,
         cors_origins=cors_origins(args.cors_origin), allowed_hosts=tuple(allowed),
         bind_host=args.host, keepalive_s=float(os.environ.get("COLI_KEEPALIVE_S", "10")),

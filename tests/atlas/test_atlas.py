@@ -151,7 +151,9 @@ def sweep_and_check(model: Path, out: Path, min_count: int) -> tuple[dict[str, A
 
 
 def test_planted_specialists_are_recovered_and_validate(tmp_path: Path) -> None:
-    model = plant(resources.default_model_dir(), tmp_path / "planted", load_probes())
+    # PLANTED's layers and expert ids are glm5-chat-tiny's (random weights, 8 experts).
+    model = plant(resources.fixture_model_dir("glm5-chat-tiny"), tmp_path / "planted",
+                  load_probes())
     atlas, check = sweep_and_check(model, tmp_path / "out", min_count=5)
     planted = {(layer, e): c for layer, plan in PLANTED.items() for c, e in plan.items()}
     certified = {(r["layer"], r["expert"]): r["top_topic"] for r in atlas["experts"]
@@ -168,7 +170,8 @@ def test_planted_specialists_are_recovered_and_validate(tmp_path: Path) -> None:
 
 
 def test_random_model_certifies_no_more_than_the_null(tmp_path: Path) -> None:
-    _, check = sweep_and_check(resources.default_model_dir(), tmp_path / "out", min_count=30)
+    _, check = sweep_and_check(resources.fixture_model_dir("glm5-chat-tiny"), tmp_path / "out",
+                               min_count=30)
     null = check["null"]
     assert null["observed_specialists"] <= max(null["specialists"])
     assert check["accuracy"] <= max(null["accuracies"])

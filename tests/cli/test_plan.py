@@ -54,12 +54,14 @@ def test_more_ram_fits_more_and_slots_cost_kv() -> None:
 def test_pin_set_from_a_usage_file(tmp_path: Path) -> None:
     usage = tmp_path / "stats.txt"
     usage.write_text("-1 5 8\n-2 1 3815245270\n3 1 5\n4 7 9\n3 0 9\n4 2 1\n")
-    plan = build(resources.default_model_dir(), Request(usage=usage), HOST, [])
+    # The usage file names glm5-chat-tiny's sparse layers (3 and 4) and experts.
+    tiny = resources.fixture_model_dir("glm5-chat-tiny")
+    plan = build(tiny, Request(usage=usage), HOST, [])
     assert plan["pin"]["experts"][:3] == ["3:0", "4:7", "3:1"]  # ties: lower layer first
     assert plan["env"]["PIN"] == str(usage)
     usage.write_text("3 x 1\n")
     with pytest.raises(PlanError, match="corrupt"):
-        build(resources.default_model_dir(), Request(usage=usage), HOST, [])
+        build(tiny, Request(usage=usage), HOST, [])
 
 
 def test_auto_tier_environment_never_overrides() -> None:

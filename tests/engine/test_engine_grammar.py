@@ -20,7 +20,9 @@ from support.grammar_cases import PERSON, PROMPT
 from colibri import resources
 from colibri.protocol import parse_line
 
-MODEL = resources.default_model_dir()
+# glm5-chat-tiny: the sampled cases' seeds were chosen on its random weights (seed 2 closes the
+# unbounded json_object within the budget); the cases test the grammar, not a model.
+MODEL = resources.fixture_model_dir("glm5-chat-tiny")
 
 
 def reply(

@@ -9,6 +9,8 @@ import pytest
 from support.reference_support import fresh_model, model, oracle
 
 IDS = oracle("glm5-tiny-mtp")["full_ids"]
+#: Random MTP weights, and the trained default's MTP head (whose layer has its own indexer).
+MTP_MODELS = ["glm5-tiny-mtp", "glm5-chat-small"]
 
 
 def test_mtp_head_is_found_only_where_stored() -> None:
@@ -25,44 +27,50 @@ def test_mtp_does_not_change_the_main_model() -> None:
     assert np.array_equal(model("glm5-tiny-mtp").forward(IDS), model("glm5-tiny").forward(IDS))
 
 
-def test_draft_is_finite_deterministic_and_depends_on_token_and_hidden() -> None:
-    m = model("glm5-tiny-mtp")
+@pytest.mark.parametrize("name", MTP_MODELS)
+def test_draft_is_finite_deterministic_and_depends_on_token_and_hidden(name: str) -> None:
+    m = model(name)
+    ids = oracle(name)["full_ids"]
     s = m.new_state()
-    m.prefill(s, IDS[:10])
-    a = m.mtp_draft(copy.deepcopy(s), IDS[10])
+    m.prefill(s, ids[:10])
+    a = m.mtp_draft(copy.deepcopy(s), ids[10])
     assert a.shape == (m.config.vocab_size,) and np.isfinite(a).all()
-    assert m.mtp_draft(copy.deepcopy(s), IDS[10]).tobytes() == a.tobytes()
-    assert not np.array_equal(m.mtp_draft(copy.deepcopy(s), IDS[10] + 1), a)
+    assert m.mtp_draft(copy.deepcopy(s), ids[10]).tobytes() == a.tobytes()
+    assert not np.array_equal(m.mtp_draft(copy.deepcopy(s), ids[10] + 1), a)
     other = m.new_state()
-    m.prefill(other, IDS[1:11])  # same last token... different history and hidden state
-    assert not np.array_equal(m.mtp_draft(other, IDS[10]), a)
-    main_next = m.decode(copy.deepcopy(s), IDS[10])
+    m.prefill(other, ids[1:11])  # same last token... different history and hidden state
+    assert not np.array_equal(m.mtp_draft(other, ids[10]), a)
+    main_next = m.decode(copy.deepcopy(s), ids[10])
     assert not np.allclose(main_next, a)
 
 
-def test_lazily_filled_mtp_cache_equals_drafting_every_step() -> None:
-    m = model("glm5-tiny-mtp")
+@pytest.mark.parametrize("name", MTP_MODELS)
+def test_lazily_filled_mtp_cache_equals_drafting_every_step(name: str) -> None:
+    m = model(name)
+    ids = oracle(name)["full_ids"]
     eager = m.new_state()
-    m.prefill(eager, IDS[:12])
+    m.prefill(eager, ids[:12])
     lazy = copy.deepcopy(eager)
     drafts_eager = []
     for i in range(12, 20):
-        drafts_eager.append(m.mtp_draft(eager, IDS[i]))
-        m.decode(eager, IDS[i])
-    m.mtp_draft(lazy, IDS[12])  # the MTP cache starts at the same position
-    m.prefill(lazy, IDS[12:19])  # several tokens accepted at once: no drafts in between
+        drafts_eager.append(m.mtp_draft(eager, ids[i]))
+        m.decode(eager, ids[i])
+    m.mtp_draft(lazy, ids[12])  # the MTP cache starts at the same position
+    m.prefill(lazy, ids[12:19])  # several tokens accepted at once: no drafts in between
     assert lazy.mtp is not None and eager.mtp is not None
-    assert m.mtp_draft(lazy, IDS[19]).tobytes() == drafts_eager[-1].tobytes()
+    assert m.mtp_draft(lazy, ids[19]).tobytes() == drafts_eager[-1].tobytes()
     assert lazy.mtp.length == eager.mtp.length
 
 
-def test_redrafting_the_same_position_replaces_the_entry() -> None:
-    m = model("glm5-tiny-mtp")
+@pytest.mark.parametrize("name", MTP_MODELS)
+def test_redrafting_the_same_position_replaces_the_entry(name: str) -> None:
+    m = model(name)
+    ids = oracle(name)["full_ids"]
     s = m.new_state()
-    m.prefill(s, IDS[:12])
-    first = m.mtp_draft(s, IDS[12])
+    m.prefill(s, ids[:12])
+    first = m.mtp_draft(s, ids[12])
     m.mtp_draft(s, 7)
-    assert m.mtp_draft(s, IDS[12]).tobytes() == first.tobytes()
+    assert m.mtp_draft(s, ids[12]).tobytes() == first.tobytes()
 
 
 def test_truncate_drops_mtp_entries_that_used_forgotten_positions() -> None:

@@ -44,6 +44,9 @@ def test_generators_are_discovered() -> None:
 
 def test_every_generator_declares_whether_oracle_check_reruns_it() -> None:
     assert {p.name: oracle_check_flag(p) for p in generators()} == {
+        # The trained default's oracle: HF on the committed weights, re-run; the training
+        # itself (train_chat_small.py) is no generator and never re-run.
+        "make_chat_small_oracle.py": True,
         "make_layer_goldens.py": False,
         "make_models.py": True,
         "make_quant_models.py": True,
@@ -151,8 +154,11 @@ def test_weights_and_configs_stay_byte_exact(tmp_path: Path) -> None:
     ]
 
 
-def test_committed_fixture_models_stay_under_20_mb() -> None:
+def test_committed_fixture_models_stay_under_24_mb() -> None:
+    """The random fixtures take ~18.3 MiB; the cap was 20 MiB until glm5-chat-small, the
+    trained default (~4.5 MiB: 2.2 M bf16 parameters with its MTP head, plus its oracle), came;
+    it was raised by that model's size and no more, so a new fixture still has to fit."""
     from colibri.resources import fixtures_dir
 
     total = sum(p.stat().st_size for p in (fixtures_dir() / "models").rglob("*") if p.is_file())
-    assert total < 20 * 1024 * 1024, f"fixtures/models holds {total / 2**20:.1f} MiB"
+    assert total < 24 * 1024 * 1024, f"fixtures/models holds {total / 2**20:.1f} MiB"

@@ -54,7 +54,7 @@ def test_wheel_install_gives_a_working_doctor(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     statuses = {check["id"]: check["status"] for check in report["checks"]}
     assert statuses["spec"] == "ok"
-    # The embedded default model (glm5-chat-tiny) ships inside the wheel.
+    # The embedded default model (glm5-chat-small) ships inside the wheel.
     assert statuses["default_model"] == "ok", report
     assert result.returncode == 0, result.stdout + result.stderr
     model_files = subprocess.run(

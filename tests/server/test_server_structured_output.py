@@ -46,8 +46,10 @@ WEATHER = {
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
+    # glm5-chat-tiny: the sampled cases' seeds were chosen on it (with seed 2 its unbounded
+    # json_object closes within max_tokens); the cases test constrained decoding, not a model.
     argv = [sys.executable, "-m", "colibri", "engine", "--model",
-            str(resources.default_model_dir())]
+            str(resources.fixture_model_dir("glm5-chat-tiny"))]
     live = launch(ServerConfig(model_id="m", max_tokens=300), argv,
                   {"CTX": "2048", "COLI_PERSIST": "0"})
     yield live

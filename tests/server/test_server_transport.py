@@ -4,7 +4,6 @@ deadline, and the `colibri serve` command itself."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from colibri.server.context import ServerConfig
 from support.http_transcript import exchange
-from support.server_harness import FAKE_ENGINE, LiveServer, launch
+from support.server_harness import FAKE_ENGINE, LiveServer, interrupt, launch, serve_process
 
 M = "test-model"
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,15 +110,10 @@ def test_read_deadline_closes_a_silent_client(server: LiveServer) -> None:
 
 def test_serve_command_runs_an_engine_and_shuts_down() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "colibri", "serve", "--engine-cmd",
-         f"{sys.executable} {FAKE_ENGINE}", "--port", "0", "--model-id", M],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+    args = ["--engine-cmd", f"{sys.executable} {FAKE_ENGINE}", "--model-id", M]
+    with serve_process(args, env, ROOT) as (proc, line, v1):
         assert line.startswith(f"colibri serving {M} on http://127.0.0.1:")
-        url = line.split(" on ")[1].strip().removesuffix("/v1")
+        url = v1.removesuffix("/v1")
         reply = exchange(url, "POST", "/v1/chat/completions", {
             "model": M, "messages": [{"role": "user", "content": "hi"}]})
         assert reply["body"]["choices"][0]["message"]["content"] == "Héllo"
@@ -127,12 +121,7 @@ def test_serve_command_runs_an_engine_and_shuts_down() -> None:
                               input="hi\n\n", capture_output=True, text=True, timeout=60,
                               cwd=ROOT, env=env)
         assert chat.returncode == 0 and chat.stdout == "Héllo\n"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert interrupt(proc) == 0
 
 
 def test_serve_refuses_public_bind_without_key() -> None:

@@ -26,6 +26,7 @@ needs_library = pytest.mark.skipif(not BUILT, reason=NOT_BUILT_REASON or "built"
 
 FLOAT_FIXTURES = (
     "glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny", "glm5-tiny-mtp", "glm5-chat-tiny",
+    "glm5-chat-small",
 )
 QUANT_FIXTURES = ("glm5-tiny-int4g64", "glm5-tiny-int4row", "glm5-tiny-fp8", "glm5-tiny-e8")
 ALL_FIXTURES = FLOAT_FIXTURES + QUANT_FIXTURES

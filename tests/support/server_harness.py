@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -71,3 +74,28 @@ def launch(config: ServerConfig | None = None, argv: Sequence[str] | None = None
     thread = threading.Thread(target=main, daemon=True)
     thread.start()
     return LiveServer(ready.result(60), loop, thread)
+
+
+@contextlib.contextmanager
+def serve_process(args: Sequence[str], env: dict[str, str],
+                  cwd: Path) -> Iterator[tuple[subprocess.Popen[str], str, str]]:
+    """``python -m colibri serve ARGS --port 0`` as a child process: yields it, the first line
+    it printed ("colibri serving ID on URL") and the URL; the caller ends it (SIGINT) or it is
+    killed on the way out."""
+    proc = subprocess.Popen([sys.executable, "-m", "colibri", "serve", *args, "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**env, "PYTHONUNBUFFERED": "1"}, cwd=cwd, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        yield proc, line, line.split(" on ")[1].strip() if " on " in line else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def interrupt(proc: subprocess.Popen[str]) -> int:
+    """Ctrl-C a served process and wait for its exit status."""
+    proc.send_signal(signal.SIGINT)
+    return proc.wait(30)
