@@ -11,8 +11,6 @@ reference reports for the same traffic.
 from __future__ import annotations
 
 import platform
-import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,11 +22,6 @@ from colibri.reference.backend import KVStateBackend, model_fingerprint
 from colibri.reference.expert_store import TieredExpertStore
 from colibri.reference.experts import stored_expert_bytes
 
-from colibri.engine.backend import (
-    Step,
-    StepRow,
-    StepTiming,
-)
 from colibri.engine.registry import BackendOptions, BackendUnavailable
 
 
@@ -47,13 +40,6 @@ class AcceleratedBackend(KVStateBackend):
 
         isa = self.model.kernels.isa
         return f"colibri {__version__}; kernels {isa}; numpy {np.__version__}; {platform.machine()}"
-
-    def step(self, rows: Sequence[StepRow]) -> Step:
-        started = time.perf_counter()
-        logits, routes = self.model.forward_rows(
-            [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
-        )
-        return Step(logits, routes, StepTiming(total_s=time.perf_counter() - started))
 
     def close(self) -> None:
         self.model.close()

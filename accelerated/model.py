@@ -21,6 +21,7 @@ states, growable per-layer cache arrays), so the COLIKV1 codec and persistence a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +43,7 @@ from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelCon
 from colibri.reference.errors import CheckpointError
 from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
 from colibri.reference.safetensors import Checkpoint
+from colibri.reference.timing import PhaseClock
 
 I32 = npt.NDArray[np.int32]
 
@@ -113,6 +115,8 @@ class Model:
         self.config = cfg = config
         self.checkpoint = checkpoint
         self.kernels = kernels
+        #: PERF/PROF phases, as the reference times them (reference/timing.py).
+        self.clock = PhaseClock()
         t = WeightLoader(checkpoint)
         d, v = cfg.hidden_size, cfg.vocab_size
         self.embed = t.matrix("model.embed_tokens.weight", (v, d))
@@ -255,8 +259,11 @@ class Model:
         if not wanted:
             return np.zeros((0, cfg.vocab_size), np.float32), routed
         k = self.kernels
+        started = time.perf_counter()
         normed = k.rms_norm(np.ascontiguousarray(x[wanted]), self.final_norm, cfg.rms_norm_eps)
-        return k.matmul(normed, self.lm_head), routed
+        logits = k.matmul(normed, self.lm_head)
+        self.clock.head_s += time.perf_counter() - started
+        return logits, routed
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------
 
@@ -281,6 +288,7 @@ class Model:
                    caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
                    rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
         cfg, k = self.config, self.kernels
+        started = time.perf_counter()
         m = x.shape[0]
         cos, sin = rope
         heads, nope, rdim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
@@ -337,6 +345,7 @@ class Model:
                                [s + 1 for s in slots], keeps, aw.kv_b,
                                float(np.float32(cfg.attn_scale)))
         x = x + k.matmul(attn, aw.o)
+        self.clock.attention_s += time.perf_counter() - started
         h = k.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
         if lw.dense is not None:
             every = np.arange(m, dtype=np.int64)
@@ -371,7 +380,9 @@ class Model:
             descs.append(lw.shared.desc_bytes)
             start = np.append(start, start[-1] + t)
             rows = np.concatenate([rows, np.arange(t, dtype=np.int64)])
+        started = time.perf_counter()  # the expert products only: the reads above are disk time
         y = k.moe(x, np.frombuffer(b"".join(descs), MAT_DTYPE), start, rows)
+        self.clock.matmul_s += time.perf_counter() - started
         where = np.empty(t * top, np.int64)
         where[order] = np.arange(t * top)
         outputs = y[where].reshape(t, top, cfg.hidden_size)

@@ -22,6 +22,7 @@ from colibri.reference.kv_cache import KVState
 from colibri.reference.kv_codec import ReferenceKvCodec
 from colibri.reference.model import Model
 from colibri.reference.safetensors import Checkpoint
+from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import TensorLoader
 
 from colibri.engine.backend import Device, Draft, KvRecord, Step, StepRow, StepTiming
@@ -72,7 +73,12 @@ class KVStateModel(Protocol):
     def config(self) -> ModelConfig: ...
     @property
     def mtp(self) -> object | None: ...
+    @property
+    def clock(self) -> PhaseClock: ...
     def new_state(self) -> KVState: ...
+    def forward_rows(
+        self, states: Sequence[KVState], tokens: Sequence[int], wants_logits: Sequence[bool]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]: ...
     def mtp_draft_routed(
         self, state: KVState, token: int
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]: ...
@@ -80,8 +86,8 @@ class KVStateModel(Protocol):
 
 class KVStateBackend:
     """The seam's bookkeeping for a backend whose states are :class:`KVState`: shape, model
-    tag, KV record layout and codec, tiers, state length/truncation, MTP drafts, no devices.
-    A backend adds ``name``, ``build``, ``step`` and ``close``."""
+    tag, KV record layout and codec, tiers, state length/truncation, the step with its phase
+    clock, MTP drafts, no devices. A backend adds ``name``, ``build`` and ``close``."""
 
     def __init__(self, model: KVStateModel, store: TieredExpertStore, model_tag: int) -> None:
         self._kv_model = model
@@ -111,6 +117,18 @@ class KVStateBackend:
 
     def new_state(self) -> KVState:
         return self._kv_model.new_state()
+
+    def step(self, rows: Sequence[StepRow]) -> Step:
+        clock = self._kv_model.clock
+        clock.reset()
+        started = time.perf_counter()
+        logits, routes = self._kv_model.forward_rows(
+            [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
+        )
+        total = time.perf_counter() - started
+        return Step(
+            logits, routes, StepTiming(total, clock.matmul_s, clock.attention_s, clock.head_s)
+        )
 
     def length(self, state: Any) -> int:
         assert isinstance(state, KVState)
@@ -142,18 +160,6 @@ class ReferenceBackend(KVStateBackend):
     def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
         super().__init__(model, store, model_tag)
         self.model = model
-
-    def step(self, rows: Sequence[StepRow]) -> Step:
-        clock = self.model.clock
-        clock.reset()
-        started = time.perf_counter()
-        logits, routes = self.model.forward_rows(
-            [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows]
-        )
-        total = time.perf_counter() - started
-        return Step(
-            logits, routes, StepTiming(total, clock.matmul_s, clock.attention_s, clock.head_s)
-        )
 
     def close(self) -> None:
         pass

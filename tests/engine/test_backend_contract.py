@@ -184,3 +184,18 @@ def test_reference_measures_its_phases() -> None:
     assert timing.total_s > 0 and timing.matmul_s > 0
     assert timing.attention_s > 0 and timing.head_s > 0
     assert backend.step([StepRow(state, 7, False)]).timing.head_s == 0.0
+
+
+@pytest.mark.parametrize("name", ["reference", pytest.param("accelerated", marks=needs_library)])
+def test_model_backends_measure_their_phases(name: str) -> None:
+    """PERF's t_emm, t_attn and t_head come from the backend's own clock (spec/protocol.md
+    2.6, "Measured or zero"): a step with attention, a MoE layer and the lm_head has each
+    phase above zero and, the clock restarting with every step, inside that step's wall time."""
+    backend = FACTORIES[name]()
+    state = backend.new_state()
+    first = backend.step([StepRow(state, t, i == len(PROMPT) - 1) for i, t in enumerate(PROMPT)])
+    second = backend.step([StepRow(state, PROMPT[0], True)])
+    for timing in (first.timing, second.timing):
+        phases = (timing.matmul_s, timing.attention_s, timing.head_s)
+        assert all(p > 0 for p in phases), timing
+        assert sum(phases) <= timing.total_s, timing
