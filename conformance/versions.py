@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 
 from colibri.conformance.cases import cases_dir
 
 from colibri import __version__
+from colibri.protocol import load_spec
 from colibri.resources import spec_path
 
 
@@ -28,11 +28,10 @@ def cases_digest(suite: str) -> str:
 
 @functools.cache
 def spec_versions() -> dict[str, str]:
-    protocol = json.loads(spec_path("protocol.json").read_text(encoding="utf-8"))
     openapi = spec_path("openapi.yaml").read_text(encoding="utf-8")
     found = re.search(r'"version":\s*"([^"]+)"', openapi)
     return {
-        "protocol.md": f"revision {protocol.get('revision')}",
+        "protocol.md": f"revision {load_spec().revision}",
         "openapi.yaml": found.group(1) if found else "unknown",
         "seed": "serve_protocol.md",
     }

@@ -125,7 +125,7 @@ def test_auto_tier_applies_the_pin_set_it_computes(tmp_path: Path) -> None:
 
     from colibri.commands.serve import auto_tier
 
-    model = resources.default_model_dir()
+    model = resources.fixture_model_dir("glm5-chat-tiny")  # the expert ids below are its own
     usage = tmp_path / "usage.txt"
     counts = {(3, 1): 50, (4, 6): 40, (3, 7): 40, (4, 0): 30, (3, 0): 20, (4, 2): 20,
               (3, 5): 9, (4, 7): 8, (3, 2): 3, (4, 4): 1}
