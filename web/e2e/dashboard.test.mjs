@@ -1,4 +1,4 @@
-// The dashboard end to end: real `colibri serve` on the embedded default model, real
+// The dashboard end to end: real `colibri serve` on the glm5-chat-tiny fixture, real
 // headless Chromium. Tests run in order and share one server and one page.
 import assert from "node:assert/strict";
 import { mkdirSync, readFileSync, rmSync } from "node:fs";
@@ -107,7 +107,7 @@ describe("colibri dashboard", () => {
   let before = {};
   it("before any turn: the Brain grid has rows × cols cells of /experts, Profiling is empty", async () => {
     const experts = await api("/experts");
-    assert.ok(experts.rows > 0 && experts.cols > 0, "the embedded model reports an expert map");
+    assert.ok(experts.rows > 0 && experts.cols > 0, "the served model reports an expert map");
     await goto("brain");
     const grid = page.locator("[data-testid=brain-grid]");
     await grid.waitFor();
@@ -182,7 +182,7 @@ describe("colibri dashboard", () => {
 
   it("Stop cancels a streaming reply", async () => {
     const cancelledBefore = (await api("/health")).scheduler.cancelled;
-    // Greedy decoding on the embedded model runs to the token limit: a long stream to stop.
+    // Greedy decoding on the random-weight model runs to the token limit: a long stream to stop.
     await setChatOptions({ reasoning: false, temperature: 0, maxTokens: 1024 });
     await send("Tell me a long story");
     await page.waitForSelector("[data-testid=stop]");

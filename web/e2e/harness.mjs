@@ -26,7 +26,9 @@ export const CHROMIUM_FLAGS = [
 export async function startServer({ apiKey, timeoutMs = 90_000 } = {}) {
   const bin = process.env.COLIBRI_BIN ?? join(REPO, ".venv", "bin", "colibri");
   const state = mkdtempSync(join(tmpdir(), "colibri-web-e2e-state-"));
-  const args = ["serve", "--port", "0"];
+  // glm5-chat-tiny, not the trained default: its random weights never emit EOS early, so a
+  // greedy reply runs to the token limit and the Stop test has a long stream to cut.
+  const args = ["serve", "--port", "0", "--model", join(REPO, "fixtures", "models", "glm5-chat-tiny")];
   if (apiKey) args.push("--api-key", apiKey);
   // A fresh state root: persisted expert usage would make the first Brain map non-zero.
   const child = spawn(bin, args, {
