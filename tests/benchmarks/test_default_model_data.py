@@ -83,8 +83,10 @@ def test_worked_addition_is_right() -> None:
         a, b = rng.randint(0, 999), rng.randint(0, 999)
         thought = data.addition_thought(a, b)
         assert thought.endswith(f"So {a + b}.")
+        steps = thought.split(". ")
+        assert steps[0] == f"{a} + {b}"  # the operands restated before any column
         digits = [1 if step == "write the carry 1" else int(step.split("write ")[1][0])
-                  for step in thought.split(". ")[:-1]]  # units first
+                  for step in steps[1:-1]]  # units first
         assert int("".join(map(str, reversed(digits)))) == a + b
 
 
