@@ -3,8 +3,9 @@
 Greedy decoding is deterministic (spec/model.md §15 kind (a)), so the served answer is pinned
 through the official OpenAI SDK, end to end (the console script, the embedded model, the
 engine process, the chat template), against the reference engine's own greedy decoding of the
-prompt the chat template renders. Whether that answer is right is measured, not asserted, by
-``colibri bench --section default-model`` (the model card's numbers).
+prompt the chat template renders -- and it must be right: issue 17 is done when `make serve`
+answers this question with 42. How often the model is right on held-out sums is measured, not
+asserted, by ``colibri bench --section default-model`` (the model card's numbers).
 """
 
 from __future__ import annotations
@@ -53,5 +54,7 @@ def test_make_serve_default_answers_27_plus_15_through_the_openai_sdk() -> None:
             model=DEFAULT_MODEL_NAME, temperature=0, max_tokens=64,
             messages=[{"role": "user", "content": "What is 27 + 15?"}])
         assert reply.choices[0].finish_reason == "stop"
-        assert reply.choices[0].message.content == reference_greedy_reply("What is 27 + 15?")
+        content = reply.choices[0].message.content
+        assert content == reference_greedy_reply("What is 27 + 15?")
+        assert content is not None and "42" in content, content
         assert interrupt(proc) == 0
