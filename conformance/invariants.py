@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 #: The untagged telemetry written right before each DONE (protocol.md §2.7).
 TURN_END_BLOCK = ("HWINFO", "GPUS", "TIERS", "EMAP", "HITS", "ENTROPY", "PERF", "PROF")
+#: The seed's telemetry block before each DONE (serve_protocol.md), in no stated order.
+SEED_TURN_TELEMETRY = frozenset({"HWINFO", "PERF", "ENTROPY", "GPUS", "TIERS", "EMAP", "HITS"})
 #: Lines that may fall between any two frames (§2.7); periodic HITS too, outside a block.
 ANYWHERE = frozenset({"REPIN"})
 TOPK_COUNT = LIMITS["topk_count"]
@@ -325,6 +327,29 @@ def turn_end_block(view: SessionView, codec: PromptCodec) -> None:
         perf = block[TURN_END_BLOCK.index("PERF")]
         if perf.request_id != turn.rid:
             raise CheckFailure(f"request {turn.rid}: its block's PERF is {perf.describe()!r}")
+
+
+def seed_turn_telemetry(view: SessionView, codec: PromptCodec) -> None:
+    """The seed's rule, order free: "immediately before each DONE the engine emits a
+    telemetry block for the finished turn: HWINFO, PERF, ENTROPY, GPUS, TIERS, EMAP, HITS",
+    PERF tagged with the DONE's id. The block is what follows the turn's last DATA (TOPK,
+    ACCEPT) frame; needs no ACCEPT, so a seed-core engine is judged by it."""
+    frames = _frames(view)
+    position = {id(f): i for i, f in enumerate(frames)}
+    for rid, done in _submitted_dones(view):
+        end = position[id(done)]
+        start = end
+        while start > 0 and not (frames[start - 1].request_id == rid
+                                 and frames[start - 1].kind in ("DATA", "TOPK", "ACCEPT")):
+            start -= 1
+        block = frames[start:end]
+        missing = sorted(SEED_TURN_TELEMETRY - {f.kind for f in block})
+        if missing:
+            shown = " ".join(f.kind for f in block) or "nothing"
+            raise CheckFailure(f"request {rid}: its DONE is preceded by {shown}; the seed's "
+                               f"telemetry block lacks {' '.join(missing)}")
+        for perf in (f for f in block if f.kind == "PERF" and f.request_id != rid):
+            raise CheckFailure(f"request {rid}: its block's PERF is {perf.describe()!r}")
 
 
 def length_limited(view: SessionView, codec: PromptCodec) -> None:
@@ -839,6 +864,7 @@ INVARIANTS: dict[str, Check] = {
     "tiers-match-emap": tiers_match_emap,
     "turn-accounting": turn_accounting,
     "turn-end-block": turn_end_block,
+    "seed-turn-telemetry": seed_turn_telemetry,
     "length-limited": length_limited,
     "value-ranges": value_ranges,
     "heat-monotonic": heat_monotonic,
