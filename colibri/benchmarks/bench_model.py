@@ -125,9 +125,14 @@ def build_tensors(cfg: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def bench_model_dir(cache_dir: Path, seed: int = BENCH_SEED) -> Path:
+    """Where ``ensure_bench_model`` keeps the model (nothing is generated)."""
+    return cache_dir / f"glm5-bench-{seed}-r{BENCH_REVISION}"
+
+
 def ensure_bench_model(cache_dir: Path, seed: int = BENCH_SEED) -> Path:
     """The benchmark model directory, generated on first use."""
-    target = cache_dir / f"glm5-bench-{seed}-r{BENCH_REVISION}"
+    target = bench_model_dir(cache_dir, seed)
     done = target / "bench_manifest.json"
     if done.is_file():
         return target
