@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.kernels import F32, MAT_DTYPE, Kernels, Products, Weight
+from colibri.accelerated.layer_block import LayerBlock
 from colibri.accelerated.weights import (
     Expert,
     ExpertSource,
@@ -154,6 +155,10 @@ class Model:
         self.use_indexer = True
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
         self._products: dict[tuple[int, bool, bool], Products] = {}
+        self._blocks: dict[int, LayerBlock] = {}
+        #: Layers in two C calls where they can be (``layer_block``); False forces the
+        #: per-kernel path everywhere (the tests compare the two byte for byte).
+        self.fused_layers = True
 
     @property
     def mtp(self) -> Layer | None:
@@ -287,6 +292,62 @@ class Model:
     def _row_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
                    caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
                    rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
+        """One decoder layer over the step's rows: in two C calls (``layer_block``) unless a
+        row attends to a DSA-selected subset of its past, which the per-kernel path below
+        handles (it has the indexer's scoring and top-k)."""
+        cfg = self.config
+        selecting = (self.use_indexer and mode == "full" and lw.attention.indexer is not None
+                     and any(s + 1 > cfg.index_topk for s in slots))
+        if (not self.fused_layers or selecting
+                or any(keep is not None for keep in prev_keep)):
+            return self._kernel_layer(x, lw, mode, positions, caches, slots, prev_keep, rope)
+        return self._fused_layer(x, lw, mode == "full" and lw.attention.indexer is not None,
+                                 caches, slots, rope)
+
+    def _fused_layer(self, x: F32, lw: Layer, index_keys: bool, caches: list[KVLayer],
+                     slots: list[int], rope: tuple[F32, F32]
+                     ) -> tuple[F32, list[I64 | None], I32 | None]:
+        block = self._blocks.get(lw.index)
+        if block is None or block.index_keys != index_keys:
+            block = self._blocks[lw.index] = LayerBlock(self.config, lw, index_keys)
+        k = self.kernels
+        m = x.shape[0]
+        x = np.array(x, dtype=np.float32, order="C")  # updated in place below
+        started = time.perf_counter()
+        h, logits = block.attention(k, x, rope[0], rope[1], caches, slots)
+        self.clock.attention_s += time.perf_counter() - started
+        keeps: list[I64 | None] = [None] * m
+        if logits is None:
+            started = time.perf_counter()
+            block.dense(k, x, h)
+            self.clock.matmul_s += time.perf_counter() - started
+            return x, keeps, None
+        chosen, weights = self._route_rows(logits, lw)
+        flat = chosen.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        used, counts = np.unique(flat, return_counts=True)
+        descs = [self.expert(lw.index, int(e)).desc_bytes for e in used]
+        started = time.perf_counter()  # the expert products only: the reads above are disk time
+        block.routed(k, x, h, chosen, weights, descs, used.astype(np.int64),
+                     counts.astype(np.int64), order.astype(np.int64))
+        self.clock.matmul_s += time.perf_counter() - started
+        return x, keeps, chosen
+
+    def _route_rows(self, logits: F32, lw: Layer) -> tuple[I32, F32]:
+        """Every row's routed experts (ascending) and weights (spec §7.1)."""
+        assert lw.router_bias is not None
+        t, top = logits.shape[0], self.config.num_experts_per_tok
+        chosen = np.empty((t, top), np.int32)
+        weights = np.empty((t, top), np.float32)
+        for row in range(t):
+            ids, w = route(logits[row], lw.router_bias, self.config)
+            chosen[row] = ids
+            weights[row] = w
+        return chosen, weights
+
+    def _kernel_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
+                      caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
+                      rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
         cfg, k = self.config, self.kernels
         started = time.perf_counter()
         m = x.shape[0]
@@ -359,13 +420,7 @@ class Model:
         cfg, k = self.config, self.kernels
         assert lw.router_gate is not None and lw.router_bias is not None
         t, top = x.shape[0], cfg.num_experts_per_tok
-        logits = k.matmul(x, lw.router_gate)
-        chosen = np.empty((t, top), np.int32)
-        weights: list[F32] = []
-        for row in range(t):
-            ids, w = route(logits[row], lw.router_bias, cfg)
-            chosen[row] = ids
-            weights.append(w)
+        chosen, w = self._route_rows(k.matmul(x, lw.router_gate), lw)
         # Group the (row, slot) pairs by expert, rows ascending: each routed expert is read
         # once per step for all its rows, in one C call for the whole layer.
         flat = chosen.reshape(-1)
@@ -386,7 +441,6 @@ class Model:
         where = np.empty(t * top, np.int64)
         where[order] = np.arange(t * top)
         outputs = y[where].reshape(t, top, cfg.hidden_size)
-        w = np.stack(weights)
         # The weighted sum in ascending expert id (slot) order, elementwise per row.
         out = np.zeros((t, cfg.hidden_size), dtype=np.float32)
         for slot in range(top):
