@@ -11,7 +11,7 @@ against the q8_0 GGUF. Both engines get the same thread count (``COLIBRI_THREADS
 every CPU the process may use).
 
 llama.cpp must be importable by *this* interpreter (the worker loads both) and the GGUFs made
-by ``tools/prepare_llama_cpp_gguf.py``; otherwise the section says why it was skipped.
+by ``tools/llama_cpp_gguf.py``; otherwise the section says why it was skipped.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and a GGUF of the model exists at ``gguf_path``: ``<cache-dir>/gguf/<model>-<fty
 colibri does not write GGUF itself; llama.cpp's own converter does, from the sdist's
 ``vendor/llama.cpp/convert_hf_to_gguf.py`` (it needs torch and transformers, a tokenizer in
 the model directory, and an ``index_head_dim`` that is a multiple of 64):
-``tools/prepare_llama_cpp_gguf.py --sdist llama_cpp_python-0.3.36.tar.gz`` runs it on the
+``tools/llama_cpp_gguf.py --sdist llama_cpp_python-0.3.36.tar.gz --bench`` runs it on the
 bench model (README, accelerated engine).
 """
 
@@ -36,7 +36,7 @@ def unavailable_reason(python: str, gguf: Path) -> str | None:
                 "(see --peer-python)")
     if not gguf.is_file():
         return (f"no GGUF at {gguf} (convert the bench model with "
-                "tools/prepare_llama_cpp_gguf.py; README, accelerated engine)")
+                "tools/llama_cpp_gguf.py; README, accelerated engine)")
     return None
 
 
