@@ -42,7 +42,8 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
+from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
+from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.timing import PhaseClock
 
@@ -110,7 +111,7 @@ def dsa_select(scores: F32, topk: int) -> I64 | None:
     return kept
 
 
-class Model:
+class Model(RowModel):
     def __init__(self, config: ModelConfig, checkpoint: Checkpoint, kernels: Kernels,
                  experts: ExpertSource | None = None, model_dir: Path | None = None) -> None:
         self.config = cfg = config
@@ -215,60 +216,33 @@ class Model:
             raise ValueError("forward needs at least one token")
         return self.prefill(self.new_state(), ids)
 
-    def prefill(self, state: KVState, ids: Sequence[int]) -> F32:
-        return self.forward_rows([state] * len(ids), list(ids), [True] * len(ids))[0]
+    # --- the row hooks of RowModel (prefill, decode, decode_batch, forward_rows, mtp_draft) --
 
-    def decode(self, state: KVState, token: int) -> F32:
-        logits: F32 = self.forward_rows([state], [token], [True])[0][0]
-        return logits
+    def _decoder_rows(self, layer: int, x: F32, positions: list[int], caches: list[KVLayer],
+                      keeps: list[I64 | None], rope: tuple[F32, F32]) -> LayerRows:
+        return self._row_layer(x, self.layers[layer], self.indexer_modes[layer], positions,
+                               caches, positions, keeps, rope)
 
-    def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int]) -> F32:
-        if len(states) != len(tokens):
-            raise ValueError(f"{len(states)} states but {len(tokens)} tokens")
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("decode_batch needs distinct states (use prefill for one sequence)")
-        return self.forward_rows(states, tokens, [True] * len(states))[0]
-
-    def forward_rows(self, states: Sequence[KVState], tokens: Sequence[int],
-                     wants_logits: Sequence[bool]) -> tuple[F32, I32]:
-        """Append ``tokens[r]`` to ``states[r]`` for every row (a prefill: rows of one state;
-        a batched decode: one row per state). Returns (logits of the wanting rows, the
-        experts every row chose at every sparse decoder layer [rows, layers, k])."""
-        cfg = self.config
-        m = len(tokens)
-        if len(states) != m or len(wants_logits) != m:
-            raise ValueError(f"{len(states)} states, {m} tokens, {len(wants_logits)} flags")
-        if m == 0:
-            return (np.zeros((0, cfg.vocab_size), np.float32),
-                    np.zeros((0, 0, cfg.num_experts_per_tok), np.int32))
-        positions = step_positions(list(states))
-        x = self._embed(tokens)
-        keeps: list[I64 | None] = [None] * m
-        rope = self._rope(positions)
-        routes: list[I32] = []
-        for i, lw in enumerate(self.layers):
-            caches = [s.layers[i] for s in states]
-            x, keeps, chosen = self._row_layer(x, lw, self.indexer_modes[i], positions, caches,
-                                               positions, keeps, rope)
-            if chosen is not None:
-                routes.append(chosen)
-        for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
-            s.hidden[pos] = hid
-            if pos == len(s.tokens):
-                s.tokens.append(int(tok))
-            else:
-                s.tokens[pos] = int(tok)
-        routed: I32 = (np.stack(routes, axis=1) if routes
-                       else np.zeros((m, 0, cfg.num_experts_per_tok), np.int32))
-        wanted = [r for r in range(m) if wants_logits[r]]
-        if not wanted:
-            return np.zeros((0, cfg.vocab_size), np.float32), routed
+    def _head(self, x: F32, mtp: bool) -> F32:
         k = self.kernels
-        started = time.perf_counter()
-        normed = k.rms_norm(np.ascontiguousarray(x[wanted]), self.final_norm, cfg.rms_norm_eps)
-        logits = k.matmul(normed, self.lm_head)
-        self.clock.head_s += time.perf_counter() - started
-        return logits, routed
+        norm = self.head_norm if mtp else self.final_norm
+        return k.matmul(k.rms_norm(x, norm, self.config.rms_norm_eps), self.lm_head)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp_layer is not None
+
+    def _mtp_input(self, next_tokens: Sequence[int], hidden: F32) -> F32:
+        k, eps = self.kernels, self.config.rms_norm_eps
+        e = k.rms_norm(self._embed(next_tokens), self.enorm, eps)
+        g = k.rms_norm(k.rms_norm(hidden, self.final_norm, eps), self.hnorm, eps)
+        return k.matmul(np.ascontiguousarray(np.concatenate([e, g], axis=-1)), self.eh_proj)
+
+    def _mtp_rows(self, z: F32, positions: list[int], caches: list[KVLayer], slots: list[int],
+                  rope: tuple[F32, F32]) -> LayerRows:
+        assert self.mtp_layer is not None
+        return self._row_layer(z, self.mtp_layer, self.mtp_indexer_mode, positions, caches,
+                               slots, [None] * len(positions), rope)
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------
 
@@ -448,33 +422,6 @@ class Model:
         if lw.shared is not None:
             out = out + y[t * top :]
         return out, chosen
-
-    # --- MTP (spec §9) -----------------------------------------------------------------------
-
-    def mtp_draft(self, state: KVState, token: int) -> F32:
-        return self.mtp_draft_routed(state, token)[0]
-
-    def mtp_draft_routed(self, state: KVState, token: int) -> tuple[F32, I32]:
-        if self.mtp_layer is None:
-            raise ValueError("this model has no MTP head")
-        positions, next_tokens, slots = mtp_rows(state, token)
-        cfg, k = self.config, self.kernels
-        cache = state.mtp
-        assert cache is not None
-        eps = cfg.rms_norm_eps
-        e = k.rms_norm(self._embed(next_tokens), self.enorm, eps)
-        hidden = np.ascontiguousarray(state.hidden[positions])
-        g = k.rms_norm(k.rms_norm(hidden, self.final_norm, eps), self.hnorm, eps)
-        z = k.matmul(np.ascontiguousarray(np.concatenate([e, g], axis=-1)), self.eh_proj)
-        z, _, chosen = self._row_layer(z, self.mtp_layer, self.mtp_indexer_mode, positions,
-                                       [cache.layer] * len(positions), slots,
-                                       [None] * len(positions), self._rope(positions))
-        cache.length = slots[-1] + 1
-        normed = k.rms_norm(np.ascontiguousarray(z[-1:]), self.head_norm, eps)
-        draft: F32 = k.matmul(normed, self.lm_head)[0]
-        assert chosen is not None
-        return draft, chosen
-
 
 def open_model(model_dir: str | Path, threads: int | None = None) -> Model:
     path = Path(model_dir)
