@@ -42,7 +42,7 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
+from colibri.reference.kv_cache import KVLayer
 from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.timing import PhaseClock
@@ -201,13 +201,6 @@ class Model(RowModel):
         return out
 
     # --- the model API --------------------------------------------------------------------------
-
-    def new_state(self) -> KVState:
-        layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
-        mtp = None
-        if self.mtp_layer is not None:
-            mtp = MtpCache(KVLayer(cache_widths(self.config, self.mtp_indexer_mode)))
-        return KVState(layers=layers, hidden_size=self.config.hidden_size, mtp=mtp)
 
     def forward(self, ids: Sequence[int]) -> F32:
         """Logits [T, vocab] for every position of ``ids`` (teacher forcing from position 0),

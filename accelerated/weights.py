@@ -25,7 +25,7 @@ from colibri.accelerated.kernels import DTYPE_CODES, F32, QuantWeight, Weight, m
 from colibri.accelerated.quant_kernels import QuantMatrix, container_matrix
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.layout import Group, Tensor, layer_layout
+from colibri.reference.layout import Tensor, build, layer_layout, load_layer_groups
 from colibri.reference.quant.container import QuantContainer
 from colibri.reference.quant.formats import Fmt
 from colibri.reference.safetensors import Checkpoint
@@ -167,33 +167,15 @@ def _load(t: WeightLoader, field: str, tensor: Tensor) -> Any:
     return t.product(name, (rows, cols))
 
 
-def _group(t: WeightLoader, group: Group) -> dict[str, Any]:
-    return {field: _load(t, field, tensor) for field, tensor in group.items()}
-
-
-def _mlp(t: WeightLoader, group: Group | None) -> Mlp | None:
-    return None if group is None else Mlp(**_group(t, group))
-
-
 def load_layer(t: WeightLoader, cfg: ModelConfig, index: int, sparse: bool,
                indexed: bool) -> Layer:
-    layout = layer_layout(cfg, index, sparse, indexed)
-    router = {} if layout.router is None else _group(t, layout.router)
-    shared, dense = _mlp(t, layout.shared), _mlp(t, layout.dense)
-    norms = _group(t, layout.norms)
-    attention = _group(t, layout.attention)
-    indexer = None if layout.indexer is None else Indexer(**_group(t, layout.indexer))
-    return Layer(
-        index=index,
-        attention=Attention(q_a=attention.pop("q_a", None),
-                            q_a_norm=attention.pop("q_a_norm", None),
-                            indexer=indexer, **attention),
-        dense=dense,
-        router_gate=router.get("gate"),
-        router_bias=router.get("bias"),
-        shared=shared,
-        **norms,
-    )
+    g = load_layer_groups(layer_layout(cfg, index, sparse, indexed),
+                          lambda field, tensor: _load(t, field, tensor))
+    router = g.router or {}
+    return Layer(index=index,
+                 attention=Attention(indexer=build(Indexer, g.indexer), **g.attention),
+                 dense=build(Mlp, g.dense), router_gate=router.get("gate"),
+                 router_bias=router.get("bias"), shared=build(Mlp, g.shared), **g.norms)
 
 
 #: One projection of a routed expert: a float weight read in place, or quantized bytes.

@@ -12,7 +12,9 @@ Spec: spec/model.md §2, §3.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
@@ -21,6 +23,10 @@ from colibri.reference.errors import CheckpointError
 Tensor = tuple[str, tuple[int, ...]]
 #: A weight dataclass's fields, each with the tensor that fills it.
 Group = dict[str, Tensor]
+#: A group loaded: field -> what the engine made of the tensor (its weight dataclass says
+#: the type; ``Any`` because one loader call serves fields of different types).
+Loaded = dict[str, Any]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -93,3 +99,32 @@ def layer_layout(cfg: ModelConfig, index: int, sparse: bool, indexed: bool) -> L
                 "bias": (p + "mlp.gate.e_score_correction_bias", (e,))} if sparse else None,
         shared=shared,
     )
+
+
+@dataclass(frozen=True)
+class LoadedLayer:
+    norms: Loaded
+    attention: Loaded  # q_a and q_a_norm are None without q_lora_rank
+    indexer: Loaded | None
+    dense: Loaded | None
+    router: Loaded | None
+    shared: Loaded | None
+
+
+def load_layer_groups(layout: LayerLayout, load: Callable[[str, Tensor], Any]) -> LoadedLayer:
+    """Every tensor of ``layout`` through ``load(field, tensor)``: routing and MLP tensors
+    first, then norms, attention and indexer (the order a corrupt checkpoint is reported in)."""
+
+    def group(g: Group | None) -> Loaded | None:
+        return None if g is None else {field: load(field, t) for field, t in g.items()}
+
+    router, shared, dense = group(layout.router), group(layout.shared), group(layout.dense)
+    norms = group(layout.norms)
+    attention = {"q_a": None, "q_a_norm": None, **(group(layout.attention) or {})}
+    assert norms is not None
+    return LoadedLayer(norms, attention, group(layout.indexer), dense, router, shared)
+
+
+def build(cls: Callable[..., T], loaded: Loaded | None) -> T | None:
+    """``cls(**loaded)``, or None for a group the layer does not have."""
+    return None if loaded is None else cls(**loaded)

@@ -21,8 +21,8 @@ import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, MappedExpertStore
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache
-from colibri.reference.layer import LayerContext, cache_widths, full_sequence_layer, row_layer
+from colibri.reference.kv_cache import KVLayer
+from colibri.reference.layer import LayerContext, full_sequence_layer, row_layer
 from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
 from colibri.reference.norms import rms_norm
 from colibri.reference.rope import cos_sin
@@ -129,16 +129,6 @@ class Model(RowModel):
         logits = dense_matmul(rms_norm(x, self.final_norm, self.config.rms_norm_eps), self.lm_head)
         self.clock.head_s += time.perf_counter() - started
         return x, logits
-
-    # -----------------------------------------------------------------------------------------
-    # incremental
-
-    def new_state(self) -> KVState:
-        layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
-        mtp = None
-        if self.mtp is not None:
-            mtp = MtpCache(KVLayer(cache_widths(self.config, self.mtp_indexer_mode)))
-        return KVState(layers=layers, hidden_size=self.config.hidden_size, mtp=mtp)
 
     # -----------------------------------------------------------------------------------------
     # the row hooks of RowModel (prefill, decode, decode_batch, forward_rows, mtp_draft)

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from colibri.reference.config import ModelConfig
-from colibri.reference.kv_cache import KVLayer, KVState, mtp_rows, step_positions
+from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
+from colibri.reference.layer import cache_widths
 from colibri.reference.tensors import F32, I32, I64
 from colibri.reference.timing import PhaseClock
 
@@ -27,6 +28,9 @@ LayerRows = tuple[F32, list[I64 | None], I32 | None]
 
 class RowModel:
     config: ModelConfig
+    #: Each decoder layer's DSA indexer type (None: no indexer), and the MTP layer's.
+    indexer_modes: list[str | None]
+    mtp_indexer_mode: str | None
     #: Seconds of attention, expert products and lm_head since the last reset (PERF/PROF).
     clock: PhaseClock
 
@@ -60,6 +64,14 @@ class RowModel:
         raise NotImplementedError
 
     # --- the API -----------------------------------------------------------------------------
+
+    def new_state(self) -> KVState:
+        """An empty sequence: one latent (and indexer-key) cache per layer, and the MTP's."""
+        layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
+        mtp = None
+        if self.has_mtp:
+            mtp = MtpCache(KVLayer(cache_widths(self.config, self.mtp_indexer_mode)))
+        return KVState(layers=layers, hidden_size=self.config.hidden_size, mtp=mtp)
 
     def prefill(self, state: KVState, ids: Sequence[int]) -> F32:
         """Append ``ids`` to the state; logits [len(ids), vocab] for each appended position."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.layout import Group, layer_layout
+from colibri.reference.layout import build, layer_layout, load_layer_groups
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.tensors import F32
 
@@ -110,30 +110,16 @@ class LayerWeights:
     shared: MlpWeights | None  # sparse layers with shared experts
 
 
-def _group(t: TensorLoader, group: Group) -> dict[str, F32]:
-    return {field: t.get(name, shape) for field, (name, shape) in group.items()}
-
-
-def _mlp(t: TensorLoader, group: Group | None) -> MlpWeights | None:
-    return None if group is None else MlpWeights(**_group(t, group))
-
-
 def load_layer(
     t: TensorLoader, cfg: ModelConfig, index: int, sparse: bool, indexed: bool
 ) -> LayerWeights:
-    layout = layer_layout(cfg, index, sparse, indexed)
-    router = None if layout.router is None else RouterWeights(**_group(t, layout.router))
-    shared, dense = _mlp(t, layout.shared), _mlp(t, layout.dense)
-    norms = _group(t, layout.norms)
-    attention = _group(t, layout.attention)
-    indexer = None if layout.indexer is None else IndexerWeights(**_group(t, layout.indexer))
+    g = load_layer_groups(layer_layout(cfg, index, sparse, indexed),
+                          lambda _field, tensor: t.get(*tensor))
     return LayerWeights(
         index=index,
-        attention=AttentionWeights(q_a=attention.pop("q_a", None),
-                                   q_a_norm=attention.pop("q_a_norm", None),
-                                   indexer=indexer, **attention),
-        dense=dense,
-        router=router,
-        shared=shared,
-        **norms,
+        attention=AttentionWeights(indexer=build(IndexerWeights, g.indexer), **g.attention),
+        dense=build(MlpWeights, g.dense),
+        router=build(RouterWeights, g.router),
+        shared=build(MlpWeights, g.shared),
+        **g.norms,
     )
