@@ -48,6 +48,13 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                 c_void_p]),
     "col_moe": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
                         c_size_t, c_void_p]),
+    "col_layer_size": (c_size_t, []),
+    "col_attention_block": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p,
+                                    c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                    c_void_p]),
+    "col_moe_residual": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p,
+                                 c_size_t, c_size_t, c_size_t, c_void_p, c_void_p, c_void_p,
+                                 c_void_p]),
 }
 
 #: colibri.h's ``col_mat``: one expert projection as ``col_moe`` reads it (64 bytes).
@@ -55,6 +62,17 @@ MAT_DTYPE = np.dtype([
     ("fmt", "<i4"), ("dtype", "<i4"), ("group_size", "<i4"), ("reserved", "<i4"),
     ("data", "<u8"), ("data_len", "<i8"), ("scales", "<u8"), ("n_scales", "<i8"),
     ("rows", "<u8"), ("cols", "<u8"),
+])
+#: colibri.h's ``col_layer``: one decoder layer as ``col_attention_block`` reads it.
+LAYER_DTYPE = np.dtype([
+    *((name, "<i8") for name in ("d", "heads", "nope", "rope", "vdim", "kvl", "q_lora",
+                                 "index_hd", "index_keys", "interleave", "n_router",
+                                 "kv_b_dtype")),
+    ("rms_eps", "<f8"), ("latent_eps", "<f8"), ("index_eps", "<f8"),
+    ("attn_scale", "<f4"), ("reserved", "<f4"),
+    *((name, "<u8") for name in ("input_norm", "post_norm", "q_a_norm", "kv_a_norm",
+                                 "ik_norm_w", "ik_norm_b", "kv_b")),
+    *((name, MAT_DTYPE) for name in ("q_first", "q_b", "kv_a", "wk", "o", "router")),
 ])
 #: colibri.h's COL_EQUANT_BASE: status = base + a quantized kernel's COLI_Q_* code.
 EQUANT_BASE = 100
@@ -99,6 +117,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
             ) from None
         fn.restype = restype
         fn.argtypes = argtypes
+    if lib.col_layer_size() != LAYER_DTYPE.itemsize:
+        raise LibraryNotBuilt(f"the C library's col_layer is {lib.col_layer_size()} bytes, the "
+                              f"binding's {LAYER_DTYPE.itemsize} (a stale build): run `make build`")
     return lib
 
 
@@ -300,6 +321,31 @@ class Kernels:
                                      _ptr(x, n_x * d, "x"), n_x, d, out.ctypes.data),
                     "col_moe")
         return out
+
+    def moe_residual(self, x: F32, h: F32, descriptors: np.ndarray,
+                     start: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
+                     slot_row: npt.NDArray[np.int64] | None, weights: F32 | None,
+                     extra_row: npt.NDArray[np.int64] | None) -> None:
+        """``moe`` over h, then, in place, x[r] += sum_s weights[r, s] * y[slot_row[r, s]]
+        (slots ascending) + y[extra_row[r]] (colibri.h, ``col_moe_residual``)."""
+        m, d = x.shape
+        n_exp = start.shape[0] - 1
+        k = 0 if slot_row is None else int(slot_row.shape[1])
+        arrays = [a for a in (start, rows, slot_row, extra_row) if a is not None]
+        if (descriptors.dtype != MAT_DTYPE or descriptors.shape != (3 * n_exp,)
+                or not descriptors.flags.c_contiguous or h.shape != x.shape
+                or rows.shape[0] != int(start[-1])
+                or any(a.dtype != np.int64 or not a.flags.c_contiguous for a in arrays)
+                or (slot_row is not None and slot_row.shape != (m, k))
+                or (extra_row is not None and extra_row.shape != (m,))
+                or (k and (weights is None or weights.shape != (m, k)))):
+            raise KernelInvalidArgument("moe_residual: descriptors or row tables are malformed")
+        self._check(self.lib.col_moe_residual(
+            self.pool, n_exp, descriptors.ctypes.data, start.ctypes.data, rows.ctypes.data,
+            _ptr(h, m * d, "h"), m, d, k, 0 if slot_row is None else slot_row.ctypes.data,
+            0 if weights is None else _ptr(weights, m * k, "weights"),
+            0 if extra_row is None else extra_row.ctypes.data, _ptr(x, m * d, "x")),
+            "col_moe_residual")
 
     # --- attention ------------------------------------------------------------------------
 

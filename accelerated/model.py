@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.kernels import F32, MAT_DTYPE, Kernels, Products, Weight
+from colibri.accelerated.layer_block import LayerBlock
 from colibri.accelerated.weights import (
     Expert,
     ExpertSource,
@@ -41,7 +42,8 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
+from colibri.reference.kv_cache import KVLayer
+from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.timing import PhaseClock
 
@@ -109,7 +111,7 @@ def dsa_select(scores: F32, topk: int) -> I64 | None:
     return kept
 
 
-class Model:
+class Model(RowModel):
     def __init__(self, config: ModelConfig, checkpoint: Checkpoint, kernels: Kernels,
                  experts: ExpertSource | None = None, model_dir: Path | None = None) -> None:
         self.config = cfg = config
@@ -154,6 +156,10 @@ class Model:
         self.use_indexer = True
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
         self._products: dict[tuple[int, bool, bool], Products] = {}
+        self._blocks: dict[int, LayerBlock] = {}
+        #: Layers in two C calls where they can be (``layer_block``); False forces the
+        #: per-kernel path everywhere (the tests compare the two byte for byte).
+        self.fused_layers = True
 
     @property
     def mtp(self) -> Layer | None:
@@ -196,13 +202,6 @@ class Model:
 
     # --- the model API --------------------------------------------------------------------------
 
-    def new_state(self) -> KVState:
-        layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
-        mtp = None
-        if self.mtp_layer is not None:
-            mtp = MtpCache(KVLayer(cache_widths(self.config, self.mtp_indexer_mode)))
-        return KVState(layers=layers, hidden_size=self.config.hidden_size, mtp=mtp)
-
     def forward(self, ids: Sequence[int]) -> F32:
         """Logits [T, vocab] for every position of ``ids`` (teacher forcing from position 0),
         computed by the incremental path over a fresh state."""
@@ -210,60 +209,33 @@ class Model:
             raise ValueError("forward needs at least one token")
         return self.prefill(self.new_state(), ids)
 
-    def prefill(self, state: KVState, ids: Sequence[int]) -> F32:
-        return self.forward_rows([state] * len(ids), list(ids), [True] * len(ids))[0]
+    # --- the row hooks of RowModel (prefill, decode, decode_batch, forward_rows, mtp_draft) --
 
-    def decode(self, state: KVState, token: int) -> F32:
-        logits: F32 = self.forward_rows([state], [token], [True])[0][0]
-        return logits
+    def _decoder_rows(self, layer: int, x: F32, positions: list[int], caches: list[KVLayer],
+                      keeps: list[I64 | None], rope: tuple[F32, F32]) -> LayerRows:
+        return self._row_layer(x, self.layers[layer], self.indexer_modes[layer], positions,
+                               caches, positions, keeps, rope)
 
-    def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int]) -> F32:
-        if len(states) != len(tokens):
-            raise ValueError(f"{len(states)} states but {len(tokens)} tokens")
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("decode_batch needs distinct states (use prefill for one sequence)")
-        return self.forward_rows(states, tokens, [True] * len(states))[0]
-
-    def forward_rows(self, states: Sequence[KVState], tokens: Sequence[int],
-                     wants_logits: Sequence[bool]) -> tuple[F32, I32]:
-        """Append ``tokens[r]`` to ``states[r]`` for every row (a prefill: rows of one state;
-        a batched decode: one row per state). Returns (logits of the wanting rows, the
-        experts every row chose at every sparse decoder layer [rows, layers, k])."""
-        cfg = self.config
-        m = len(tokens)
-        if len(states) != m or len(wants_logits) != m:
-            raise ValueError(f"{len(states)} states, {m} tokens, {len(wants_logits)} flags")
-        if m == 0:
-            return (np.zeros((0, cfg.vocab_size), np.float32),
-                    np.zeros((0, 0, cfg.num_experts_per_tok), np.int32))
-        positions = step_positions(list(states))
-        x = self._embed(tokens)
-        keeps: list[I64 | None] = [None] * m
-        rope = self._rope(positions)
-        routes: list[I32] = []
-        for i, lw in enumerate(self.layers):
-            caches = [s.layers[i] for s in states]
-            x, keeps, chosen = self._row_layer(x, lw, self.indexer_modes[i], positions, caches,
-                                               positions, keeps, rope)
-            if chosen is not None:
-                routes.append(chosen)
-        for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
-            s.hidden[pos] = hid
-            if pos == len(s.tokens):
-                s.tokens.append(int(tok))
-            else:
-                s.tokens[pos] = int(tok)
-        routed: I32 = (np.stack(routes, axis=1) if routes
-                       else np.zeros((m, 0, cfg.num_experts_per_tok), np.int32))
-        wanted = [r for r in range(m) if wants_logits[r]]
-        if not wanted:
-            return np.zeros((0, cfg.vocab_size), np.float32), routed
+    def _head(self, x: F32, mtp: bool) -> F32:
         k = self.kernels
-        started = time.perf_counter()
-        normed = k.rms_norm(np.ascontiguousarray(x[wanted]), self.final_norm, cfg.rms_norm_eps)
-        logits = k.matmul(normed, self.lm_head)
-        self.clock.head_s += time.perf_counter() - started
-        return logits, routed
+        norm = self.head_norm if mtp else self.final_norm
+        return k.matmul(k.rms_norm(x, norm, self.config.rms_norm_eps), self.lm_head)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp_layer is not None
+
+    def _mtp_input(self, next_tokens: Sequence[int], hidden: F32) -> F32:
+        k, eps = self.kernels, self.config.rms_norm_eps
+        e = k.rms_norm(self._embed(next_tokens), self.enorm, eps)
+        g = k.rms_norm(k.rms_norm(hidden, self.final_norm, eps), self.hnorm, eps)
+        return k.matmul(np.ascontiguousarray(np.concatenate([e, g], axis=-1)), self.eh_proj)
+
+    def _mtp_rows(self, z: F32, positions: list[int], caches: list[KVLayer], slots: list[int],
+                  rope: tuple[F32, F32]) -> LayerRows:
+        assert self.mtp_layer is not None
+        return self._row_layer(z, self.mtp_layer, self.mtp_indexer_mode, positions, caches,
+                               slots, [None] * len(positions), rope)
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------
 
@@ -287,6 +259,62 @@ class Model:
     def _row_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
                    caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
                    rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
+        """One decoder layer over the step's rows: in two C calls (``layer_block``) unless a
+        row attends to a DSA-selected subset of its past, which the per-kernel path below
+        handles (it has the indexer's scoring and top-k)."""
+        cfg = self.config
+        selecting = (self.use_indexer and mode == "full" and lw.attention.indexer is not None
+                     and any(s + 1 > cfg.index_topk for s in slots))
+        if (not self.fused_layers or selecting
+                or any(keep is not None for keep in prev_keep)):
+            return self._kernel_layer(x, lw, mode, positions, caches, slots, prev_keep, rope)
+        return self._fused_layer(x, lw, mode == "full" and lw.attention.indexer is not None,
+                                 caches, slots, rope)
+
+    def _fused_layer(self, x: F32, lw: Layer, index_keys: bool, caches: list[KVLayer],
+                     slots: list[int], rope: tuple[F32, F32]
+                     ) -> tuple[F32, list[I64 | None], I32 | None]:
+        block = self._blocks.get(lw.index)
+        if block is None or block.index_keys != index_keys:
+            block = self._blocks[lw.index] = LayerBlock(self.config, lw, index_keys)
+        k = self.kernels
+        m = x.shape[0]
+        x = np.array(x, dtype=np.float32, order="C")  # updated in place below
+        started = time.perf_counter()
+        h, logits = block.attention(k, x, rope[0], rope[1], caches, slots)
+        self.clock.attention_s += time.perf_counter() - started
+        keeps: list[I64 | None] = [None] * m
+        if logits is None:
+            started = time.perf_counter()
+            block.dense(k, x, h)
+            self.clock.matmul_s += time.perf_counter() - started
+            return x, keeps, None
+        chosen, weights = self._route_rows(logits, lw)
+        flat = chosen.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        used, counts = np.unique(flat, return_counts=True)
+        descs = [self.expert(lw.index, int(e)).desc_bytes for e in used]
+        started = time.perf_counter()  # the expert products only: the reads above are disk time
+        block.routed(k, x, h, chosen, weights, descs, used.astype(np.int64),
+                     counts.astype(np.int64), order.astype(np.int64))
+        self.clock.matmul_s += time.perf_counter() - started
+        return x, keeps, chosen
+
+    def _route_rows(self, logits: F32, lw: Layer) -> tuple[I32, F32]:
+        """Every row's routed experts (ascending) and weights (spec §7.1)."""
+        assert lw.router_bias is not None
+        t, top = logits.shape[0], self.config.num_experts_per_tok
+        chosen = np.empty((t, top), np.int32)
+        weights = np.empty((t, top), np.float32)
+        for row in range(t):
+            ids, w = route(logits[row], lw.router_bias, self.config)
+            chosen[row] = ids
+            weights[row] = w
+        return chosen, weights
+
+    def _kernel_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
+                      caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
+                      rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
         cfg, k = self.config, self.kernels
         started = time.perf_counter()
         m = x.shape[0]
@@ -359,13 +387,7 @@ class Model:
         cfg, k = self.config, self.kernels
         assert lw.router_gate is not None and lw.router_bias is not None
         t, top = x.shape[0], cfg.num_experts_per_tok
-        logits = k.matmul(x, lw.router_gate)
-        chosen = np.empty((t, top), np.int32)
-        weights: list[F32] = []
-        for row in range(t):
-            ids, w = route(logits[row], lw.router_bias, cfg)
-            chosen[row] = ids
-            weights.append(w)
+        chosen, w = self._route_rows(k.matmul(x, lw.router_gate), lw)
         # Group the (row, slot) pairs by expert, rows ascending: each routed expert is read
         # once per step for all its rows, in one C call for the whole layer.
         flat = chosen.reshape(-1)
@@ -386,7 +408,6 @@ class Model:
         where = np.empty(t * top, np.int64)
         where[order] = np.arange(t * top)
         outputs = y[where].reshape(t, top, cfg.hidden_size)
-        w = np.stack(weights)
         # The weighted sum in ascending expert id (slot) order, elementwise per row.
         out = np.zeros((t, cfg.hidden_size), dtype=np.float32)
         for slot in range(top):
@@ -394,33 +415,6 @@ class Model:
         if lw.shared is not None:
             out = out + y[t * top :]
         return out, chosen
-
-    # --- MTP (spec §9) -----------------------------------------------------------------------
-
-    def mtp_draft(self, state: KVState, token: int) -> F32:
-        return self.mtp_draft_routed(state, token)[0]
-
-    def mtp_draft_routed(self, state: KVState, token: int) -> tuple[F32, I32]:
-        if self.mtp_layer is None:
-            raise ValueError("this model has no MTP head")
-        positions, next_tokens, slots = mtp_rows(state, token)
-        cfg, k = self.config, self.kernels
-        cache = state.mtp
-        assert cache is not None
-        eps = cfg.rms_norm_eps
-        e = k.rms_norm(self._embed(next_tokens), self.enorm, eps)
-        hidden = np.ascontiguousarray(state.hidden[positions])
-        g = k.rms_norm(k.rms_norm(hidden, self.final_norm, eps), self.hnorm, eps)
-        z = k.matmul(np.ascontiguousarray(np.concatenate([e, g], axis=-1)), self.eh_proj)
-        z, _, chosen = self._row_layer(z, self.mtp_layer, self.mtp_indexer_mode, positions,
-                                       [cache.layer] * len(positions), slots,
-                                       [None] * len(positions), self._rope(positions))
-        cache.length = slots[-1] + 1
-        normed = k.rms_norm(np.ascontiguousarray(z[-1:]), self.head_norm, eps)
-        draft: F32 = k.matmul(normed, self.lm_head)[0]
-        assert chosen is not None
-        return draft, chosen
-
 
 def open_model(model_dir: str | Path, threads: int | None = None) -> Model:
     path = Path(model_dir)

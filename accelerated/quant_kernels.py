@@ -6,16 +6,15 @@ int3-g64, int2-row, e8-iq3-lattice and fp8-e4m3-b128. The kernels decode one chu
 weight row onto the stack and dot it with every activation row, so an expert stays quantized
 in memory (memory-mapped from the container) and is read once per batch.
 
-How the accelerated model calls it for routed expert ``e`` of layer ``L`` (spec §7.2)::
+How the accelerated engine uses them (spec §7.2): each projection of a routed expert is a
+:class:`QuantMatrix` made once at load by :func:`container_matrix` (``weights.py``,
+``quantized_experts``; the e8 all-or-none rule is checked there, by the container's expert
+formats), and the MoE kernel (``col_moe``) reads it through its descriptor; a quantized dense
+weight is a product operand the same way. Standalone, one product is::
 
-    ex = expert_matrices(container, L, e, hidden_size, moe_intermediate_size)  # once, at load
-    xs = hidden[rows_routed_to_e]                       # [n, D] float32, C-contiguous
-    if ex.rotated:                                      # e8: gate and up share one input,
-        xs = rotate(xs)                                 # so rotate it once (Q^T x) ...
-    g = qmatmul(ex.gate, xs, x_rotated=ex.rotated)      # [n, M]
-    u = qmatmul(ex.up, xs, x_rotated=ex.rotated)        # [n, M]
-    h = silu(g) * u
-    y = qmatmul(ex.down, h)                             # [n, D]; e8 rotates h itself
+    w = container_matrix(container, name, (rows, cols))   # once: headers and content checked
+    y = qmatmul(w, x)    # [n, rows] from x [n, cols]; for e8, x is rotated (Q^T x) inside,
+                         # or pass rotate(x) once with x_rotated=True for several products
 
 A thread pool splits one product by output rows: give each worker its own ``o_range`` and
 the same ``out`` (and, for e8, an already rotated ``x`` with ``x_rotated=True``, so no worker
@@ -48,7 +47,6 @@ import numpy.typing as npt
 from colibri.accelerated.native import load_library
 from colibri.reference.quant.codec import group_size_from_scales
 from colibri.reference.quant.container import QuantContainer
-from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import FORMAT_NAMES, Fmt, parse_format
 
 F32 = npt.NDArray[np.float32]
@@ -188,17 +186,6 @@ class QuantMatrix:
     def rotated(self) -> bool:
         """True for e8: its kernel dots with ``rotate(x)``."""
         return self.fmt == Fmt.E8_IQ3
-
-
-@dataclass(frozen=True)
-class ExpertMatrices:
-    gate: QuantMatrix  # [M, D]
-    up: QuantMatrix  # [M, D]
-    down: QuantMatrix  # [D, M]
-
-    @property
-    def rotated(self) -> bool:
-        return self.gate.rotated
 
 
 class QuantKernels:
@@ -371,29 +358,6 @@ def container_matrix(
     return container.decode(info, shape, functools.partial(quant_matrix, lib=lib))
 
 
-def expert_matrices(
-    container: QuantContainer,
-    layer: int,
-    expert: int,
-    hidden_size: int,
-    moe_intermediate_size: int,
-    *,
-    lib: QuantKernels | None = None,
-) -> ExpertMatrices:
-    """The three projections of a routed expert; e8 must cover all three or none (§14)."""
-    prefix = f"model.layers.{layer}.mlp.experts.{expert}."
-    m, d = moe_intermediate_size, hidden_size
-    gate = container_matrix(container, prefix + "gate_proj.weight", (m, d), lib=lib)
-    up = container_matrix(container, prefix + "up_proj.weight", (m, d), lib=lib)
-    down = container_matrix(container, prefix + "down_proj.weight", (d, m), lib=lib)
-    e8 = [p.name for p in (gate, up, down) if p.rotated]
-    if e8 and len(e8) != 3:  # the container rule the reference loader enforces (§14)
-        raise QuantFormatError(
-            e8[0], "e8-iq3-lattice must cover all three projections of an expert"
-        )
-    return ExpertMatrices(gate, up, down)
-
-
 def qmatmul(
     m: QuantMatrix,
     x: npt.ArrayLike,
@@ -466,12 +430,10 @@ __all__ = [
     "ERRORS",
     "PROTOTYPES",
     "X_ROTATED",
-    "ExpertMatrices",
     "QuantKernelError",
     "QuantKernels",
     "QuantMatrix",
     "container_matrix",
-    "expert_matrices",
     "kernels",
     "qmatmul",
     "quant_matrix",

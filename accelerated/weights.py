@@ -18,12 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from colibri.accelerated.kernels import DTYPE_CODES, F32, QuantWeight, Weight, mat_descriptors
 from colibri.accelerated.quant_kernels import QuantMatrix, container_matrix
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
+from colibri.reference.layout import Tensor, build, layer_layout, load_layer_groups
 from colibri.reference.quant.container import QuantContainer
 from colibri.reference.quant.formats import Fmt
 from colibri.reference.safetensors import Checkpoint
@@ -151,75 +153,29 @@ class Layer:
     shared: Mlp | None
 
 
-def load_attention(t: WeightLoader, cfg: ModelConfig, prefix: str, indexed: bool) -> Attention:
-    d, h = cfg.hidden_size, cfg.num_attention_heads
-    a = prefix + "self_attn."
-    q_a = q_a_norm = None
-    if cfg.q_lora_rank is not None:
-        q_a = t.product(a + "q_a_proj.weight", (cfg.q_lora_rank, d))
-        q_a_norm = t.vector(a + "q_a_layernorm.weight", (cfg.q_lora_rank,))
-        q_b = t.product(a + "q_b_proj.weight", (h * cfg.qk_head_dim, cfg.q_lora_rank))
-    else:
-        q_b = t.product(a + "q_proj.weight", (h * cfg.qk_head_dim, d))
-    indexer = None
-    if indexed:
-        if cfg.q_lora_rank is None:
-            raise CheckpointError("config.json: the DSA indexer needs q_lora_rank")
-        i = a + "indexer."
-        hd, nh = cfg.index_head_dim, cfg.index_n_heads
-        indexer = Indexer(
-            wq_b=t.product(i + "wq_b.weight", (nh * hd, cfg.q_lora_rank)),
-            wk=t.product(i + "wk.weight", (hd, d)),
-            k_norm_weight=t.vector(i + "k_norm.weight", (hd,)),
-            k_norm_bias=t.vector(i + "k_norm.bias", (hd,)),
-            weights_proj=t.product(i + "weights_proj.weight", (nh, d)),
-        )
-    return Attention(
-        q_a=q_a,
-        q_a_norm=q_a_norm,
-        q_b=q_b,
-        kv_a=t.product(a + "kv_a_proj_with_mqa.weight",
-                      (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d)),
-        kv_a_norm=t.vector(a + "kv_a_layernorm.weight", (cfg.kv_lora_rank,)),
-        kv_b=t.matrix(a + "kv_b_proj.weight",  # read inside attention: float
-                      (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank)),
-        o=t.product(a + "o_proj.weight", (d, h * cfg.v_head_dim)),
-        indexer=indexer,
-    )
-
-
-def load_mlp(t: WeightLoader, prefix: str, d: int, inter: int) -> Mlp:
-    return Mlp(
-        gate=t.product(prefix + "gate_proj.weight", (inter, d)),
-        up=t.product(prefix + "up_proj.weight", (inter, d)),
-        down=t.product(prefix + "down_proj.weight", (d, inter)),
-    )
+def _load(t: WeightLoader, field: str, tensor: Tensor) -> Any:
+    """A layout entry as the kernels read it: 1-D tensors as float32 vectors, ``kv_b`` as a
+    float matrix (attention reads it per head, in place), every other weight as a product
+    operand (float in place, or left quantized). ``Any`` because the field decides the type;
+    the weight dataclasses below state it."""
+    name, shape = tensor
+    if len(shape) == 1:
+        return t.vector(name, shape)
+    rows, cols = shape
+    if field == "kv_b":
+        return t.matrix(name, (rows, cols))
+    return t.product(name, (rows, cols))
 
 
 def load_layer(t: WeightLoader, cfg: ModelConfig, index: int, sparse: bool,
                indexed: bool) -> Layer:
-    d = cfg.hidden_size
-    p = f"model.layers.{index}."
-    dense = shared = gate = None
-    bias = None
-    if sparse:
-        gate = t.product(p + "mlp.gate.weight", (cfg.n_routed_experts, d))
-        bias = t.vector(p + "mlp.gate.e_score_correction_bias", (cfg.n_routed_experts,))
-        if cfg.n_shared_experts:
-            shared = load_mlp(t, p + "mlp.shared_experts.", d,
-                              cfg.moe_intermediate_size * cfg.n_shared_experts)
-    else:
-        dense = load_mlp(t, p + "mlp.", d, cfg.intermediate_size)
-    return Layer(
-        index=index,
-        input_norm=t.vector(p + "input_layernorm.weight", (d,)),
-        post_norm=t.vector(p + "post_attention_layernorm.weight", (d,)),
-        attention=load_attention(t, cfg, p, indexed),
-        dense=dense,
-        router_gate=gate,
-        router_bias=bias,
-        shared=shared,
-    )
+    g = load_layer_groups(layer_layout(cfg, index, sparse, indexed),
+                          lambda field, tensor: _load(t, field, tensor))
+    router = g.router or {}
+    return Layer(index=index,
+                 attention=Attention(indexer=build(Indexer, g.indexer), **g.attention),
+                 dense=build(Mlp, g.dense), router_gate=router.get("gate"),
+                 router_bias=router.get("bias"), shared=build(Mlp, g.shared), **g.norms)
 
 
 #: One projection of a routed expert: a float weight read in place, or quantized bytes.

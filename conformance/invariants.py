@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 #: The untagged telemetry written right before each DONE (protocol.md §2.7).
 TURN_END_BLOCK = ("HWINFO", "GPUS", "TIERS", "EMAP", "HITS", "ENTROPY", "PERF", "PROF")
+#: The seed's telemetry block before each DONE (serve_protocol.md), in no stated order.
+SEED_TURN_TELEMETRY = frozenset({"HWINFO", "PERF", "ENTROPY", "GPUS", "TIERS", "EMAP", "HITS"})
 #: Lines that may fall between any two frames (§2.7); periodic HITS too, outside a block.
 ANYWHERE = frozenset({"REPIN"})
 TOPK_COUNT = LIMITS["topk_count"]
@@ -115,6 +117,16 @@ def _finished(view: SessionView) -> list[Turn]:
     if not done:
         raise CheckFailure("no finished turn (ACCEPT ... DONE) to check")
     return done
+
+
+def _submitted_dones(view: SessionView) -> list[tuple[int, Frame]]:
+    """(id, DONE) of every request the suite sent that finished, in DONE order. Unlike
+    :func:`turns` this needs no ACCEPT, so it also reads a seed-core engine's transcript."""
+    done = [(f.request_id, f) for f in _frames(view)
+            if f.kind == "DONE" and f.request_id in view.requests]
+    if not done:
+        raise CheckFailure("no finished turn (DONE of a request the suite sent) to check")
+    return [(rid, f) for rid, f in done if rid is not None]
 
 
 def _before(frames: list[Frame], index: int, count: int) -> list[Frame]:
@@ -315,6 +327,29 @@ def turn_end_block(view: SessionView, codec: PromptCodec) -> None:
         perf = block[TURN_END_BLOCK.index("PERF")]
         if perf.request_id != turn.rid:
             raise CheckFailure(f"request {turn.rid}: its block's PERF is {perf.describe()!r}")
+
+
+def seed_turn_telemetry(view: SessionView, codec: PromptCodec) -> None:
+    """The seed's rule, order free: "immediately before each DONE the engine emits a
+    telemetry block for the finished turn: HWINFO, PERF, ENTROPY, GPUS, TIERS, EMAP, HITS",
+    PERF tagged with the DONE's id. The block is what follows the turn's last DATA (TOPK,
+    ACCEPT) frame; needs no ACCEPT, so a seed-core engine is judged by it."""
+    frames = _frames(view)
+    position = {id(f): i for i, f in enumerate(frames)}
+    for rid, done in _submitted_dones(view):
+        end = position[id(done)]
+        start = end
+        while start > 0 and not (frames[start - 1].request_id == rid
+                                 and frames[start - 1].kind in ("DATA", "TOPK", "ACCEPT")):
+            start -= 1
+        block = frames[start:end]
+        missing = sorted(SEED_TURN_TELEMETRY - {f.kind for f in block})
+        if missing:
+            shown = " ".join(f.kind for f in block) or "nothing"
+            raise CheckFailure(f"request {rid}: its DONE is preceded by {shown}; the seed's "
+                               f"telemetry block lacks {' '.join(missing)}")
+        for perf in (f for f in block if f.kind == "PERF" and f.request_id != rid):
+            raise CheckFailure(f"request {rid}: its block's PERF is {perf.describe()!r}")
 
 
 def length_limited(view: SessionView, codec: PromptCodec) -> None:
@@ -725,14 +760,17 @@ def state_history(view: SessionView, codec: PromptCodec) -> None:
     _usage_matches_emap(view, view.state_dir / ".coli_usage")
 
 
-def _usage_matches_emap(view: SessionView, path: Path) -> dict[tuple[int, int], int]:
-    """The usage file at `path` is in the `.coli_usage` layout (§4.2) and its counts give
-    exactly the heats of the session's last EMAP; returns the counts."""
+def _usage_matches_emap(
+    view: SessionView, path: Path, header: bool = True
+) -> dict[tuple[int, int], int]:
+    """The usage file at `path` is in the `.coli_usage` layout (§4.2; without its header
+    records when `header` is false) and its counts give exactly the heats of the session's
+    last EMAP; returns the counts."""
     emaps = [f for f in _frames(view) if f.kind == "EMAP"]
     if not emaps:
         raise CheckFailure(f"no EMAP line to compare with {path.name}")
     emap = _emap(emaps[-1])
-    counts = read_usage(path, emap.cols, USAGE_ENGINE_ID)
+    counts = read_usage(path, emap.cols, USAGE_ENGINE_ID, header)
     if len({layer for layer, _ in counts}) > emap.rows:
         raise CheckFailure(f"{path.name} names more layers than EMAP's {emap.rows} rows")
     saved = sorted(min(count.bit_length(), 63) for count in counts.values())
@@ -745,12 +783,8 @@ def _usage_matches_emap(view: SessionView, path: Path) -> dict[tuple[int, int], 
 
 
 # -- §4.2 "STATS dump": the counters an expert atlas reads ---------------------------------
-def stats_dump(view: SessionView, codec: PromptCodec) -> None:
-    """With `STATS=<path>`, `COLI_PERSIST=0` and `DRAFT=0` (the atlas' controls), the file
-    written at exit holds this process's routing and nothing else: the `.coli_usage` layout,
-    the heats of the last EMAP, and in every routed layer top-k selections per forwarded
-    token. A turn forwards its nt prompt tokens and every emitted token but a last one that
-    ended it length-limited; each slot is used once, so no prefix is reused."""
+def _stats_file(view: SessionView) -> Path:
+    """The STATS dump of an engine that exited cleanly under the atlas' controls."""
     env = view.config.get("env", {})
     if "STATS" not in env or view.state_dir is None:
         raise CheckFailure("the case sets no STATS path for this session")
@@ -761,19 +795,45 @@ def stats_dump(view: SessionView, codec: PromptCodec) -> None:
     path = Path(expand_env(str(env["STATS"]), view.state_dir))
     if not path.is_file():
         raise CheckFailure(f"no STATS dump at {path.name} after the engine exited")
+    return path
+
+
+def stats_dump_header(view: SessionView, codec: PromptCodec) -> None:
+    """The STATS dump carries the `.coli_usage` header records (§4.2: `-1 <layers>
+    <experts>`, `-2 1 <engine id>`) before counts that give the last EMAP's heats."""
+    del codec
+    _usage_matches_emap(view, _stats_file(view), header=True)
+
+
+def stats_dump(view: SessionView, codec: PromptCodec) -> None:
+    """With `STATS=<path>`, `COLI_PERSIST=0` and `DRAFT=0` (the atlas' controls), the file
+    written at exit holds this process's routing and nothing else: the `.coli_usage` layout,
+    the heats of the last EMAP, and in every routed layer top-k selections per forwarded
+    token. A turn forwards its nt prompt tokens and every emitted token but a last one that
+    ended it length-limited; each slot is used once, so no prefix is reused. The header
+    records are not required here (colibri's glm.c writes bare triples): stats-dump-header
+    checks them where the engine has the state_layout extension."""
+    path = _stats_file(view)
     top_k = _config_int(codec, "num_experts_per_tok")
-    finished = _finished(view)
-    slots = [view.requests.get(t.rid, {}).get("slot", 0) for t in finished]
+    finished = _submitted_dones(view)
+    slots = [view.requests.get(rid, {}).get("slot", 0) for rid, _ in finished]
     if len(set(slots)) != len(slots) or len(_runs(view)) != 1:
         raise CheckFailure("the case must use each slot once in one engine process")
     forwarded = 0
-    for turn in finished:
-        done = turn.done
-        assert done is not None
+    for rid, done in finished:
         emitted = _int(done.fields, 3, "DONE emitted")
-        last_unforwarded = 1 if emitted and done.fields[8:9] == ["1"] else 0
-        forwarded += turn.prompt_tokens + emitted - last_unforwarded
-    counts = _usage_matches_emap(view, path)
+        # DONE's own prompt_tokens (a seed field), not ACCEPT's nt: the dump is a seed-era
+        # feature, so an engine without the ACCEPT extension is judged by it too.
+        prompt = _int(done.fields, 7, "DONE prompt_tokens")
+        # A turn that reached its limit never forwards its last token. The limit is read
+        # from what was asked as well as from length_limited: glm.c sets that flag only for
+        # the context clamp, and whether the flag is right is length-limited's question.
+        asked = view.requests.get(rid, {}).get("max_tokens")
+        at_limit = done.fields[8:9] == ["1"] or (isinstance(asked, int) and emitted >= asked)
+        forwarded += prompt + emitted - (1 if emitted and at_limit else 0)
+    # The header records are the state_layout extension (stats-dump-header checks them);
+    # the counts are what every STATS dump, colibri's glm.c included, is for.
+    counts = _usage_matches_emap(view, path, header=False)
     per_layer: Counter[int] = Counter()
     for (layer, _expert), count in counts.items():
         per_layer[layer] += count
@@ -804,6 +864,7 @@ INVARIANTS: dict[str, Check] = {
     "tiers-match-emap": tiers_match_emap,
     "turn-accounting": turn_accounting,
     "turn-end-block": turn_end_block,
+    "seed-turn-telemetry": seed_turn_telemetry,
     "length-limited": length_limited,
     "value-ranges": value_ranges,
     "heat-monotonic": heat_monotonic,
@@ -815,6 +876,7 @@ INVARIANTS: dict[str, Check] = {
     "state-history": state_history,
     "echo-at-window": echo_at_window,
     "stats-dump": stats_dump,
+    "stats-dump-header": stats_dump_header,
 }
 
 

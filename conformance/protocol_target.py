@@ -47,7 +47,10 @@ def protocol_runner(
     if description is not None:
         engine_cmd = description.command
         env = {**description.env, **(env or {})}
-        if description.tokenizer == "byte-level":
+        # byte-level stands in for a tokenizer.json the engine insists on loading; a model
+        # that ships its own gives the engine exactly that, so it is driven with it.
+        has_own = model_dir is not None and (model_dir / "tokenizer.json").is_file()
+        if description.tokenizer == "byte-level" and not has_own:
             prompts = "bytes"
     target = EngineTarget.from_command(engine_cmd, model_dir, env)
     if description is not None:

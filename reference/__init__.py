@@ -13,9 +13,10 @@ Reading order of the forward pass (each module cites its spec/model.md section):
    forms), ``dsa.py`` (§6, the indexer that narrows the keys a query sees).
 5. Feed-forward: ``mlp.py`` (SwiGLU, §7.3), ``moe.py`` (§7), ``router.py`` (§7.1),
    ``experts.py`` (§7.2, where expert weights come from), ``activations.py``.
-6. The incremental path: ``Model.forward_rows`` runs the same layers as rows over a
-   ``kv_cache.KVState`` (§10); ``prefill``/``decode``/``decode_batch`` are its shorthands,
-   ``mtp.py`` and ``Model.mtp_draft`` the draft head (§9).
+6. The incremental path: ``forward_rows`` (``row_model.py``, shared with the accelerated
+   engine) runs the same layers as rows over a ``kv_cache.KVState`` (§10), through
+   ``Model``'s layer and head hooks; ``prefill``/``decode``/``decode_batch`` are its
+   shorthands, ``mtp.py`` and ``mtp_draft`` the draft head (§9).
 7. Around the math: ``quant/`` (§14, quantized containers), ``safetensors.py``,
    ``expert_store.py`` / ``expert_lru.py`` (tiers), ``timing.py`` (the PERF phase clock),
    ``kv_codec.py`` and ``backend.py`` (the numpy backend behind ``colibri.engine``'s seam).

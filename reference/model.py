@@ -2,7 +2,9 @@
 
 ``forward(ids)`` is the textbook full-sequence pass (naive MLA, gemm products) that the oracle
 fixtures check. ``prefill`` / ``decode`` / ``decode_batch`` run the incremental path over a
-``KVState`` (absorbed MLA over the latent cache, row-by-row products). The incremental path is
+``KVState`` (absorbed MLA over the latent cache, row-by-row products); their bookkeeping is
+``row_model.RowModel``, shared with the accelerated engine, and this class supplies the
+layer and head hooks. The incremental path is
 batch-invariant by construction: a row's logits are the same bytes whether it is decoded alone,
 inside any batch, or as one position of a prefill.
 
@@ -19,18 +21,19 @@ import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, MappedExpertStore
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
-from colibri.reference.layer import LayerContext, cache_widths, full_sequence_layer, row_layer
+from colibri.reference.kv_cache import KVLayer
+from colibri.reference.layer import LayerContext, full_sequence_layer, row_layer
 from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
 from colibri.reference.norms import rms_norm
 from colibri.reference.rope import cos_sin
+from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
-from colibri.reference.tensors import F32, I32, I64, dense_matmul, row_matmul
+from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
 from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import TensorLoader, load_layer
 
 
-class Model:
+class Model(RowModel):
     def __init__(
         self,
         config: ModelConfig,
@@ -128,111 +131,33 @@ class Model:
         return x, logits
 
     # -----------------------------------------------------------------------------------------
-    # incremental
+    # the row hooks of RowModel (prefill, decode, decode_batch, forward_rows, mtp_draft)
 
-    def new_state(self) -> KVState:
-        layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
-        mtp = None
-        if self.mtp is not None:
-            mtp = MtpCache(KVLayer(cache_widths(self.config, self.mtp_indexer_mode)))
-        return KVState(layers=layers, hidden_size=self.config.hidden_size, mtp=mtp)
+    def _decoder_rows(self, layer: int, x: F32, positions: list[int], caches: list[KVLayer],
+                      keeps: list[I64 | None], rope: tuple[F32, F32]) -> LayerRows:
+        return row_layer(x, self.layers[layer], self._context(layer), positions, caches,
+                         positions, keeps, rope)
 
-    def prefill(self, state: KVState, ids: Sequence[int]) -> F32:
-        """Append ``ids`` to the state; logits [len(ids), vocab] for each appended position."""
-        return self.forward_rows([state] * len(ids), list(ids), [True] * len(ids))[0]
+    def _head(self, x: F32, mtp: bool) -> F32:
+        norm = self.final_norm if self.mtp is None or not mtp else self.mtp.head_norm
+        return row_matmul(rms_norm(x, norm, self.config.rms_norm_eps), self.lm_head)
 
-    def decode(self, state: KVState, token: int) -> F32:
-        """Append one token; its logits [vocab]."""
-        logits: F32 = self.forward_rows([state], [token], [True])[0][0]
-        return logits
+    @property
+    def has_mtp(self) -> bool:
+        return self.mtp is not None
 
-    def decode_batch(self, states: Sequence[KVState], tokens: Sequence[int]) -> F32:
-        """One token for each of several sequences: logits [B, vocab], row i bit-identical to
-        ``decode(states[i], tokens[i])`` run alone."""
-        if len(states) != len(tokens):
-            raise ValueError(f"{len(states)} states but {len(tokens)} tokens")
-        if len({id(s) for s in states}) != len(states):
-            raise ValueError("decode_batch needs distinct states (use prefill for one sequence)")
-        return self.forward_rows(states, tokens, [True] * len(states))[0]
+    def _mtp_input(self, next_tokens: Sequence[int], hidden: F32) -> F32:
+        assert self.mtp is not None
+        e, g = mtp_input(self._embed(next_tokens), hidden, self.final_norm, self.mtp,
+                         self.config.rms_norm_eps)
+        return row_matmul(concat_halves(e, g), self.mtp.eh_proj)
 
-    def forward_rows(
-        self, states: Sequence[KVState], tokens: Sequence[int], wants_logits: Sequence[bool]
-    ) -> tuple[F32, I32]:
-        """Append ``tokens[r]`` to ``states[r]`` for every row r, in one forward.
-
-        Rows of one state are consecutive positions of it, in row order (a prefill); rows of
-        different states are independent (a batched decode). Returns (the logits of the rows
-        with ``wants_logits``, [wanting rows, vocab]; the experts every row chose at every
-        sparse decoder layer, [rows, sparse layers, k]). Each row's bytes are the same whatever
-        else is in the forward (spec/model.md §10), and only the rows that want
-        logits pay for the lm_head.
-        """
-        cfg = self.config
-        m = len(tokens)
-        if len(states) != m or len(wants_logits) != m:
-            raise ValueError(f"{len(states)} states, {m} tokens, {len(wants_logits)} flags")
-        if m == 0:
-            return (np.zeros((0, cfg.vocab_size), np.float32),
-                    np.zeros((0, 0, cfg.num_experts_per_tok), np.int32))
-        positions = step_positions(list(states))
-        x = self._embed(tokens)
-        keeps: list[I64 | None] = [None] * len(states)
-        rope = self._rope(positions)
-        routes: list[I32] = []
-        for i, lw in enumerate(self.layers):
-            caches = [s.layers[i] for s in states]
-            x, keeps, chosen = row_layer(x, lw, self._context(i), positions, caches, positions,
-                                         keeps, rope)
-            if chosen is not None:
-                routes.append(chosen)
-        for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
-            s.hidden[pos] = hid
-            if pos == len(s.tokens):
-                s.tokens.append(int(tok))
-            else:  # a prefill row of the same state appended earlier in this call
-                s.tokens[pos] = int(tok)
-        if routes:
-            routed: I32 = np.stack(routes, axis=1)
-        else:
-            routed = np.zeros((m, 0, cfg.num_experts_per_tok), np.int32)
-        wanted = [r for r in range(m) if wants_logits[r]]
-        if not wanted:
-            return np.zeros((0, cfg.vocab_size), np.float32), routed
-        started = time.perf_counter()
-        normed = rms_norm(x[wanted], self.final_norm, cfg.rms_norm_eps)
-        logits = row_matmul(normed, self.lm_head)
-        self.clock.head_s += time.perf_counter() - started
-        return logits, routed
-
-    # -----------------------------------------------------------------------------------------
-    # MTP
-
-    def mtp_draft(self, state: KVState, token: int) -> F32:
-        """Draft logits [vocab] for the token after ``token``, where ``token`` follows the last
-        position of ``state`` (it is not appended to the state)."""
-        return self.mtp_draft_routed(state, token)[0]
-
-    def mtp_draft_routed(self, state: KVState, token: int) -> tuple[F32, I32]:
-        """``mtp_draft`` and the experts the MTP layer chose for every position it forwarded
-        ([positions, k]: the MTP cache fills lazily, so a draft may forward several)."""
-        if self.mtp is None:
-            raise ValueError("this model has no MTP head")
-        positions, next_tokens, slots = mtp_rows(state, token)
-        cache = state.mtp
-        assert cache is not None
-        e, g = mtp_input(self._embed(next_tokens), state.hidden[positions], self.final_norm,
-                         self.mtp, self.config.rms_norm_eps)
-        z = row_matmul(concat_halves(e, g), self.mtp.eh_proj)
+    def _mtp_rows(self, z: F32, positions: list[int], caches: list[KVLayer], slots: list[int],
+                  rope: tuple[F32, F32]) -> LayerRows:
+        assert self.mtp is not None
         ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.clock)
-        z, _, chosen = row_layer(z, self.mtp.layer, ctx, positions, [cache.layer] * len(positions),
-                         slots, [None] * len(positions), self._rope(positions))
-        cache.length = slots[-1] + 1
-        started = time.perf_counter()
-        normed = rms_norm(z[-1:], self.mtp.head_norm, self.config.rms_norm_eps)
-        draft: F32 = row_matmul(normed, self.lm_head)[0]
-        self.clock.head_s += time.perf_counter() - started
-        assert chosen is not None  # the MTP layer is always sparse
-        return draft, chosen
+        return row_layer(z, self.mtp.layer, ctx, positions, caches, slots,
+                         [None] * len(positions), rope)
 
 
 def load_model(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
+from colibri.reference.layout import build, layer_layout, load_layer_groups
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.tensors import F32
 
@@ -109,80 +110,16 @@ class LayerWeights:
     shared: MlpWeights | None  # sparse layers with shared experts
 
 
-def load_attention(
-    t: TensorLoader, cfg: ModelConfig, prefix: str, indexed: bool
-) -> AttentionWeights:
-    d, h = cfg.hidden_size, cfg.num_attention_heads
-    a = prefix + "self_attn."
-    q_a: F32 | None
-    q_a_norm: F32 | None
-    if cfg.q_lora_rank is not None:
-        q_a = t.get(a + "q_a_proj.weight", (cfg.q_lora_rank, d))
-        q_a_norm = t.get(a + "q_a_layernorm.weight", (cfg.q_lora_rank,))
-        q_b = t.get(a + "q_b_proj.weight", (h * cfg.qk_head_dim, cfg.q_lora_rank))
-    else:
-        q_a = None
-        q_a_norm = None
-        q_b = t.get(a + "q_proj.weight", (h * cfg.qk_head_dim, d))
-    indexer = None
-    if indexed:
-        if cfg.q_lora_rank is None:
-            raise CheckpointError("config.json: the DSA indexer needs q_lora_rank")
-        i = a + "indexer."
-        hd, nh = cfg.index_head_dim, cfg.index_n_heads
-        indexer = IndexerWeights(
-            wq_b=t.get(i + "wq_b.weight", (nh * hd, cfg.q_lora_rank)),
-            wk=t.get(i + "wk.weight", (hd, d)),
-            k_norm_weight=t.get(i + "k_norm.weight", (hd,)),
-            k_norm_bias=t.get(i + "k_norm.bias", (hd,)),
-            weights_proj=t.get(i + "weights_proj.weight", (nh, d)),
-        )
-    return AttentionWeights(
-        q_a=q_a,
-        q_a_norm=q_a_norm,
-        q_b=q_b,
-        kv_a=t.get(a + "kv_a_proj_with_mqa.weight", (cfg.kv_lora_rank + cfg.qk_rope_head_dim, d)),
-        kv_a_norm=t.get(a + "kv_a_layernorm.weight", (cfg.kv_lora_rank,)),
-        kv_b=t.get(
-            a + "kv_b_proj.weight",
-            (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
-        ),
-        o=t.get(a + "o_proj.weight", (d, h * cfg.v_head_dim)),
-        indexer=indexer,
-    )
-
-
-def load_mlp(t: TensorLoader, prefix: str, d: int, inter: int) -> MlpWeights:
-    return MlpWeights(
-        gate=t.get(prefix + "gate_proj.weight", (inter, d)),
-        up=t.get(prefix + "up_proj.weight", (inter, d)),
-        down=t.get(prefix + "down_proj.weight", (d, inter)),
-    )
-
-
 def load_layer(
     t: TensorLoader, cfg: ModelConfig, index: int, sparse: bool, indexed: bool
 ) -> LayerWeights:
-    d = cfg.hidden_size
-    p = f"model.layers.{index}."
-    dense = router = shared = None
-    if sparse:
-        router = RouterWeights(
-            gate=t.get(p + "mlp.gate.weight", (cfg.n_routed_experts, d)),
-            bias=t.get(p + "mlp.gate.e_score_correction_bias", (cfg.n_routed_experts,)),
-        )
-        if cfg.n_shared_experts:
-            shared = load_mlp(
-                t, p + "mlp.shared_experts.", d, cfg.moe_intermediate_size * cfg.n_shared_experts
-            )
-    else:
-        dense = load_mlp(t, p + "mlp.", d, cfg.intermediate_size)
+    g = load_layer_groups(layer_layout(cfg, index, sparse, indexed),
+                          lambda _field, tensor: t.get(*tensor))
     return LayerWeights(
         index=index,
-        input_norm=t.get(p + "input_layernorm.weight", (d,)),
-        post_norm=t.get(p + "post_attention_layernorm.weight", (d,)),
-        attention=load_attention(t, cfg, p, indexed),
-        dense=dense,
-        router=router,
-        shared=shared,
+        attention=AttentionWeights(indexer=build(IndexerWeights, g.indexer), **g.attention),
+        dense=build(MlpWeights, g.dense),
+        router=build(RouterWeights, g.router),
+        shared=build(MlpWeights, g.shared),
+        **g.norms,
     )

@@ -119,4 +119,42 @@ int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, s
 int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x, size_t m,
                     size_t ldx, float *const *outs);
 
+/* One decoder layer as col_attention_block reads it (built once per layer at load; every
+ * field 8 bytes or a col_mat, so its layout is the same in the Python binding's record,
+ * which col_layer_size lets it check). */
+typedef struct {
+    int64_t d, heads, nope, rope, vdim, kvl;
+    int64_t q_lora;     /* 0: no q_a (q_first is q's projection itself) */
+    int64_t index_hd;   /* the indexer's head width (its keys are cached when index_keys) */
+    int64_t index_keys; /* a full indexer layer: compute and cache this step's index keys */
+    int64_t interleave; /* RoPE of q and the rope key: interleaved pairs (spec §4) */
+    int64_t n_router;   /* routed experts: router logits wanted (0 for a dense layer) */
+    int64_t kv_b_dtype;
+    double rms_eps, latent_eps, index_eps;
+    float attn_scale, reserved;
+    const float *input_norm, *post_norm, *q_a_norm, *kv_a_norm, *ik_norm_w, *ik_norm_b;
+    const void *kv_b;
+    col_mat q_first, q_b, kv_a, wk, o, router;
+} col_layer;
+
+size_t col_layer_size(void);
+
+/* A layer's attention block for m rows without DSA selection (spec §3-§5): x [m, d] gets
+ * the attention output added in place; h_out [m, d] is post_attention_layernorm(x) and
+ * router_out [m, n_router] its router logits (when n_router). Row r's new latent, rope key
+ * (and index key) go to row slot[r] of its caches; it attends to rows [0, slot[r]]. cos/sin
+ * are [m, rope/2]. Each element as the per-kernel calls compute it (layer.c). */
+int col_attention_block(col_pool *pool, const col_layer *L, size_t m, float *x, float *h_out,
+                        float *router_out, const float *cos, const float *sin,
+                        float *const *latent, float *const *rope_key, float *const *index_key,
+                        const size_t *slot);
+
+/* col_moe over h [m, d], then x[r] += sum_s weights[r, s] * y[slot_row[r, s]] (s ascending)
+ * + y[extra_row[r]] (the shared expert or a dense MLP; extra_row may be NULL), the sums in
+ * that order, one rounding per operation. k may be 0 (a dense layer). */
+int col_moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
+                     const int64_t *start, const int64_t *rows, const float *h, size_t m,
+                     size_t d, size_t k, const int64_t *slot_row, const float *weights,
+                     const int64_t *extra_row, float *x);
+
 #endif

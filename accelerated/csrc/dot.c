@@ -111,6 +111,51 @@ static void dot2_f32(const float *w0, const float *w1, const float *x, size_t k,
     out[1] = col_dot_f32(w1, x, k);
 }
 
+/* out[r * ldo + j] = col_dot_f32(w + j * k, x + r * ldx, k) for j < 2, r < 4, bit for bit,
+ * with k a multiple of 32: a 2 x 4 register block. col_dot_f32 keeps four 8-lane
+ * accumulators (lanes i mod 32) and adds them with reduce_regs; here each of the four lane
+ * groups is one pass over k with eight accumulators (two weight rows by four activation
+ * rows), so a pass loads 6 vectors per 8 multiply-adds where col_dot4_f32 loads 5 per 4.
+ * Every lane still accumulates the same products in the same order, and the four groups
+ * meet in the same reduce_regs tree. */
+#if defined(__AVX2__) && defined(__FMA__)
+static void dot_2x4(const float *w, size_t k, const float *x, size_t ldx, float *out,
+                    size_t ldo) {
+    __m256 part[4][2][4];
+    const float *w0 = w, *w1 = w + k;
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    for (size_t g = 0; g < 4; g++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+        for (size_t i = 8 * g; i < k; i += 32) {
+            __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i);
+            __m256 y = _mm256_loadu_ps(x0 + i);
+            a0 = _mm256_fmadd_ps(u, y, a0);
+            b0 = _mm256_fmadd_ps(v, y, b0);
+            y = _mm256_loadu_ps(x1 + i);
+            a1 = _mm256_fmadd_ps(u, y, a1);
+            b1 = _mm256_fmadd_ps(v, y, b1);
+            y = _mm256_loadu_ps(x2 + i);
+            a2 = _mm256_fmadd_ps(u, y, a2);
+            b2 = _mm256_fmadd_ps(v, y, b2);
+            y = _mm256_loadu_ps(x3 + i);
+            a3 = _mm256_fmadd_ps(u, y, a3);
+            b3 = _mm256_fmadd_ps(v, y, b3);
+        }
+        part[g][0][0] = a0, part[g][0][1] = a1, part[g][0][2] = a2, part[g][0][3] = a3;
+        part[g][1][0] = b0, part[g][1][1] = b1, part[g][1][2] = b2, part[g][1][3] = b3;
+    }
+    for (size_t j = 0; j < 2; j++)
+        for (size_t r = 0; r < 4; r++)
+            out[r * ldo + j] = reduce_regs(part[0][j][r], part[1][j][r], part[2][j][r],
+                                           part[3][j][r]);
+}
+#endif
+
+/* Weight rows per tile of col_dot_block: a tile stays in L2 while every group of four
+ * activation rows passes over it. */
+#define DOT_TILE_BYTES ((size_t)256 << 10)
+
 void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t m, size_t ldx,
                    size_t k, float *out, size_t ldo) {
     size_t n = n0;
@@ -121,8 +166,30 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
             out[n] = two[0];
             out[n + 1] = two[1];
         }
+        for (; n < n1; n++) out[n] = col_dot_f32(w + n * k, x, k);
+        return;
     }
-    for (; n < n1; n++) col_dot_rows(w + n * k, x, m, ldx, k, out + n, ldo);
+    /* Many activation rows (a prefill, a batch): a tile of weight rows, read from memory
+     * once, meets the activations four rows at a time, so those four stay in L1 while the
+     * tile's rows stream from L2 (rather than every activation row streaming from L2 for
+     * each weight row). Only the loop order changes: each element is still one
+     * col_dot_f32, four rows grouped as col_dot_rows groups them. */
+    size_t tile = DOT_TILE_BYTES / (k * sizeof(float));
+    if (tile == 0) tile = 1;
+    for (size_t t0 = n0; t0 < n1; t0 += tile) {
+        size_t t1 = n1 - t0 < tile ? n1 : t0 + tile;
+        for (size_t r = 0; r < m; r += 4) {
+            size_t nr = m - r < 4 ? m - r : 4;
+            n = t0;
+#if defined(__AVX2__) && defined(__FMA__)
+            if (nr == 4 && k % 32 == 0)
+                for (; n + 2 <= t1; n += 2)
+                    dot_2x4(w + n * k, k, x + r * ldx, ldx, out + r * ldo + n, ldo);
+#endif
+            for (; n < t1; n++)
+                col_dot_rows(w + n * k, x + r * ldx, nr, ldx, k, out + r * ldo + n, ldo);
+        }
+    }
 }
 
 /* Four dot products of one weight row w with x, x + ldx, x + 2 ldx, x + 3 ldx: each is

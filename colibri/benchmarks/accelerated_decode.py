@@ -19,7 +19,6 @@ ratios accelerated f32 / llama.cpp f32 and int4g64+int8 / llama.cpp q8_0 follow.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,11 +41,6 @@ from colibri.benchmarks.reference_decode import (
     peer_python,
     touched_bytes,
 )
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
 
 
 def _worker(engine: str, options: BenchOptions, model_dir: Any) -> dict[str, Any]:
@@ -133,6 +127,11 @@ def run(options: BenchOptions) -> dict[str, Any]:
                               "prompt_tokens": len(PROMPT),
                               "note": "timings from one run; on a machine shared with other "
                                       "jobs they move from run to run"}
+    # What the accelerated worker's pool uses (COLIBRI_THREADS, else every CPU it may run
+    # on), and so what llama.cpp is given.
+    from colibri.accelerated.model import default_threads
+
+    result["threads"] = default_threads()
     copy_bps = copy_bandwidth_bytes_per_s()
     result["copy_bandwidth_gb_per_s"] = copy_bps / 1e9
     for engine in ("accelerated", "reference"):
@@ -158,7 +157,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     import json
 
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-    threads = default_threads()  # what the accelerated worker's pool used
+    threads = result["threads"]
     peers = {ftype: run_peer(peer_python(options), gguf_path(options.cache_dir, model_dir, ftype),
                              vocab, options.tokens, options.warmup, threads, _peer_decode)
              for ftype in FTYPES}

@@ -1,9 +1,10 @@
 """The generated benchmark model: GLM-5 geometry big enough to measure, built from a seed.
 
-Not committed (about 1.3 GB as float32): ``ensure_bench_model(cache_dir)`` writes it once into
-``cache_dir/glm5-bench-<seed>/`` (config.json, generation_config.json, model.safetensors with
-unfused per-expert names) and reuses it afterwards. Weights are N(0, 0.02), norms 1, the
-correction bias 0.05·N(0, 1); numpy's PCG64 with the seed makes it reproducible without torch.
+Not committed (about 1.3 GB as float32): ``ensure_bench_model(cache_dir)`` writes it once
+into ``cache_dir/glm5-bench-<seed>-r<revision>/`` (config.json, generation_config.json,
+model.safetensors with unfused per-expert names) and reuses it afterwards. Weights are
+N(0, 0.02), norms 1, the correction bias 0.05·N(0, 1); numpy's PCG64 with the seed makes it
+reproducible without torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import numpy as np
 from colibri.reference.safetensors import write_safetensors
 
 BENCH_SEED = 1234
+#: Bumped whenever BENCH_CONFIG changes, so a cached model of an older geometry is not reused.
+#: Revision 2: ``index_head_dim`` 32 -> 64, because llama.cpp multiplies the indexer's q and k
+#: by a Hadamard matrix of size >= 64 and refuses a smaller head (issue 13's GGUF peer).
+BENCH_REVISION = 2
 
 #: colibri's make_glm_bench_model.py geometry (the issue's benchmark model).
 BENCH_CONFIG: dict[str, Any] = {
@@ -39,7 +44,7 @@ BENCH_CONFIG: dict[str, Any] = {
     "qk_rope_head_dim": 32,
     "v_head_dim": 64,
     "index_topk": 4096,
-    "index_head_dim": 32,
+    "index_head_dim": 64,
     "index_n_heads": 4,
     "n_group": 1,
     "topk_group": 1,
@@ -120,9 +125,14 @@ def build_tensors(cfg: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+def bench_model_dir(cache_dir: Path, seed: int = BENCH_SEED) -> Path:
+    """Where ``ensure_bench_model`` keeps the model (nothing is generated)."""
+    return cache_dir / f"glm5-bench-{seed}-r{BENCH_REVISION}"
+
+
 def ensure_bench_model(cache_dir: Path, seed: int = BENCH_SEED) -> Path:
     """The benchmark model directory, generated on first use."""
-    target = cache_dir / f"glm5-bench-{seed}"
+    target = bench_model_dir(cache_dir, seed)
     done = target / "bench_manifest.json"
     if done.is_file():
         return target
@@ -133,5 +143,6 @@ def ensure_bench_model(cache_dir: Path, seed: int = BENCH_SEED) -> Path:
         json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=2) + "\n"
     )
     write_safetensors(target / "model.safetensors", build_tensors(cfg, seed), {"format": "pt"})
-    done.write_text(json.dumps({"seed": seed, "generator": "colibri.benchmarks.bench_model"}))
+    done.write_text(json.dumps({"seed": seed, "revision": BENCH_REVISION,
+                                "generator": "colibri.benchmarks.bench_model"}))
     return target

@@ -7,8 +7,9 @@ about ten minutes on two cores: build the wheel once, ``pip wheel llama-cpp-pyth
 and a GGUF of the model exists at ``gguf_path``: ``<cache-dir>/gguf/<model>-<ftype>.gguf``.
 colibri does not write GGUF itself; llama.cpp's own converter does, from the sdist's
 ``vendor/llama.cpp/convert_hf_to_gguf.py`` (it needs torch and transformers, a tokenizer in
-the model directory, and an ``index_head_dim`` that is a multiple of 64; see the README's
-accelerated section for the command).
+the model directory, and an ``index_head_dim`` that is a multiple of 64):
+``tools/llama_cpp_gguf.py --sdist llama_cpp_python-0.3.36.tar.gz --bench`` runs it on the
+bench model (README, accelerated engine).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def unavailable_reason(python: str, gguf: Path) -> str | None:
         return (f"llama_cpp (llama-cpp-python) is not importable by {python} "
                 "(see --peer-python)")
     if not gguf.is_file():
-        return (f"no GGUF at {gguf} (convert the model with llama.cpp's convert_hf_to_gguf.py; "
-                "README, accelerated engine)")
+        return (f"no GGUF at {gguf} (convert the bench model with "
+                "tools/llama_cpp_gguf.py; README, accelerated engine)")
     return None
 
 

@@ -39,11 +39,17 @@ def run(gguf: str, prompt: list[int], long_prompt: list[int], tokens: int, warmu
     prefill(prompt)  # pages the weights in
     ttft_s = [prefill(prompt) for _ in range(3)]
     prefill_s = [prefill(long_prompt) for _ in range(2)]
+    def last_logits() -> Any:
+        # llama-cpp-python 0.3.x fills ``llm.scores`` only with logits_all (which would make
+        # llama.cpp compute the lm_head for every prompt row); the context's output row of
+        # the last evaluated token is what its own sampler reads.
+        return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
+
     prefill(prompt)
     ids: list[int] = []
     step_s: list[float] = []
     for step in range(warmup + tokens):
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(last_logits()))
         ids.append(token)
         t = time.perf_counter()
         llm.eval([token])

@@ -53,3 +53,16 @@ def test_llama_cpp_peer_is_skipped_with_a_reason(tmp_path: Path) -> None:
     assert "llama_cpp" in reason or "no GGUF" in reason
     got = run_peer(sys.executable, gguf, 64, 2, 1, 2, lambda steps: {})
     assert got == {"skipped": reason}
+
+
+def test_interleaved_section_says_why_it_skipped(tmp_path: Path) -> None:
+    from colibri.benchmarks import BenchOptions
+    from colibri.benchmarks.interleaved_decode import run
+
+    assert run(BenchOptions(peers=False)) == {"skipped": "--no-peers"}
+    assert "skipped" in run(BenchOptions(model=fixture_model_dir("glm5-tiny")))
+    # No GGUF in a fresh cache (and nothing generated to find that out).
+    got = run(BenchOptions(cache_dir=tmp_path))
+    assert "llama_cpp" in got["f32"]["skipped"] or "no GGUF" in got["f32"]["skipped"]
+    assert "container" in got["int4g64_int8_vs_q8_0"]["skipped"]
+    assert list(tmp_path.iterdir()) == []

@@ -31,6 +31,7 @@ import pytest
 from colibri.accelerated import quant_kernels as qk
 from colibri.accelerated.native import library_path, supported_variants
 from colibri.accelerated.native_build import DEFAULT_OUT, LIBRARY_NAME, SOURCE_DIR
+from colibri.accelerated.weights import expert_names
 from colibri.conformance.sameness import SAFETY_FACTOR, UNIT_ROUNDOFF
 from colibri.reference.quant import dequantize, quantize, rotate_activations
 from colibri.reference.quant.container import QuantContainer
@@ -236,10 +237,12 @@ def check_container_experts(folder: Path, experts: int = 3) -> set[Fmt]:
     layer = cfg["first_k_dense_replace"]
     seen: set[Fmt] = set()
     for e in range(experts):
-        ex = qk.expert_matrices(container, layer, e, d, inter)
+        gate, up, down = (qk.container_matrix(container, name, shape) for name, shape in
+                          zip(expert_names(layer, e), ((inter, d), (inter, d), (d, inter)),
+                              strict=True))
         x = activations(5, d, seed=e)
         prefix = f"model.layers.{layer}.mlp.experts.{e}."
-        for m, xin in ((ex.gate, x), (ex.up, x), (ex.down, activations(5, inter, seed=e + 9))):
+        for m, xin in ((gate, x), (up, x), (down, activations(5, inter, seed=e + 9))):
             seen.add(m.fmt)
             w = container.weight(m.name, (m.out_features, m.in_features))
             assert m.name.startswith(prefix)

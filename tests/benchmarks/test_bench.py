@@ -58,6 +58,9 @@ def test_bench_model_geometry_matches_the_issue() -> None:
     assert (cfg["q_lora_rank"], cfg["kv_lora_rank"], cfg["num_attention_heads"]) == (256, 128, 16)
     shapes = tensor_shapes(cfg)
     assert shapes["model.layers.3.mlp.experts.31.down_proj.weight"] == (1024, 512)
+    # llama.cpp (the bench's GGUF peer) applies a Hadamard transform of size >= 64 to the
+    # indexer's q and k, so it refuses a narrower indexer head.
+    assert cfg["index_head_dim"] % 64 == 0
 
 
 def test_bench_model_is_reproducible_from_its_seed() -> None:

@@ -66,7 +66,8 @@ GOOD = TURN + block(1, 2, 2, "0300")
 #: Invariants of state files or of one extension have their own transcripts below.
 WIRE_INVARIANTS = sorted(
     set(INVARIANTS)
-    - {"heat-restored", "state-history", "caps-agree", "echo-at-window", "stats-dump"}
+    - {"heat-restored", "state-history", "caps-agree", "echo-at-window", "stats-dump",
+       "stats-dump-header"}
 )
 
 
@@ -186,9 +187,11 @@ STATS_FILE = "-1 5 8\n-2 1 3815245270\n" + "".join(
 )
 
 
-def stats_view(tmp_path: Path, text: str = STATS_FILE, alive: bool = False) -> SessionView:
+def stats_view(
+    tmp_path: Path, text: str = STATS_FILE, alive: bool = False, turn: str = STATS_TURN
+) -> SessionView:
     (tmp_path / "stats.txt").write_text(text)
-    plain = view(STATS_TURN)
+    plain = view(turn)
     config = {"env": {"STATS": "{state_dir}/stats.txt", "DRAFT": "0"}}
     return SessionView(
         "main", plain.frames, [] if alive else [0], alive, plain.submitted, tmp_path,
@@ -208,6 +211,41 @@ def test_stats_dump_counts_top_k_per_forwarded_token(
     tmp_path: Path, stats_codec: PromptCodec
 ) -> None:
     check_invariant(stats_view(tmp_path), {"name": "stats-dump"}, stats_codec)
+
+
+def test_stats_dump_reads_a_seed_engine_without_accept(
+    tmp_path: Path, stats_codec: PromptCodec
+) -> None:
+    # colibri's glm.c sends neither ACCEPT nor ECHO: the forwarded tokens come from DONE's
+    # prompt_tokens, a seed field, so the dump is judged on what the seed defines.
+    seed_turn = STATS_TURN.replace("ACCEPT 1 2\n", "").replace(
+        "ECHO 1 2 0 nan 0\n 5\nECHO 1 2 1 -0.500000 1 6 -0.500000\n 6\n", ""
+    )
+    assert "ACCEPT" not in seed_turn and "ECHO" not in seed_turn
+    check_invariant(stats_view(tmp_path, turn=seed_turn), {"name": "stats-dump"}, stats_codec)
+    # glm.c leaves length_limited 0 when max_tokens (not the context) ended the turn: the
+    # last token is still unforwarded, because max_tokens of them were emitted.
+    unflagged = seed_turn.replace("STAT 2 10.00 100.0 0.10 2 1", "STAT 2 10.00 100.0 0.10 2 0")
+    assert unflagged != seed_turn
+    check_invariant(stats_view(tmp_path, turn=unflagged), {"name": "stats-dump"}, stats_codec)
+    wrong = seed_turn.replace("STAT 2 10.00 100.0 0.10 2 1", "STAT 2 10.00 100.0 0.10 3 1")
+    with pytest.raises(CheckFailure, match="top-2 x 4"):
+        check_invariant(stats_view(tmp_path, turn=wrong), {"name": "stats-dump"}, stats_codec)
+
+
+def test_headerless_stats_dump_counts_but_lacks_the_usage_header(
+    tmp_path: Path, stats_codec: PromptCodec
+) -> None:
+    # glm.c's dump is bare "layer expert count" triples: its counts are judged, its missing
+    # header records only by the state_layout case.
+    bare = STATS_FILE.split("\n", 2)[2]
+    check_invariant(stats_view(tmp_path, bare), {"name": "stats-dump"}, stats_codec)
+    with pytest.raises(CheckFailure, match="does not start with"):
+        check_invariant(stats_view(tmp_path, bare), {"name": "stats-dump-header"}, stats_codec)
+    check_invariant(stats_view(tmp_path), {"name": "stats-dump-header"}, stats_codec)
+    with pytest.raises(CheckFailure, match="second line"):
+        broken = STATS_FILE.replace("-2 1 ", "-2 2 ")
+        check_invariant(stats_view(tmp_path, broken), {"name": "stats-dump"}, stats_codec)
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ static void run_rows(const qlayout *L, const float *x, int64_t n_rows, int64_t x
         for (int64_t r0 = 0; r0 < n_rows; r0 += COLI_Q_ROW_TILE) {
             int nr = (int)(n_rows - r0 < COLI_Q_ROW_TILE ? n_rows - r0 : COLI_Q_ROW_TILE);
             const float *xr = x + r0 * x_stride;
-            memset(t, 0, sizeof t);
+            memset(t, 0, (size_t)nr * sizeof t[0]); /* only the rows used: 128 B for one */
             int r = 0;
             if (L->fused_row2 != NULL)
                 for (; r + 2 <= nr; r += 2)

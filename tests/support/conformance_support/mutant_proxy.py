@@ -53,6 +53,7 @@ MUTANTS = {
     "stop_stray_error": "answers STOP with ERROR 0 BAD_REQUEST and keeps decoding",
     "stop_ignored": "ignores STOP: the request decodes to its natural end",
     "cancel_ignored": "ignores CANCEL: the request decodes to its natural end",
+    "no_entropy": "never writes ENTROPY (the seed's turn-end telemetry loses a line)",
     # Not a mutant: the seed-core double (tests/conformance/test_conformance_profiles.py).
     "seed_core": "speaks only the seed's protocol (serve_protocol.md): no CAPS, ACCEPT, PROF "
     "or CONTEXT_EXCEEDED; STOP and SUBMITs with more than six fields are unknown lines",
@@ -257,6 +258,8 @@ class Proxy:
         if m == "block_out_of_order" and f.kind == "PROF":
             held, self.held_perf = self.held_perf, b""
             return f.wire() + held
+        if m == "no_entropy" and f.kind == "ENTROPY":
+            return b""
         if m == "hit_pct_over_100" and f.kind == "DONE":
             fields[5] = "250.0"
             return _line(fields)

@@ -1,0 +1,181 @@
+/* A decoder layer's attention block, and its MoE/dense output folded back into the residual,
+ * each in one call (spec §3, §4, §5, §7.2): what accelerated/model.py did as ~15 kernel calls
+ * with numpy glue between them per layer.
+ *
+ * Every step calls the kernel the Python path called, with the same arguments, in the same
+ * order, so each output element is computed exactly as before: the bytes equal the per-kernel
+ * path's (and so stay independent of the batch and the thread count, sameness kind (c)).
+ * What goes is the interpreter between the kernels: argument checks, temporaries, cache row
+ * copies, a pool wake-up per small product.
+ *
+ * Not covered here: rows that attend to a DSA-selected subset of their past (a full indexer
+ * layer past index_topk, or a shared layer after one). The caller runs those layers on the
+ * per-kernel path, which has the indexer's scoring and top-k. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "colibri.h"
+
+static int check_mat(const col_mat *w, size_t rows, size_t cols) {
+    if (w->data == NULL || w->rows != rows || w->cols != cols) return COL_EINVAL;
+    if (w->fmt == 0 && w->dtype != COL_F32 && w->dtype != COL_BF16 && w->dtype != COL_F16)
+        return COL_EDTYPE;
+    return COL_OK;
+}
+
+size_t col_layer_size(void) { return sizeof(col_layer); }
+
+static int check_layer(const col_layer *L) {
+    size_t d = (size_t)L->d, heads = (size_t)L->heads, qk = (size_t)(L->nope + L->rope);
+    size_t kvl = (size_t)L->kvl, ql = (size_t)L->q_lora;
+    if (L->d <= 0 || L->heads <= 0 || L->nope < 0 || L->rope <= 0 || L->rope % 2 ||
+        L->vdim <= 0 || L->kvl <= 0 || L->q_lora < 0 || L->n_router < 0 ||
+        L->index_hd < 0 || (L->index_keys && (L->index_hd < L->rope)))
+        return COL_EINVAL;
+    if (!L->input_norm || !L->post_norm || !L->kv_a_norm || !L->kv_b ||
+        (ql && !L->q_a_norm) || (L->index_keys && (!L->ik_norm_w || !L->ik_norm_b)))
+        return COL_EINVAL;
+    if (L->kv_b_dtype != COL_F32 && L->kv_b_dtype != COL_BF16 && L->kv_b_dtype != COL_F16)
+        return COL_EDTYPE;
+    int rc = check_mat(&L->q_first, ql ? ql : heads * qk, d);
+    if (!rc && ql) rc = check_mat(&L->q_b, heads * qk, ql);
+    if (!rc) rc = check_mat(&L->kv_a, kvl + (size_t)L->rope, d);
+    if (!rc && L->index_keys) rc = check_mat(&L->wk, (size_t)L->index_hd, d);
+    if (!rc) rc = check_mat(&L->o, d, heads * (size_t)L->vdim);
+    if (!rc && L->n_router) rc = check_mat(&L->router, (size_t)L->n_router, d);
+    return rc;
+}
+
+int col_attention_block(col_pool *pool, const col_layer *L, size_t m, float *x, float *h_out,
+                        float *router_out, const float *cos, const float *sin,
+                        float *const *latent, float *const *rope_key, float *const *index_key,
+                        const size_t *slot) {
+    if (L == NULL || x == NULL || h_out == NULL || cos == NULL || sin == NULL ||
+        latent == NULL || rope_key == NULL || slot == NULL ||
+        (L->index_keys && index_key == NULL) || (L->n_router && router_out == NULL))
+        return COL_EINVAL;
+    int rc = check_layer(L);
+    if (rc) return rc;
+    if (m == 0) return COL_OK;
+    for (size_t r = 0; r < m; r++)
+        if (!latent[r] || !rope_key[r] || (L->index_keys && !index_key[r])) return COL_EINVAL;
+    size_t d = (size_t)L->d, heads = (size_t)L->heads, nope = (size_t)L->nope;
+    size_t rope = (size_t)L->rope, qk = nope + rope, kvl = (size_t)L->kvl;
+    size_t ql = (size_t)L->q_lora, hd = (size_t)L->index_hd, half = rope / 2;
+    size_t first_w = ql ? ql : heads * qk, kva_w = kvl + rope;
+    size_t sizes[8] = {m * d,                  /* hn: the normed input */
+                       m * first_w,            /* q_a's output (or q itself) */
+                       m * kva_w,              /* kv_a's output */
+                       L->index_keys ? m * hd : 0,
+                       ql ? m * ql : 0,        /* q_a normed */
+                       ql ? m * heads * qk : 0, /* q */
+                       m * heads * (size_t)L->vdim, /* attention's output */
+                       m * d};                 /* o's output */
+    size_t total = 0, offs[8];
+    for (int i = 0; i < 8; i++) {
+        offs[i] = total;
+        total += sizes[i];
+    }
+    float *work = malloc(total * sizeof(float));
+    size_t *seen = malloc(m * sizeof(size_t));
+    const int64_t **keep = calloc(m, sizeof(*keep));
+    size_t *n_keep = calloc(m, sizeof(size_t));
+    if (!work || !seen || !keep || !n_keep) {
+        rc = COL_ENOMEM;
+        goto done;
+    }
+    float *hn = work + offs[0], *first = work + offs[1], *kva = work + offs[2];
+    float *ik = work + offs[3], *q_resid = work + offs[4], *attn = work + offs[6];
+    float *o = work + offs[7];
+    float *q = ql ? work + offs[5] : first;
+
+    col_rms_norm(x, m, d, L->input_norm, L->rms_eps, hn);
+    /* Every product of hn in one pool run: q_a (or q), kv_a, and the indexer's keys. */
+    col_mat firsts[3] = {L->q_first, L->kv_a, L->wk};
+    float *outs[3] = {first, kva, ik};
+    rc = col_mats_matmul(pool, L->index_keys ? 3 : 2, firsts, hn, m, d, outs);
+    if (rc) goto done;
+    if (ql) {
+        col_rms_norm(first, m, ql, L->q_a_norm, L->latent_eps, q_resid);
+        rc = col_mat_matmul(pool, &L->q_b, q_resid, m, ql, q, heads * qk);
+        if (rc) goto done;
+    }
+    col_rope(q + nope, m, heads, heads * qk, qk, rope, cos, sin, (int)L->interleave);
+    /* The new cache rows, written where attention reads them (rows of one prefill see the
+     * rows before them: all are written before any attends). */
+    for (size_t r = 0; r < m; r++) {
+        const float *c = kva + r * kva_w;
+        col_rms_norm(c, 1, kvl, L->kv_a_norm, L->latent_eps, latent[r] + slot[r] * kvl);
+        float *rk = rope_key[r] + slot[r] * rope;
+        memcpy(rk, c + kvl, rope * sizeof(float));
+        col_rope(rk, 1, 1, rope, rope, rope, cos + r * half, sin + r * half,
+                 (int)L->interleave);
+        if (L->index_keys) {
+            float *key = index_key[r] + slot[r] * hd;
+            col_layer_norm(ik + r * hd, 1, hd, L->ik_norm_w, L->ik_norm_b, L->index_eps, key);
+            /* The indexer's rope is always interleaved (spec §6). */
+            col_rope(key, 1, 1, hd, hd, rope, cos + r * half, sin + r * half, 1);
+        }
+        seen[r] = slot[r] + 1;
+    }
+    rc = col_mla_attention(pool, m, heads, nope, rope, (size_t)L->vdim, kvl, q,
+                           (const float *const *)latent, (const float *const *)rope_key, seen,
+                           keep, n_keep, L->kv_b, (int)L->kv_b_dtype, L->attn_scale, attn);
+    if (rc) goto done;
+    rc = col_mat_matmul(pool, &L->o, attn, m, heads * (size_t)L->vdim, o, d);
+    if (rc) goto done;
+    for (size_t i = 0; i < m * d; i++) x[i] = x[i] + o[i];
+    col_rms_norm(x, m, d, L->post_norm, L->rms_eps, h_out);
+    if (L->n_router) rc = col_mat_matmul(pool, &L->router, h_out, m, d, router_out,
+                                         (size_t)L->n_router);
+done:
+    free(work);
+    free(seen);
+    free(keep);
+    free(n_keep);
+    return rc;
+}
+
+int col_moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
+                     const int64_t *start, const int64_t *rows, const float *h, size_t m,
+                     size_t d, size_t k, const int64_t *slot_row, const float *weights,
+                     const int64_t *extra_row, float *x) {
+    if (x == NULL || (k && (slot_row == NULL || weights == NULL)) || start == NULL) {
+        return COL_EINVAL;
+    }
+    size_t total = n_experts ? (size_t)start[n_experts] : 0;
+    for (size_t i = 0; i < m * k; i++)
+        if (slot_row[i] < 0 || (size_t)slot_row[i] >= total) return COL_EINVAL;
+    if (extra_row)
+        for (size_t r = 0; r < m; r++)
+            if (extra_row[r] < 0 || (size_t)extra_row[r] >= total) return COL_EINVAL;
+    float *y = malloc((total ? total : 1) * d * sizeof(float));
+    if (y == NULL) return COL_ENOMEM;
+    int rc = col_moe(pool, n_experts, mats, start, rows, h, m, d, y);
+    if (rc) {
+        free(y);
+        return rc;
+    }
+    /* Per element, in slot (ascending expert id) order, then the shared expert, then the
+     * residual: the additions numpy made, one rounding each (no fused multiply-add). */
+    for (size_t r = 0; r < m; r++) {
+        float *xr = x + r * d;
+        const float *extra = extra_row ? y + (size_t)extra_row[r] * d : NULL;
+        if (k == 0) {
+            if (extra)
+                for (size_t i = 0; i < d; i++) xr[i] = xr[i] + extra[i];
+            continue;
+        }
+        for (size_t i = 0; i < d; i++) {
+            float acc = 0.0f;
+            for (size_t s = 0; s < k; s++) {
+                float w = weights[r * k + s];
+                acc = acc + w * y[(size_t)slot_row[r * k + s] * d + i];
+            }
+            if (extra) acc = acc + extra[i];
+            xr[i] = xr[i] + acc;
+        }
+    }
+    free(y);
+    return COL_OK;
+}

@@ -1,0 +1,32 @@
+"""Float products (csrc/dot.c) over many activation rows: a row's outputs are the same bytes
+as that row's product alone (sameness kind (c), spec/model.md §15), whichever path a batch
+takes: weight tiles, 2 x 4 register blocks, leftover rows and columns, widths that are not
+a multiple of 32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.accelerated_support import BUILT, NOT_BUILT_REASON
+
+if not BUILT:
+    pytest.skip(NOT_BUILT_REASON, allow_module_level=True)
+
+
+@pytest.mark.parametrize("k", [2048, 96, 100])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_each_row_of_a_batch_is_its_product_alone(k: int, threads: int) -> None:
+    from colibri.accelerated.kernels import Kernels, Weight
+
+    rng = np.random.default_rng(k)
+    # 2048-wide rows: 32 to a 256 KiB tile; the pool cuts 301 rows into chunks of about 38
+    # (one thread) or 19 rows, so a chunk spans two tiles or one, and ends on an odd row.
+    w = Weight(rng.standard_normal((301, k), dtype=np.float32), 0)
+    x = rng.standard_normal((11, k), dtype=np.float32)
+    kernels = Kernels(threads)
+    try:
+        alone = np.concatenate([kernels.matmul(x[r : r + 1], w) for r in range(x.shape[0])])
+        for m in (2, 4, 5, 8, 11):
+            assert kernels.matmul(x[:m], w).tobytes() == alone[:m].tobytes()
+    finally:
+        kernels.close()
