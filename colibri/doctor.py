@@ -9,7 +9,6 @@ doctor (``schema_version``, ``status``, ``checks[{id, status, summary}]``).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import importlib
 import importlib.metadata
 import json
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from colibri import control_plane, resources
+from colibri.engine.cuda_devices import Probe, probe_isolated
 
 Status = Literal["ok", "warn", "fail"]
 _SEVERITY: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
@@ -143,28 +143,89 @@ def check_accelerated() -> Check:
     return Check("accelerated", status, "; ".join(parts))
 
 
-def cuda_device_count() -> tuple[int, str]:
-    """(usable CUDA devices, why): usable means the driver loads and cuInit succeeds."""
-    library = ctypes.util.find_library("cuda")
-    if library is None:
-        return 0, "no CUDA driver found"
+#: Where `make build` puts the CUDA kernel library (only where nvcc exists).
+CUDA_LIBRARY = Path("cuda") / "libcolibri_cuda.so"
+
+
+def cuda_library_path() -> Path:
+    from colibri.accelerated.native_build import DEFAULT_OUT
+
+    return DEFAULT_OUT / CUDA_LIBRARY
+
+
+def nvcc() -> tuple[str, str] | None:
+    """(path, release) of the CUDA compiler: PATH, else the toolkit's default location."""
+    import shutil
+
+    path = shutil.which("nvcc") or next(
+        (str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.is_file()), None)
+    if path is None:
+        return None
     try:
-        cuda = ctypes.CDLL(library)
-        result = int(cuda.cuInit(0))
-        if result != 0:
-            return 0, f"CUDA driver {library} present but cuInit returned {result}"
-        count = ctypes.c_int(0)
-        cuda.cuDeviceGetCount(ctypes.byref(count))
-    except (OSError, AttributeError) as exc:
-        return 0, f"CUDA driver {library} present but unusable: {exc}"
-    return count.value, f"CUDA driver {library}"
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return path, f"unusable: {exc}"
+    release = [line for line in out.stdout.splitlines() if "release" in line]
+    return path, release[-1].split("release", 1)[1].strip() if release else "unknown release"
 
 
-def check_gpu() -> Check:
-    count, why = cuda_device_count()
-    if count == 0:
-        return Check("gpu", "ok", f"no usable GPU ({why}); CPU only")
-    return Check("gpu", "ok", f"{count} CUDA device(s) usable ({why})")
+def check_cuda_build() -> Check:
+    """The CUDA kernel library `make build` compiles where nvcc exists. Not built and no nvcc
+    is a CPU-only installation (ok); nvcc present but nothing built means `make build` is due."""
+    lib = cuda_library_path()
+    compiler = nvcc()
+    tool = f"nvcc {compiler[0]} ({compiler[1]})" if compiler else "no nvcc"
+    if lib.is_file():
+        return Check("cuda_build", "ok", f"CUDA kernels: {lib}; {tool}")
+    if compiler is not None:
+        return Check("cuda_build", "warn",
+                     f"CUDA kernels not built: no {lib} (run `make build`); {tool}")
+    return Check("cuda_build", "ok", f"CUDA kernels not built ({tool}: CPU-only build)")
+
+
+def check_cuda_driver(found: Probe) -> Check:
+    if found.driver_version is None:
+        return Check("cuda_driver", "ok", f"no CUDA driver ({found.reason})")
+    text = f"CUDA driver {found.driver_text} ({found.library})"
+    if found.reason and not found.usable:
+        text += f": {found.reason}"
+    return Check("cuda_driver", "ok", text)
+
+
+def check_gpu(found: Probe) -> Check:
+    if not found.usable:
+        return Check("gpu", "ok", f"no usable GPU ({found.reason}); CPU only")
+    parts = []
+    for d in found.devices:
+        free = f"{d.free_bytes / 1e9:.1f} GB free" if d.free_bytes >= 0 else "free unknown"
+        parts.append(f"{d.index}: {d.name}, {d.total_bytes / 1e9:.1f} GB total, {free}, "
+                     f"sm_{d.compute_capability[0]}{d.compute_capability[1]}, "
+                     f"{d.multiprocessors} SMs")
+    status: Status = "ok"
+    if found.missing:
+        status = "warn"
+        parts.append(f"COLI_GPUS/COLI_GPU asked for missing device(s) "
+                     f"{', '.join(map(str, found.missing))}")
+    return Check("gpu", status, f"{len(found.devices)} CUDA device(s): " + "; ".join(parts))
+
+
+def check_cuda(found: Probe | None = None) -> list[Check]:
+    """Build, driver, devices: the driver is probed in a child process with a deadline."""
+    found = cuda_probe() if found is None else found
+    return [check_cuda_build(), check_cuda_driver(found), check_gpu(found)]
+
+
+def cuda_probe() -> Probe:
+    return probe_isolated()
+
+
+def cuda_report(found: Probe) -> dict[str, object]:
+    """`doctor --json`'s ``cuda`` object: the build, the compiler and the probe's answer."""
+    lib = cuda_library_path()
+    compiler = nvcc()
+    return {"kernels_library": str(lib), "kernels_built": lib.is_file(),
+            "nvcc": None if compiler is None else {"path": compiler[0], "release": compiler[1]},
+            **found.to_json()}
 
 
 ALL_CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
@@ -173,14 +234,15 @@ ALL_CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
     check_spec_data,
     check_default_model,
     check_accelerated,
-    check_gpu,
+    check_cuda,
 )
 
 
-def run_checks() -> list[Check]:
+def run_checks(cuda: Probe | None = None) -> list[Check]:
+    """Every check; ``cuda`` is a probe already made (the CLI reports it in JSON too)."""
     checks: list[Check] = []
     for check in ALL_CHECKS:
-        result = check()
+        result = check_cuda(cuda) if check is check_cuda else check()
         checks.extend(result if isinstance(result, list) else [result])
     return checks
 

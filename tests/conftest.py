@@ -55,34 +55,41 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             raise pytest.UsageError(f"COLIBRI_REQUIRE_ACCELERATED=1 but {exc}") from None
 
 
-def _have_oracle() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+def _missing_oracle() -> str | None:
+    if all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers")):
+        return None
+    return "needs oracle (torch + transformers, not available)"
 
 
-def _have_gpu() -> bool:
-    from colibri.doctor import cuda_device_count
+def _missing_gpu() -> str | None:
+    """The driver probe's own reason ("no NVIDIA driver: libcuda.so.1 not found", "cuInit
+    returned 100 (CUDA_ERROR_NO_DEVICE)", ...), probed in a child so a wedged GPU cannot hang
+    the session."""
+    from colibri.engine.cuda_devices import probe_isolated
 
-    return cuda_device_count()[0] > 0
+    found = probe_isolated()
+    return None if found.usable else f"needs a usable CUDA GPU: {found.reason}"
 
 
-def _have_browser() -> bool:
-    return shutil.which("chromium") is not None
+def _missing_browser() -> str | None:
+    return None if shutil.which("chromium") is not None else "needs browser (not available)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     available = {
-        "oracle": _have_oracle,
-        "gpu": _have_gpu,
-        "browser": _have_browser,
+        "oracle": _missing_oracle,
+        "gpu": _missing_gpu,
+        "browser": _missing_browser,
     }
-    cache: dict[str, bool] = {}
+    cache: dict[str, str | None] = {}
     for item in items:
-        for marker, probe in available.items():
-            if marker in item.keywords:
+        for marker, missing in available.items():
+            if item.get_closest_marker(marker) is not None:
                 if marker not in cache:
-                    cache[marker] = probe()
-                if not cache[marker]:
-                    item.add_marker(pytest.mark.skip(reason=f"needs {marker} (not available)"))
+                    cache[marker] = missing()
+                reason = cache[marker]
+                if reason is not None:
+                    item.add_marker(pytest.mark.skip(reason=reason))
         if "interpreted_only" in item.keywords and os.environ.get(control_plane.ENV) == "compiled":
             item.add_marker(pytest.mark.skip(
                 reason="observes the control plane by monkeypatching its modules; compiled code "

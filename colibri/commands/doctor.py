@@ -22,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
     from colibri import doctor, resources
 
     model = args.model if args.model is not None else resources.default_model_dir()
-    checks = doctor.run_checks() + doctor.check_model(model)
+    cuda = doctor.cuda_probe()
+    checks = doctor.run_checks(cuda) + doctor.check_model(model)
     result = doctor.report(checks, model, doctor.plan_summary(model))
+    result["cuda"] = doctor.cuda_report(cuda)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
