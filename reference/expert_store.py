@@ -1,6 +1,8 @@
 """Routed experts in three places, as colibri keeps them: on disk (the memory-mapped
 container, read when routed), in a byte-bounded RAM cache (true LRU), and in a pinned hot set
-that is never evicted, ranked from the usage history and re-pinned live (REPIN).
+that is never evicted, ranked from the usage history and re-pinned live (REPIN). A backend
+that computes on a GPU adds a fourth, VRAM (tier 2): the prefix of the pin ranking that fits
+its byte budget, through the backend's ``VramTier`` (spec/DEVIATIONS.md, "The VRAM tier").
 
 The store implements the model's ``ExpertStore`` protocol (``expert(layer, e)``) and the
 engine's ``TierReport``, so EMAP's tier bits, TIERS, DONE's hit % and PERF's disk time report
@@ -24,9 +26,11 @@ from colibri.reference.weights import TensorLoader
 from colibri.engine.backend import (
     TIER_DISK,
     TIER_RAM,
+    TIER_VRAM,
     Repin,
     StoreCounters,
     TierCounts,
+    VramTier,
 )
 
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
@@ -58,6 +62,9 @@ class TieredExpertStore:
         layers: Sequence[int],
         ram_budget_bytes: int,
         stored_bytes: StoredBytes,
+        vram: VramTier | None = None,
+        vram_budget_bytes: int = 0,
+        gpu: int = 0,
     ) -> None:
         self.read = read
         self.cfg = cfg
@@ -74,6 +81,23 @@ class TieredExpertStore:
         self._heat: dict[Key, int] = {}
         d, inter = cfg.hidden_size, cfg.moe_intermediate_size
         self.expert_bytes = 3 * d * inter * 4
+        # Tier 2: the experts the device holds, their stored bytes against the budget. The
+        # store keeps no host copy of them (colibri's CUDA_RELEASE_HOST): the backend computes
+        # them on the device, and the disk tier is a memory map the backend uploads from.
+        self._vram_tier = vram
+        self.vram_budget_bytes = vram_budget_bytes if vram is not None else 0
+        self.gpu = gpu
+        self._vram: dict[Key, int] = {}
+        self.vram_bytes = 0
+
+    def attach_vram(self, vram: VramTier, budget_bytes: int, gpu: int = 0) -> None:
+        """Give the store a device tier after construction (a backend that opens its device
+        after the store), before anything is placed there."""
+        if self._vram:
+            raise ValueError("the VRAM tier already holds experts")
+        self._vram_tier = vram
+        self.vram_budget_bytes = budget_bytes
+        self.gpu = gpu
 
     # --- the model's ExpertStore protocol -------------------------------------------------
 
@@ -81,6 +105,11 @@ class TieredExpertStore:
         key = (layer, expert)
         self._counters.lookups += 1
         self._heat[key] = self._heat.get(key, 0) + 1
+        if key in self._vram:
+            # Resident on the device, so a hit; a backend computing it on the host anyway
+            # gets the mapped weights, uncached (they are in no RAM tier).
+            self._counters.hits += 1
+            return self.read(*key)
         pinned = self._pinned.get(key)
         if pinned is not None:
             self._counters.hits += 1
@@ -94,7 +123,20 @@ class TieredExpertStore:
         return weights
 
     def is_resident(self, layer: int, expert: int) -> bool:
-        return (layer, expert) in self._pinned or (layer, expert) in self._lru
+        key = (layer, expert)
+        return key in self._vram or key in self._pinned or key in self._lru
+
+    def in_vram(self, layer: int, expert: int) -> bool:
+        """Whether the device holds the expert (the backend then computes it there)."""
+        return (layer, expert) in self._vram
+
+    def vram_experts(self) -> int:
+        return len(self._vram)
+
+    def tier_of(self, key: Key) -> int:
+        if key in self._vram:
+            return TIER_VRAM
+        return TIER_RAM if key in self._pinned or key in self._lru else TIER_DISK
 
     def _read(self, key: Key) -> ExpertWeights:
         """Bring an expert from the container (the disk tier) into RAM."""
@@ -114,11 +156,17 @@ class TieredExpertStore:
     # --- pinning -----------------------------------------------------------------------------
 
     def pin(self, ranked: Iterable[Key], budget_bytes: int) -> int:
-        """Pin experts in rank order while they fit the budget; returns how many."""
-        used = sum(w.nbytes for w in self._pinned.values())
+        """Place the ranked experts: with a VRAM tier, the prefix that fits its budget goes to
+        the device (then, budget left, the unranked experts in id order: an idle slot helps no
+        one); the rest of the ranking is pinned in RAM while it fits ``budget_bytes``. Returns
+        how many experts were placed (VRAM and RAM)."""
+        order = list(ranked)
         count = 0
-        for key in ranked:
-            if key in self._pinned:
+        if self._vram_tier is not None:
+            count, order = self._place_vram(order)
+        used = sum(w.nbytes for w in self._pinned.values())
+        for key in order:
+            if key in self._pinned or key in self._vram:
                 continue
             if used + self.expert_bytes > budget_bytes:
                 break
@@ -130,11 +178,82 @@ class TieredExpertStore:
             count += 1
         return count
 
+    def _place_vram(self, ranked: list[Key]) -> tuple[int, list[Key]]:
+        """Upload the ranking's prefix that fits the VRAM budget; (uploaded, the rest)."""
+        chosen = set(ranked)
+        fill = [(layer, e) for layer in self.layers for e in range(self.cfg.n_routed_experts)
+                if (layer, e) not in chosen]
+        count = 0
+        for i, key in enumerate(ranked + fill):
+            if key in self._vram:
+                continue
+            if not self._admit_vram(key):
+                return count, ranked[i:] if i < len(ranked) else []
+            count += 1
+        return count, []
+
+    def _admit_vram(self, key: Key) -> bool:
+        """Move one expert to the device if it fits the budget and the device accepts it; it
+        leaves its RAM tier (the device copy is the one computed with)."""
+        size = self.stored_bytes(key)
+        tier = self._vram_tier
+        if tier is None or self.vram_bytes + size > self.vram_budget_bytes:
+            return False
+        if not tier.upload(*key):
+            return False
+        self._pinned.pop(key, None)
+        self._lru.pop(key)
+        self._vram[key] = size
+        self.vram_bytes += size
+        return True
+
+    def _evict_vram(self, key: Key) -> None:
+        assert self._vram_tier is not None
+        self._vram_tier.release(*key)
+        self.vram_bytes -= self._vram.pop(key)
+
+    def _repin_vram(self, layer: int) -> Repin | None:
+        """colibri on CUDA: swap the layer's coldest VRAM expert for its hottest expert
+        elsewhere when the heat differs by more than 1. The demoted expert takes the promoted
+        one's place (pinned stays pinned, cached stays cached, disk stays disk), so every
+        other tier keeps its size; a refused upload puts the demoted expert back."""
+        on_device = [k for k in self._vram if k[0] == layer]
+        if not on_device:
+            return None
+        cold = min(on_device, key=lambda k: (self._heat.get(k, 0), k[1]))
+        elsewhere = [(layer, e) for e in range(self.cfg.n_routed_experts)
+                     if (layer, e) not in self._vram]
+        if not elsewhere:
+            return None
+        hot = max(elsewhere, key=lambda k: (self._heat.get(k, 0), -k[1]))
+        if self._heat.get(hot, 0) - self._heat.get(cold, 0) <= 1:
+            return None
+        old_tier = self.tier_of(hot)
+        was_pinned = hot in self._pinned
+        self._evict_vram(cold)
+        if not self._admit_vram(hot):
+            if not self._admit_vram(cold):
+                self._demote(cold, pinned=False, cached=True)
+            return None
+        self._demote(cold, pinned=was_pinned, cached=old_tier == TIER_RAM and not was_pinned)
+        return Repin(layer, hot[1], old_tier, self.gpu)
+
+    def _demote(self, key: Key, *, pinned: bool, cached: bool) -> None:
+        if pinned:
+            self._pinned[key] = self._read(key)
+        elif cached:
+            self._lru.put(key, self._read(key))
+
     def repin(self) -> list[Repin]:
-        """Per layer, swap the coldest pinned expert for the hottest unpinned one when it is
-        clearly hotter (colibri's hysteresis: hot > cold + cold/4 + 4); then decay heat."""
+        """Per layer, first the VRAM swap (with a VRAM tier), then swap the coldest pinned
+        expert for the hottest unpinned one when it is clearly hotter (colibri's hysteresis:
+        hot > cold + cold/4 + 4); then decay heat."""
         swaps: list[Repin] = []
         for layer in self.layers:
+            if self._vram_tier is not None:
+                moved = self._repin_vram(layer)
+                if moved is not None:
+                    swaps.append(moved)
             pinned = [k for k in self._pinned if k[0] == layer]
             if not pinned:
                 continue
@@ -142,7 +261,7 @@ class TieredExpertStore:
             candidates = [
                 (layer, e)
                 for e in range(self.cfg.n_routed_experts)
-                if (layer, e) not in self._pinned
+                if (layer, e) not in self._pinned and (layer, e) not in self._vram
             ]
             if not candidates:
                 continue
@@ -167,17 +286,20 @@ class TieredExpertStore:
         out = np.zeros((len(rows), n_experts), np.uint8)
         for r, layer in enumerate(rows):
             for e in range(n_experts):
-                if self.is_resident(layer, e):
-                    out[r, e] = TIER_RAM
+                out[r, e] = self.tier_of((layer, e))
         return out
 
     def tier_counts(self, rows: Sequence[int], n_experts: int) -> TierCounts:
         wanted = set(rows)
         resident = [k for k in (*self._pinned, *self._lru) if k[0] in wanted]
+        vram = [k for k in self._vram if k[0] in wanted]
         total = len(rows) * n_experts
-        # Pinned and cached experts are disjoint: pinning takes an expert out of the LRU.
+        # The tiers are disjoint: pinning takes an expert out of the LRU, an upload out of
+        # both, so colibri's ram = pinned - vram + lru is simply the RAM-held count here.
         ram_bytes = sum(self.stored_bytes(k) for k in resident)
-        return TierCounts(0, len(resident), total - len(resident), 0, ram_bytes)
+        vram_bytes = sum(self._vram[k] for k in vram)
+        return TierCounts(len(vram), len(resident), total - len(resident) - len(vram),
+                          vram_bytes, ram_bytes)
 
     def counters(self) -> StoreCounters:
         return replace(self._counters)  # a snapshot; vars() fails on mypyc-compiled classes

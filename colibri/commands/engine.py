@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from colibri.commands.backend_choice import add_backend_arguments, available_backend
+from colibri.commands.gpu_options import add_gpu_arguments, apply_gpu_arguments, gpu_error
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_backend_arguments(parser)
     parser.add_argument("--device", help="the backend's device (e.g. cpu, cuda)")
+    add_gpu_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -48,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
     backend = available_backend(args, "colibri engine")
     if backend is None:
         return 2
+    problem = gpu_error(args.gpu, args.vram_gb)
+    if problem is not None:
+        print(f"colibri engine: {problem}", file=sys.stderr)
+        return 2
+    # Into this process's environment: the backend's device probe reads COLI_CUDA/COLI_GPUS.
+    apply_gpu_arguments(args.gpu, args.vram_gb, os.environ)
     try:
         settings = from_environment(
             os.environ,

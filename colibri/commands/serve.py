@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from colibri.commands.gpu_options import add_gpu_arguments, apply_gpu_arguments, gpu_error
 from colibri.engine.registry import BACKENDS
 
 
@@ -66,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--usage", type=Path, default=None, metavar="FILE",
                         help="with --auto-tier: a .coli_usage or STATS dump to pin the most "
                         "used experts from (default: $PIN when it names a file)")
+    add_gpu_arguments(parser)
 
 
 def auto_tier(model_dir: Path, kv_slots: int, usage: Path | None, env: dict[str, str],
@@ -166,6 +168,11 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model or str(resources.default_model_dir())
     spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd, args.backend)
     env = engine_env(spec, config)
+    problem = gpu_error(args.gpu, args.vram_gb)
+    if problem is not None:
+        print(f"colibri serve: {problem}", file=sys.stderr)
+        return 1
+    apply_gpu_arguments(args.gpu, args.vram_gb, env)  # the engine reads them from its env
     if getattr(args, "auto_tier", False):
         from colibri.plan import PlanError
 

@@ -144,6 +144,17 @@ class Repin:
     gpu: int = -1
 
 
+class VramTier(Protocol):
+    """A device's expert slots (tier 2), driven by the expert store: ``upload`` when the store
+    admits an expert to VRAM (False when the device or its budget refuses: the expert then
+    stays where it was, in RAM or on disk), ``release`` when it evicts one. The backend that
+    computes on the device implements it and reads the expert's bytes itself; the store keeps
+    the books (which experts, how many bytes, the budget)."""
+
+    def upload(self, layer: int, expert: int) -> bool: ...
+    def release(self, layer: int, expert: int) -> None: ...
+
+
 class Tiers(Protocol):
     """Where each routed expert lives (EMAP tier bits, TIERS, DONE's hit %, PERF's disk
     time) and the pinned hot set. Which experts to pin is the engine's policy."""

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from colibri.engine.backend import Device
+
 #: The driver's soname: what the driver package installs (the toolkit ships only a stub).
 DRIVER_LIBRARY = "libcuda.so.1"
 LIBRARY_ENV = "COLIBRI_LIBCUDA"
@@ -71,6 +73,25 @@ class CudaDevice:
     def peak_bandwidth_bytes_s(self) -> float:
         """The spec sheet's memory bandwidth (double data rate × bus width); 0 when unknown."""
         return 2.0 * self.memory_clock_khz * 1e3 * self.memory_bus_bits / 8
+
+
+def vram_budget(requested_bytes: int, free_bytes: int, reserve_bytes: int) -> int:
+    """The VRAM expert tier's byte budget on one device: the request (CUDA_EXPERT_GB; -1 is
+    ``auto``) capped by what the device has free minus the reserve (CUDA_RESERVE_GB), as
+    colibri's planner does; an unknown free size (-1) leaves the request as it is (the
+    device's own refusals then bound it)."""
+    if requested_bytes == 0:
+        return 0
+    if free_bytes < 0:
+        return max(0, requested_bytes)
+    usable = max(0, free_bytes - reserve_bytes)
+    return usable if requested_bytes < 0 else min(requested_bytes, usable)
+
+
+def engine_device(d: CudaDevice, used_bytes: int, experts: int) -> Device:
+    """The engine seam's view of a device (HWINFO, GPUS): total memory, what this process
+    holds there, the experts resident there."""
+    return Device(d.index, d.name, d.total_bytes, used_bytes, experts)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,9 @@ def build_runtime(
     given), the state directory, and the pinned hot set."""
     model_dir = settings.model_dir
     if backend is None:
-        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, device=settings.device)
+        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, device=settings.device,
+                                 vram_budget_bytes=settings.vram_budget_bytes,
+                                 vram_reserve_bytes=settings.vram_reserve_bytes)
         try:
             backend = open_backend(settings.backend, model_dir, options, log)
         except BackendUnavailable as exc:
@@ -84,6 +86,13 @@ def build_runtime(
         ranked = _pin_ranking(runtime, settings.pin, log)
         count = runtime.tiers.pin(ranked, settings.pin_budget_bytes)
         print(f"[PIN] pinned {count} experts from {settings.pin}", file=log)
+    elif settings.vram_budget_bytes != 0:
+        # colibri uploads a prefix of the pin ranking to VRAM; without PIN the ranking is the
+        # engine's own history and nothing is pinned in RAM. A store with no VRAM tier (a CPU
+        # backend) places nothing, so its output is unchanged.
+        count = runtime.tiers.pin(_pin_ranking(runtime, "auto", log), 0)
+        if count:
+            print(f"[VRAM] placed {count} experts from the usage history", file=log)
     return runtime
 
 

@@ -33,6 +33,11 @@ class BackendOptions:
     ram_budget_bytes: int = 0
     #: The backend's device choice (``--device``); None is its default.
     device: str | None = None
+    #: The VRAM expert tier's requested budget (``--vram-gb``, CUDA_EXPERT_GB): 0 none, -1
+    #: auto (all the device's free memory but the reserve); see ``cuda_devices.vram_budget``.
+    vram_budget_bytes: int = 0
+    #: Device memory left free for everything but experts (CUDA_RESERVE_GB, default 2).
+    vram_reserve_bytes: int = 2_000_000_000
 
 
 def _module(name: str) -> ModuleType:

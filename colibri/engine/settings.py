@@ -56,6 +56,10 @@ class EngineSettings:
     device: str | None = None  # the backend's device choice (--device), None: its default
     #: COLI_GRAMMAR_OVERLAP=0: grammar masks on the sampling thread, not during the forward
     grammar_overlap: bool = True
+    #: CUDA_EXPERT_GB (``--vram-gb``): the VRAM expert tier's budget; 0 none, -1 auto.
+    vram_budget_bytes: int = 0
+    #: CUDA_RESERVE_GB: device memory the VRAM tier leaves free (colibri's 2.0).
+    vram_reserve_bytes: int = 2_000_000_000
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -154,7 +158,19 @@ def from_environment(
         usage_save=_flag(env, "USAGE_SAVE", True),
         usage_decay=_decay(env),
         grammar_overlap=_flag(env, "COLI_GRAMMAR_OVERLAP", True),
+        vram_budget_bytes=_vram_budget(env),
+        vram_reserve_bytes=_gb(env, "CUDA_RESERVE_GB", 2.0),
     )
+
+
+def _vram_budget(env: Mapping[str, str]) -> int:
+    """CUDA_EXPERT_GB: a size in GB, or ``auto`` (-1: what the device has free but the
+    reserve). ``COLI_CUDA=0`` (``--gpu none``) means no VRAM tier whatever it says."""
+    if env.get("COLI_CUDA", "").strip() == "0":
+        return 0
+    if env.get("CUDA_EXPERT_GB", "").strip().lower() == "auto":
+        return -1
+    return _gb(env, "CUDA_EXPERT_GB", 0.0)
 
 
 def _decay(env: Mapping[str, str]) -> float:
