@@ -28,6 +28,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.control_plane_overhead",
     "colibri.benchmarks.grammar_mask",
     "colibri.benchmarks.default_model",
+    "colibri.benchmarks.cuda_decode",
 )
 
 

@@ -125,24 +125,35 @@ def build_tensors(cfg: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def bench_model_dir(cache_dir: Path, seed: int = BENCH_SEED) -> Path:
+#: The GPU bench model (issue 19): the same architecture with 64 experts in 9 of 12 layers,
+#: about 3.9 GB as float32 (experts 3.6 GB), so a step's weights are far beyond any cache and
+#: the VRAM tier has something to split; generated on the GPU machine by tools/gpu_check.sh.
+GPU_BENCH_CONFIG: dict[str, Any] = {**BENCH_CONFIG, "num_hidden_layers": 12,
+                                    "n_routed_experts": 64}
+GPU_BENCH_REVISION = 1
+
+
+def bench_model_dir(cache_dir: Path, seed: int = BENCH_SEED, *, gpu: bool = False) -> Path:
     """Where ``ensure_bench_model`` keeps the model (nothing is generated)."""
+    if gpu:
+        return cache_dir / f"glm5-gpu-bench-{seed}-r{GPU_BENCH_REVISION}"
     return cache_dir / f"glm5-bench-{seed}-r{BENCH_REVISION}"
 
 
-def ensure_bench_model(cache_dir: Path, seed: int = BENCH_SEED) -> Path:
-    """The benchmark model directory, generated on first use."""
-    target = bench_model_dir(cache_dir, seed)
+def ensure_bench_model(cache_dir: Path, seed: int = BENCH_SEED, *, gpu: bool = False) -> Path:
+    """The benchmark model directory (``gpu``: the GPU-sized one), generated on first use."""
+    target = bench_model_dir(cache_dir, seed, gpu=gpu)
     done = target / "bench_manifest.json"
     if done.is_file():
         return target
     target.mkdir(parents=True, exist_ok=True)
-    cfg = dict(BENCH_CONFIG)
+    cfg = dict(GPU_BENCH_CONFIG if gpu else BENCH_CONFIG)
     (target / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     (target / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=2) + "\n"
     )
     write_safetensors(target / "model.safetensors", build_tensors(cfg, seed), {"format": "pt"})
-    done.write_text(json.dumps({"seed": seed, "revision": BENCH_REVISION,
-                                "generator": "colibri.benchmarks.bench_model"}))
+    done.write_text(json.dumps({"seed": seed,
+                                "revision": GPU_BENCH_REVISION if gpu else BENCH_REVISION,
+                                "gpu": gpu, "generator": "colibri.benchmarks.bench_model"}))
     return target

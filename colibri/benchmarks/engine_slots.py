@@ -29,8 +29,10 @@ TARGET_RATIO_8_OVER_1 = 3.0
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 
 
-def measure(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, Any]:
-    """Run the mux loop in this process with `slots` busy slots; time the full steps."""
+def measure(model_dir: Path, slots: int, tokens: int, warmup: int, backend: str = "reference",
+            device: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the mux loop in this process with `slots` busy slots; time the full steps (on
+    ``backend``/``device``; ``extra_env`` adds engine variables, e.g. CUDA_EXPERT_GB)."""
     from colibri.engine.main import build_runtime
     from colibri.engine.mux import MuxEngine
     from colibri.engine.settings import from_environment
@@ -38,10 +40,11 @@ def measure(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, 
     from colibri.engine.wire_output import FrameWriter
 
     # Plain decode: MTP drafting would change the row count.
-    env = {"COLI_PERSIST": "0", "DRAFT": "0"}
+    env = {"COLI_PERSIST": "0", "DRAFT": "0", **(extra_env or {})}
     budget = warmup + tokens + slots  # later slots join one step after another
     ctx = len(PROMPT) + budget + 8
-    settings = from_environment(env, model_dir=model_dir, kv_slots=slots, ctx=ctx)
+    settings = from_environment(env, model_dir=model_dir, kv_slots=slots, ctx=ctx,
+                                backend=backend, device=device)
     t0 = time.perf_counter()
     # No request may end early on a stop token: every slot stays busy.
     runtime = build_runtime(settings, env, io.StringIO(), ignore_stops=True)
@@ -141,8 +144,14 @@ def main() -> int:
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--backend", default="reference")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an engine variable for this run (repeatable)")
     args = parser.parse_args()
-    print(json.dumps(measure(args.model, args.slots, args.tokens, args.warmup)))
+    extra = dict(item.split("=", 1) for item in args.env)
+    print(json.dumps(measure(args.model, args.slots, args.tokens, args.warmup, args.backend,
+                             args.device, extra)))
     return 0
 
 

@@ -134,8 +134,9 @@ def device_json(d: CudaDevice) -> dict[str, object]:
             "memory_clock_khz": d.memory_clock_khz}
 
 
-class _Driver:
-    """The driver library's entry points, each call checked (a failure names its CUresult)."""
+class Driver:
+    """The driver library's entry points; ``call`` returns each CUresult, ``error_name`` names
+    it (the probe here, the bench's copy-bandwidth measurement in colibri.benchmarks)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
@@ -202,6 +203,21 @@ class _Driver:
         )
 
 
+def open_driver(env: Mapping[str, str] | None = None,
+                library: str | None = None) -> Driver | str:
+    """The initialised driver (cuInit done), or why not (the probe's reasons)."""
+    env = os.environ if env is None else env
+    lib_name = library or env.get(LIBRARY_ENV) or DRIVER_LIBRARY
+    try:
+        drv = Driver(ctypes.CDLL(lib_name))
+    except OSError:
+        return f"no NVIDIA driver: {lib_name} not found"
+    code = drv.call("cuInit", 0)
+    if code != 0:
+        return f"cuInit returned {code} ({drv.error_name(code)})"
+    return drv
+
+
 def requested_ordinals(env: Mapping[str, str]) -> tuple[int, ...] | None:
     """COLI_GPUS (a comma list) or COLI_GPU (one ordinal); None: every device. A value that is
     not a list of ordinals names none (an empty tuple), and the probe says which value."""
@@ -227,14 +243,14 @@ def probe(env: Mapping[str, str] | None = None, *, library: str | None = None,
         detail = str(exc).split(":")[-1].strip()
         return Probe(library=lib_name,
                      reason=f"no NVIDIA driver: {lib_name} not found ({detail})")
-    drv = _Driver(lib)
+    drv = Driver(lib)
     try:
         return _probe_driver(drv, lib_name, env, with_free)
     except (AttributeError, OSError, ValueError) as exc:  # a broken library, not a crash
         return Probe(library=lib_name, reason=f"the NVIDIA driver {lib_name} is unusable: {exc}")
 
 
-def _probe_driver(drv: _Driver, lib_name: str, env: Mapping[str, str],
+def _probe_driver(drv: Driver, lib_name: str, env: Mapping[str, str],
                   with_free: bool) -> Probe:
     code = drv.call("cuInit", 0)
     version = ctypes.c_int(0)
