@@ -37,6 +37,9 @@ from colibri.benchmarks import BenchOptions, Section, register
 #: VRAM shares of the expert bytes for the tiered runs (1.0 is decode_cuda's auto budget).
 TIER_SHARES = (0.25, 0.5)
 SLOT_COUNTS = (1, 4, 8)
+#: Each phase kind's deadline in seconds (tools/gpu_check caps them by its budget left).
+PHASE_DEADLINES: dict[str, float] = {"copy": 60, "decode_cuda": 150, "slots": 90,
+                                     "decode_cpu": 150, "tiered": 120}
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 
 
@@ -124,8 +127,11 @@ def expert_bytes(model_dir: Path) -> int:
 Phase = tuple[str, Callable[[], dict[str, Any]]]
 
 
-def phases(model_dir: Path, tokens: int, warmup: int, timeouts: dict[str, float]) -> list[Phase]:
-    """The section's phases in order, each a thunk running one worker process."""
+def phases(model_dir: Path, tokens: int, warmup: int,
+           deadline: Callable[[str], float] = PHASE_DEADLINES.__getitem__,
+           copy_gib: float = 1.0) -> list[Phase]:
+    """The section's phases in order, each a thunk running one worker process under
+    ``deadline(kind)`` seconds, asked when the phase starts."""
     py = sys.executable
 
     def decode_cmd(backend: str, device: str, vram: int) -> list[str]:
@@ -138,11 +144,10 @@ def phases(model_dir: Path, tokens: int, warmup: int, timeouts: dict[str, float]
                 "--slots", str(n), "--tokens", str(tokens), "--warmup", str(warmup),
                 "--backend", "accelerated", "--device", "cuda", "--env", "CUDA_EXPERT_GB=auto"]
 
-    def timeout(name: str) -> float:
-        return timeouts.get(name, timeouts.get("default", 120.0))
-
+    timeout = deadline
     out: list[Phase] = [
-        ("copy", lambda: run_phase([py, "-m", "colibri.benchmarks.cuda_copy"], timeout("copy"))),
+        ("copy", lambda: run_phase([py, "-m", "colibri.benchmarks.cuda_copy", "--gib",
+                                    str(copy_gib)], timeout("copy"))),
         ("decode_cuda", lambda: run_phase(decode_cmd("accelerated", "cuda", -1),
                                           timeout("decode_cuda"))),
     ]
@@ -160,9 +165,9 @@ def phases(model_dir: Path, tokens: int, warmup: int, timeouts: dict[str, float]
     return out
 
 
-def run_phases(model_dir: Path, tokens: int, warmup: int,
-               timeouts: dict[str, float]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, thunk in phases(model_dir, tokens, warmup, timeouts):
+def run_phases(model_dir: Path, tokens: int,
+               warmup: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, thunk in phases(model_dir, tokens, warmup):
         yield name, thunk()
 
 
@@ -182,7 +187,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     if why is not None:
         return {"refused": why}
     model_dir = options.model or ensure_bench_model(options.cache_dir, gpu=True)
-    results = dict(run_phases(model_dir, options.tokens, options.warmup, {}))
+    results = dict(run_phases(model_dir, options.tokens, options.warmup))
     return assemble(model_dir, results, options.tokens, options.warmup)
 
 

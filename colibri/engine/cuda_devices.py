@@ -22,9 +22,10 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from colibri.engine.backend import Device
+if TYPE_CHECKING:  # the probe's child process stays free of numpy (engine.backend's)
+    from colibri.engine.backend import Device
 
 #: The driver's soname: what the driver package installs (the toolkit ships only a stub).
 DRIVER_LIBRARY = "libcuda.so.1"
@@ -91,6 +92,8 @@ def vram_budget(requested_bytes: int, free_bytes: int, reserve_bytes: int) -> in
 def engine_device(d: CudaDevice, used_bytes: int, experts: int) -> Device:
     """The engine seam's view of a device (HWINFO, GPUS): total memory, what this process
     holds there, the experts resident there."""
+    from colibri.engine.backend import Device
+
     return Device(d.index, d.name, d.total_bytes, used_bytes, experts)
 
 
