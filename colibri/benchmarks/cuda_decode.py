@@ -60,7 +60,11 @@ def decode(model_dir: Path, backend: str, device: str | None, vram_budget_bytes:
                       log)
     try:
         load_s = time.perf_counter() - t0
-        placed = be.tiers.pin([], 0) if vram_budget_bytes else 0
+        # The VRAM share spread evenly over the layers (expert e of every layer before expert
+        # e + 1 of any), so every step mixes device and host experts as a partial tier does.
+        spread = [(layer, e) for e in range(be.shape.n_routed_experts)
+                  for layer in usage_rows(be.shape)]
+        placed = be.tiers.pin(spread, 0) if vram_budget_bytes else 0
         state = be.new_state()
         logits = be.step([StepRow(state, t, i == len(PROMPT) - 1)
                           for i, t in enumerate(PROMPT)]).logits[0]
