@@ -15,7 +15,8 @@
 #    $OUT/gpu_report.json after every step.
 #
 # Exit status: 0 every step passed; 1 some step failed (see the report); 2 the venv could not
-# be made; 3 no usable CUDA device; 4 the bench model could not be generated.
+# be made; 3 no usable CUDA device; 4 the bench model could not be generated; 5 the check
+# itself crashed (the report has the traceback).
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu-report}"

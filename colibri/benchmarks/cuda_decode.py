@@ -103,8 +103,8 @@ def run_phase(cmd: list[str], timeout_s: float) -> dict[str, Any]:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")
-        text = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        raw = exc.stderr or b""
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
         return {"error": f"timed out after {timeout_s:g} s", "timed_out": True,
                 "stderr_tail": text.strip().splitlines()[-5:]}
     wall = time.perf_counter() - t0
@@ -114,8 +114,10 @@ def run_phase(cmd: list[str], timeout_s: float) -> dict[str, Any]:
     except ValueError:
         result = {}
     if proc.returncode != 0 or not result:
-        return {"error": result.get("error") or f"exit {proc.returncode}",
-                "stderr_tail": proc.stderr.strip().splitlines()[-8:], "wall_s": wall}
+        lines = proc.stderr.strip().splitlines()[-8:]
+        last = f": {lines[-1]}" if lines else ""
+        return {"error": result.get("error") or f"exit {proc.returncode}{last}",
+                "stderr_tail": lines, "wall_s": wall}
     result["wall_s"] = wall
     return result
 

@@ -66,6 +66,7 @@ class Run:
 
     def record(self, step: str, status: str, wall_s: float, **detail: Any) -> None:
         self.report["steps"][step] = {"status": status, "wall_s": round(wall_s, 3), **detail}
+        self.report["current"] = f"after {step}"
         self.write()
 
     def stop(self, step: str, reason: str) -> None:
@@ -168,6 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-build", action="store_true", help="(tests) no `make build`")
     args = parser.parse_args(argv)
     run = Run(args.out, args.budget_s)
+    try:
+        return _check(run, args)
+    except Exception as exc:  # noqa: BLE001 - the report must say what broke, then it ends
+        import traceback
+
+        run.report["traceback"] = traceback.format_exc().splitlines()[-12:]
+        run.stop(run.report.get("current", "?"), f"the check itself crashed: "
+                 f"{type(exc).__name__}: {exc}")
+        return 5
+
+
+def _check(run: Run, args: argparse.Namespace) -> int:
     py = sys.executable
 
     t0 = time.monotonic()

@@ -88,3 +88,18 @@ def test_budget_skips_what_no_longer_fits(tmp_path: Path) -> None:
 ])
 def test_pytest_summary(output: str, summary: str) -> None:
     assert pytest_summary(output) == summary
+
+
+def test_a_crash_of_the_check_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from colibri.benchmarks import gpu_check
+
+    def broken(run: Run, args: object) -> int:
+        run.record("environment", "ok", 0.0)
+        raise RuntimeError("the disk is full")
+
+    monkeypatch.setattr(gpu_check, "_check", broken)
+    assert gpu_check.main(["--out", str(tmp_path)]) == 5
+    report = json.loads((tmp_path / "gpu_report.json").read_text())
+    assert report["status"] == "stopped" and report["stopped_at"] == "after environment"
+    assert report["reason"] == "the check itself crashed: RuntimeError: the disk is full"
+    assert report["traceback"][-1] == "RuntimeError: the disk is full"
