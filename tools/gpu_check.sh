@@ -5,6 +5,12 @@
 #
 #   OUT=/some/dir tools/gpu_check.sh        (default OUT: ./gpu-report)
 #
+# Through the device tool: here, `bash tools/gpu_wheels.sh` once (about 5 MB into .whl/); then
+# run(command="bash tools/gpu_check.sh", carry=[".whl"], timeout_s=600): $OUT is the tool's
+# folder, and what comes back is gpu_report.json, setup.log, build.log, pytest_gpu.log and
+# pytest_gpu.xml. Options after the script name go to colibri.benchmarks.gpu_check (--only
+# PHASE... to rerun some bench phases, --budget-s, --tokens).
+#
 # 1. a venv over the image's own Python packages (--system-site-packages: numpy, pytest, ...;
 #    no index is asked, the machine has no network), the carried wheels, and this checkout
 #    installed editable without dependencies: about 30 s instead of `make .venv/.stamp-test`'s

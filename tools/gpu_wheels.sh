@@ -13,7 +13,7 @@ import importlib.metadata as m
 # setuptools: the editable install builds with the venv's own (pyproject's SPDX license
 # string needs setuptools >= 77, newer than some images carry).
 names = ["setuptools", "syrupy", "tornado", "jsonschema", "jsonschema-specifications",
-         "referencing", "rpds-py", "llguidance"]
+         "referencing", "rpds-py", "llguidance", "gguf"]
 print(" ".join(f"{n}=={m.version(n)}" for n in names))
 PY
 )
