@@ -49,3 +49,27 @@ def test_engine_refuses_a_malformed_gpu_flag() -> None:
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
     assert done.returncode == 2
     assert "colibri engine: --gpu must be auto, none or a list of device ordinals" in done.stderr
+
+
+def test_serve_hands_the_mapping_to_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from colibri.commands import serve
+    from colibri.server import runner
+
+    seen: dict[str, str] = {}
+
+    async def fake_serve_forever(config: object, argv: list[str], env: dict[str, str],
+                                 port: int) -> int:
+        seen.update(env)
+        return 0
+
+    monkeypatch.setattr(runner, "serve_forever", fake_serve_forever)
+    monkeypatch.setenv("CUDA_EXPERT_GB", "3")
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(["--gpu", "0,1", "--vram-gb", "auto"])
+    assert serve.run(args) == 0
+    assert (seen["COLI_CUDA"], seen["COLI_GPUS"], seen["CUDA_EXPERT_GB"],
+            seen["CUDA_DENSE"]) == ("1", "0,1", "auto", "1")
+    assert serve.run(parser.parse_args(["--gpu", "x"])) == 1
