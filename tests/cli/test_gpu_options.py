@@ -54,8 +54,9 @@ def test_engine_refuses_a_malformed_gpu_flag() -> None:
 def test_serve_hands_the_mapping_to_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from colibri.commands import serve
     from colibri.server import runner
+
+    from colibri.commands import serve
 
     seen: dict[str, str] = {}
 
