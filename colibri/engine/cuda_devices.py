@@ -22,10 +22,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the probe's child process stays free of numpy (engine.backend's)
-    from colibri.engine.backend import Device
+from typing import Any
 
 #: The driver's soname: what the driver package installs (the toolkit ships only a stub).
 DRIVER_LIBRARY = "libcuda.so.1"
@@ -87,14 +84,6 @@ def vram_budget(requested_bytes: int, free_bytes: int, reserve_bytes: int) -> in
         return max(0, requested_bytes)
     usable = max(0, free_bytes - reserve_bytes)
     return usable if requested_bytes < 0 else min(requested_bytes, usable)
-
-
-def engine_device(d: CudaDevice, used_bytes: int, experts: int) -> Device:
-    """The engine seam's view of a device (HWINFO, GPUS): total memory, what this process
-    holds there, the experts resident there."""
-    from colibri.engine.backend import Device
-
-    return Device(d.index, d.name, d.total_bytes, used_bytes, experts)
 
 
 @dataclass(frozen=True)

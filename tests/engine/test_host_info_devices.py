@@ -1,5 +1,5 @@
 """HWINFO and GPUS from devices the driver reports (the fake driver's two devices through the
-probe and ``engine_device``), and CPU backends' lines unchanged."""
+probe), and CPU backends' lines unchanged."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from support import fake_cuda
 
-from colibri.engine.cuda_devices import LIBRARY_ENV, engine_device, probe
+from colibri.engine.backend import Device
+from colibri.engine.cuda_devices import LIBRARY_ENV, probe
 from colibri.engine.host_info import gpus_line, hwinfo_line
 
 
@@ -19,7 +20,8 @@ def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_hwinfo_and_gpus_from_the_driver(fake_lib: Path) -> None:
     found = probe({LIBRARY_ENV: str(fake_lib)}, with_free=False)
-    devices = [engine_device(d, used_bytes=3 * 10**9 * (d.index + 1), experts=40 + d.index)
+    # what a CUDA backend's devices() reports: the driver's devices, its own use of them
+    devices = [Device(d.index, d.name, d.total_bytes, 3 * 10**9 * (d.index + 1), 40 + d.index)
                for d in found.devices]
     fields = hwinfo_line(devices).split("|")[0].split()
     total = (2 * fake_cuda.TOTAL + fake_cuda.GIB) / 1e9
