@@ -26,6 +26,7 @@ const char *col_strerror(int code) {
     case COL_ENOMEM: return "out of memory";
     case COL_EDTYPE: return "unsupported weight dtype";
     case COL_ETHREAD: return "cannot start threads";
+    case COL_EMISSING: return "a chosen expert is not resident";
     default: return "unknown error";
     }
 }

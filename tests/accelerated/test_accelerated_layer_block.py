@@ -112,4 +112,4 @@ def test_malformed_tables_are_refused_by_the_c_side() -> None:
     s.reserve(1)
     cos = np.ones((2, m.config.qk_rope_head_dim // 2), np.float32)
     with pytest.raises(KernelInvalidArgument):
-        block.attention(m.kernels, x, cos, cos, [s.layers[0]] * 2, [0, 0])
+        block.step(m.kernels, x, cos, cos, [s.layers[0]] * 2, [0, 0], np.zeros(2))
