@@ -60,6 +60,9 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "col_layer_step": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p,
                                c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                c_void_p, c_void_p]),
+    "col_decoder_layers": (c_int, [c_void_p, c_size_t, c_void_p, c_size_t, c_size_t, c_void_p,
+                                   c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
+                                   c_void_p, c_void_p, c_void_p, c_void_p]),
     "col_layer_routed": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p,
                                  c_void_p]),
 }

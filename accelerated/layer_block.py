@@ -135,13 +135,18 @@ class LayerBlock:
         if not all(mapped(a) for a in expert_arrays(ex)):
             self.transient.append(e)
 
+    @property
+    def routed(self) -> bool:
+        """A layer with routed experts (else a dense one)."""
+        return bool(self.held)
+
     def release(self) -> None:
         for e in self.transient:
             self.held[e] = None
             self.experts[3 * e : 3 * e + 3] = np.zeros(3, MAT_DTYPE)
         self.transient.clear()
 
-    def _cache_pointers(self, caches: Sequence[KVLayer], slots: Sequence[int]) -> np.ndarray:
+    def cache_pointers(self, caches: Sequence[KVLayer], slots: Sequence[int]) -> np.ndarray:
         names = ("latent", "rope_key", "index_key") if self.index_keys else ("latent", "rope_key")
         ptrs = np.zeros((len(names), len(slots)), np.uint64)
         for r, (cache, slot) in enumerate(zip(caches, slots, strict=True)):
@@ -163,7 +168,7 @@ class LayerBlock:
             raise KernelInvalidArgument("layer step: x, cos/sin or slots do not match")
         if seconds.dtype != np.float64 or seconds.shape != (2,):
             raise KernelInvalidArgument("layer step: seconds must be float64 [2]")
-        ptrs = self._cache_pointers(caches, slots)
+        ptrs = self.cache_pointers(caches, slots)
         slot_a = np.asarray(slots, np.uint64)
         h = np.empty_like(x)
         chosen = weights = None

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from colibri.accelerated.decoder_stack import DecoderStack
 from colibri.accelerated.kernels import F32, MAT_DTYPE, Kernels, Products, Weight
 from colibri.accelerated.layer_block import LayerBlock
 from colibri.accelerated.weights import (
@@ -43,7 +44,7 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.kv_cache import KVLayer
+from colibri.reference.kv_cache import KVLayer, KVState
 from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.timing import PhaseClock
@@ -137,9 +138,12 @@ class Model(RowModel):
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
         self._products: dict[tuple[int, bool, bool], Products] = {}
         self._blocks: dict[int, LayerBlock] = {}
-        #: Layers in two C calls where they can be (``layer_block``); False forces the
-        #: per-kernel path everywhere (the tests compare the two byte for byte).
+        #: Layers in one C call where they can be (``layer_block``), and a step's decoder
+        #: layers all in one (``decoder_stack``) when none selects; False forces the
+        #: per-kernel path everywhere (the tests compare the paths byte for byte).
         self.fused_layers = True
+        self.fused_stack = True
+        self._stack: DecoderStack | None = None
 
     @property
     def mtp(self) -> Layer | None:
@@ -190,6 +194,37 @@ class Model(RowModel):
         return self.prefill(self.new_state(), ids)
 
     # --- the row hooks of RowModel (prefill, decode, decode_batch, forward_rows, mtp_draft) --
+
+    def _decoder_layers(self, states: Sequence[KVState], positions: list[int], x: F32,
+                        rope: tuple[F32, F32]) -> tuple[F32, list[I32]]:
+        """All decoder layers in one C call unless some row would attend to a DSA-selected
+        subset of its past (then layer by layer, ``_row_layer``)."""
+        cfg = self.config
+        selecting = self.use_indexer and any(p + 1 > cfg.index_topk for p in positions) and any(
+            mode == "full" and lw.attention.indexer is not None
+            for mode, lw in zip(self.indexer_modes, self.layers, strict=True))
+        if not (self.fused_layers and self.fused_stack) or selecting:
+            return super()._decoder_layers(states, positions, x, rope)
+        if self._stack is None:
+            self._stack = DecoderStack([self._block(lw, mode == "full"
+                                                    and lw.attention.indexer is not None)
+                                        for lw, mode in zip(self.layers, self.indexer_modes,
+                                                            strict=True)],
+                                       cfg.num_experts_per_tok)
+        x = np.array(x, dtype=np.float32, order="C")  # updated in place
+        routes = self._stack.run(self.kernels, x, rope, states, positions, self.expert,
+                                 self.clock)
+        return x, routes
+
+    def _block(self, lw: Layer, index_keys: bool) -> LayerBlock:
+        """The layer's one-call record (one per layer: the decoder stack and the per-layer
+        path share its expert table)."""
+        block = self._blocks.get(lw.index)
+        if block is None or block.index_keys != index_keys:
+            block = self._blocks[lw.index] = LayerBlock(self.config, lw, index_keys)
+            if lw.index < len(self.layers):  # the stack's records point at its own blocks
+                self._stack = None
+        return block
 
     def _decoder_rows(self, layer: int, x: F32, positions: list[int], caches: list[KVLayer],
                       keeps: list[I64 | None], rope: tuple[F32, F32]) -> LayerRows:
@@ -254,9 +289,7 @@ class Model(RowModel):
     def _fused_layer(self, x: F32, lw: Layer, index_keys: bool, caches: list[KVLayer],
                      slots: list[int], rope: tuple[F32, F32]
                      ) -> tuple[F32, list[I64 | None], I32 | None]:
-        block = self._blocks.get(lw.index)
-        if block is None or block.index_keys != index_keys:
-            block = self._blocks[lw.index] = LayerBlock(self.config, lw, index_keys)
+        block = self._block(lw, index_keys)
         k, clock = self.kernels, self.clock
         m = x.shape[0]
         x = np.array(x, dtype=np.float32, order="C")  # updated in place below

@@ -190,6 +190,18 @@ int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float
                    float *const *rope_key, float *const *index_key, const size_t *slot,
                    int32_t *chosen, float *weights, double *seconds);
 
+/* Decoder layers first .. n_layers - 1 over m rows, each one col_layer_step, x updated in
+ * place (h: an [m, d] scratch). caches[3 m l + j m + r] is row r's latent (j 0), rope-key (1)
+ * and index-key (2, full indexer layers) cache of layer l; chosen/weights [n_layers, m, top_k]
+ * (dense layers' blocks untouched). seconds [2] accumulates the layers' phases. On a non-zero
+ * status *stopped is the layer that returned it (COL_EMISSING: finish it with
+ * col_layer_routed, then continue from *stopped + 1); on success n_layers. */
+int col_decoder_layers(col_pool *pool, size_t n_layers, const col_layer *const *layers,
+                       size_t first, size_t m, float *x, float *h, const float *cos,
+                       const float *sin, float *const *caches, const size_t *slot,
+                       size_t top_k, int32_t *chosen, float *weights, double *seconds,
+                       size_t *stopped);
+
 /* x += the routed experts' weighted outputs (+ the shared expert) over h: rows grouped by
  * expert (col_group_rows), each expert read once for all its rows (col_moe_residual). */
 int col_layer_routed(col_pool *pool, const col_layer *L, size_t m, const float *h,

@@ -269,3 +269,31 @@ int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float
     free(every);
     return rc;
 }
+
+int col_decoder_layers(col_pool *pool, size_t n_layers, const col_layer *const *layers,
+                       size_t first, size_t m, float *x, float *h, const float *cos,
+                       const float *sin, float *const *caches, const size_t *slot,
+                       size_t top_k, int32_t *chosen, float *weights, double *seconds,
+                       size_t *stopped) {
+    if (layers == NULL || caches == NULL || stopped == NULL || seconds == NULL ||
+        first > n_layers || (top_k && (chosen == NULL || weights == NULL)))
+        return COL_EINVAL;
+    for (size_t l = first; l < n_layers; l++) {
+        const col_layer *L = layers[l];
+        if (L == NULL || (L->n_router && L->top_k != (int64_t)top_k)) return COL_EINVAL;
+        float *const *c = caches + 3 * m * l; /* latent, rope key, index key: m each */
+        double sec[2] = {0.0, 0.0};
+        int rc = col_layer_step(pool, L, m, x, h, cos, sin, c, c + m,
+                                L->index_keys ? c + 2 * m : NULL, slot,
+                                top_k ? chosen + l * m * top_k : NULL,
+                                top_k ? weights + l * m * top_k : NULL, sec);
+        seconds[0] += sec[0];
+        seconds[1] += sec[1];
+        if (rc) {
+            *stopped = l;
+            return rc;
+        }
+    }
+    *stopped = n_layers;
+    return COL_OK;
+}
