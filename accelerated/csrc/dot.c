@@ -227,6 +227,8 @@ static void dot_1x3(const float *w, size_t k, const float *x, size_t ldx, float 
 /* Weight rows per tile of col_dot_block: a tile stays in L2 while every group of four
  * activation rows passes over it. */
 #define DOT_TILE_BYTES ((size_t)256 << 10)
+/* Up to this many activation rows col_dot_block walks weight rows one at a time. */
+#define DOT_ROW_MAJOR 8
 
 void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t m, size_t ldx,
                    size_t k, float *out, size_t ldo) {
@@ -241,6 +243,24 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
         for (; n < n1; n++) out[n] = col_dot_f32(w + n * k, x, k);
         return;
     }
+#if defined(__AVX2__) && defined(__FMA__)
+    /* A decode batch's few rows: each weight row streams from memory once, in order (the next
+     * one prefetched), and stays in L1 while the activation rows meet it two or three at a
+     * time. Measured faster than the tiled 2 x 4 block below for up to DOT_ROW_MAJOR rows,
+     * whose four strided passes per pair of weight rows starve the memory stream. */
+    if (m <= DOT_ROW_MAJOR && k % 32 == 0) {
+        for (; n < n1; n++) {
+            size_t r = 0;
+            const float *wn = w + n * k;
+            for (; m - r >= 2; r += m - r == 3 || m - r == 5 ? 3 : 2)
+                (m - r == 3 || m - r == 5 ? dot_1x3 : dot_1x2)(wn, k, x + r * ldx, ldx,
+                                                              out + r * ldo + n, ldo,
+                                                              r == 0 ? k : 0);
+            if (r < m) out[r * ldo + n] = col_dot_f32(wn, x + r * ldx, k);
+        }
+        return;
+    }
+#endif
     /* Many activation rows (a prefill, a batch): a tile of weight rows, read from memory
      * once, meets the activations four rows at a time, so those four stay in L1 while the
      * tile's rows stream from L2 (rather than every activation row streaming from L2 for
