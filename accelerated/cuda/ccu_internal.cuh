@@ -1,0 +1,62 @@
+/* Shared by the .cu sources: the weight record, error reporting, launch shapes and the warp
+ * reductions that pair lanes exactly as ccu_formats.h's trees do. */
+#ifndef CCU_INTERNAL_CUH
+#define CCU_INTERNAL_CUH
+
+#include <cuda_runtime.h>
+
+#include "ccu_api.h"
+#include "ccu_formats.h"
+
+struct ccu_weight {
+    int quantized;
+    int dtype;      /* float weights */
+    int group_size; /* int4-grouped */
+    int64_t rows, cols;
+    void *data;      /* device */
+    int64_t data_len; /* bytes */
+    float *scales;   /* device, quantized only */
+    int64_t n_scales;
+    ccu_qview view; /* device addresses */
+};
+
+/* Records a failed runtime call for ccu_last_error; returns CCU_ECUDA (CCU_OK on success). */
+int ccu_fail_cuda(cudaError_t rc, const char *what);
+int ccu_fail(int code, const char *what);
+
+#define CCU_TRY(call, what)                                                                \
+    do {                                                                                    \
+        cudaError_t ccu_rc_ = (call);                                                       \
+        if (ccu_rc_ != cudaSuccess) return ccu_fail_cuda(ccu_rc_, what);                    \
+    } while (0)
+
+/* After a launch: a configuration error now, an execution error at the next sync. */
+#define CCU_LAUNCHED(what) CCU_TRY(cudaGetLastError(), what)
+
+/* Warps per block and blocks of a grid-stride launch: any values give the same results. */
+#define CCU_BLOCK 256
+static inline unsigned ccu_blocks(int64_t items, int64_t per_block) {
+    int64_t b = (items + per_block - 1) / per_block;
+    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));
+}
+
+#define CCU_FULL_MASK 0xffffffffu
+
+/* ccu_tree32 with shuffles: lane j += lane j + 16, + 8, + 4, + 2, + 1; lane 0 has the sum. */
+static __device__ inline float ccu_warp_tree32(float v) {
+    for (int s = 16; s >= 1; s /= 2) v = __fadd_rn(v, __shfl_down_sync(CCU_FULL_MASK, v, s));
+    return v;
+}
+
+/* ccu_tree_q with shuffles: (t[l] + t[l+8]) + (t[l+16] + t[l+24]), then + 4, + 2, + 1. */
+static __device__ inline float ccu_warp_tree_q(float t) {
+    float a = __fadd_rn(t, __shfl_down_sync(CCU_FULL_MASK, t, 8));
+    float u = __fadd_rn(a, __shfl_down_sync(CCU_FULL_MASK, a, 16));
+    for (int s = 4; s >= 1; s /= 2) u = __fadd_rn(u, __shfl_down_sync(CCU_FULL_MASK, u, s));
+    return u;
+}
+
+/* Products over device x / y (products.cu), used by moe.cu and attention.cu. */
+int ccu_products_init(void);
+
+#endif

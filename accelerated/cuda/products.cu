@@ -1,0 +1,152 @@
+/* Products y = x @ W.T over float or quantized weights in device memory, and fmt6's
+ * activation rotation. One warp computes one output element (r, o): lane l runs exactly
+ * ccu_f_lane / ccu_q_lane of ccu_formats.h (the CPU build's lane l), the warp reduces with the
+ * CPU trees' pairing. Warps walk the (r, o) items grid-stride, so the grid and block sizes
+ * decide only which warp computes an item, never its value; a row's result is the same alone
+ * or in any batch (sameness kind (c)), and equal to the CPU build's bits (the claim the GPU
+ * tests check; verified on the host by tests/accelerated/test_cuda_formats.py). */
+#include "ccu_internal.cuh"
+#include "quant/coli_quant_tables.h"
+
+/* The iq3xxs grid (doubled magnitudes) for the e8 decoder, copied in by ccu_products_init. */
+static __constant__ uint8_t c_grid[256][4];
+
+int ccu_products_init(void) {
+    CCU_TRY(cudaMemcpyToSymbol(c_grid, coli_q_iq3_grid, sizeof coli_q_iq3_grid),
+            "cudaMemcpyToSymbol grid");
+    return CCU_OK;
+}
+
+static __global__ void float_product(const void *w, int dtype, int64_t rows, int64_t k,
+                                     const float *x, int64_t m, int64_t ldx, float *y,
+                                     int64_t ldy, int fused) {
+    const int lane = (int)(threadIdx.x & 31);
+    const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
+         item += warps) {
+        int64_t r = item / rows, o = item % rows;
+        float v = ccu_warp_tree32(ccu_f_lane(w, dtype, o, k, x + r * ldx, lane, fused));
+        if (lane == 0) y[r * ldy + o] = v;
+    }
+}
+
+static __global__ void quant_product(ccu_qview view, const float *x, int64_t m, int64_t ldx,
+                                     float *y, int64_t ldy, int fused) {
+    const int lane = (int)(threadIdx.x & 31);
+    const int64_t rows = view.out_features;
+    const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
+         item += warps) {
+        int64_t r = item / rows, o = item % rows;
+        float v = ccu_warp_tree_q(ccu_q_lane(&view, o, x + r * ldx, lane, fused, c_grid));
+        if (lane == 0) y[r * ldy + o] = v;
+    }
+}
+
+/* One block per row: each power-of-two segment gets its signs (one thread walks the
+ * xorshift stream, which is sequential), then every span's independent butterflies, then
+ * the 1/sqrt(n) multiply -- csrc/quant/q_rotate.c's operations on the same pairs. */
+static __global__ void rotate_rows(float *x, int64_t cols) {
+    float *row = x + (int64_t)blockIdx.x * cols;
+    for (int64_t off = 0; off < cols;) {
+        int64_t n = ccu_rot_block(cols - off);
+        float *b = row + off;
+        if (threadIdx.x == 0) {
+            uint64_t s = 417u + (uint64_t)n;
+            for (int64_t i = 0; i < (n + 7) / 8; i++) {
+                unsigned byte = ccu_rot_sign_byte(&s);
+                for (int k = 0; k < 8 && 8 * i + k < n; k++)
+                    if ((byte >> k) & 1) b[8 * i + k] = -b[8 * i + k];
+            }
+        }
+        __syncthreads();
+        for (int64_t span = 1; span < n; span *= 2) {
+            for (int64_t p = threadIdx.x; p < n / 2; p += blockDim.x)
+                ccu_butterfly(b, (p / span) * 2 * span + p % span, span);
+            __syncthreads();
+        }
+        float inv = __fdiv_rn(1.0f, __fsqrt_rn((float)n));
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) b[j] = __fmul_rn(b[j], inv);
+        __syncthreads();
+        off += n;
+    }
+}
+
+int ccu_rotate(float *x_dev, int64_t m, int64_t cols) {
+    if (m < 0 || cols <= 0 || (m > 0 && x_dev == NULL) || m > 65535)
+        return ccu_fail(CCU_EINVAL, "ccu_rotate: bad rows, width or pointer");
+    if (m == 0) return CCU_OK;
+    rotate_rows<<<(unsigned)m, CCU_BLOCK>>>(x_dev, cols);
+    CCU_LAUNCHED("rotate_rows");
+    return CCU_OK;
+}
+
+int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, float *y_dev,
+               int64_t ldy, int flags) {
+    if (w == NULL || m < 0 || (flags & ~(CCU_X_ROTATED | CCU_TWO_ROUNDINGS)))
+        return ccu_fail(CCU_EINVAL, "ccu_matmul: NULL weight, negative rows or unknown flags");
+    if (m == 0) return CCU_OK;
+    if (x_dev == NULL || y_dev == NULL || ldx < w->cols || ldy < w->rows)
+        return ccu_fail(CCU_EINVAL, "ccu_matmul: NULL rows or strides shorter than a row");
+    int fused = !(flags & CCU_TWO_ROUNDINGS);
+    unsigned blocks = ccu_blocks(m * w->rows, CCU_BLOCK / 32);
+    if (!w->quantized) {
+        float_product<<<blocks, CCU_BLOCK>>>(w->data, w->dtype, w->rows, w->cols, x_dev, m, ldx,
+                                             y_dev, ldy, fused);
+        CCU_LAUNCHED("float_product");
+        return CCU_OK;
+    }
+    const float *x = x_dev;
+    float *rotated = NULL;
+    if (w->view.fmt == CCU_Q_E8_IQ3 && !(flags & CCU_X_ROTATED)) {
+        int rc = ccu_alloc((size_t)(m * w->cols) * sizeof(float), (void **)&rotated);
+        if (rc != CCU_OK) return rc;
+        CCU_TRY(cudaMemcpy2D(rotated, (size_t)w->cols * 4, x_dev, (size_t)ldx * 4,
+                             (size_t)w->cols * 4, (size_t)m, cudaMemcpyDeviceToDevice),
+                "cudaMemcpy2D rotate");
+        rc = ccu_rotate(rotated, m, w->cols);
+        if (rc != CCU_OK) {
+            cudaFree(rotated);
+            return rc;
+        }
+        x = rotated;
+        ldx = w->cols;
+    }
+    quant_product<<<blocks, CCU_BLOCK>>>(w->view, x, m, ldx, y_dev, ldy, fused);
+    cudaError_t launched = cudaGetLastError();
+    if (rotated) cudaFree(rotated); /* cudaFree waits for the kernel */
+    CCU_TRY(launched, "quant_product");
+    return CCU_OK;
+}
+
+/* A process-wide device scratch for the host-array entry points, grown as needed. */
+static void *scratch = NULL;
+static size_t scratch_bytes = 0;
+
+int ccu_host_scratch(size_t bytes, void **out) {
+    if (bytes > scratch_bytes) {
+        if (scratch) cudaFree(scratch);
+        scratch = NULL;
+        scratch_bytes = 0;
+        int rc = ccu_alloc(bytes, &scratch);
+        if (rc != CCU_OK) return rc;
+        scratch_bytes = bytes;
+    }
+    *out = scratch;
+    return CCU_OK;
+}
+
+int ccu_matmul_host(const ccu_weight *w, const float *x_host, int64_t m, float *y_host,
+                    int flags) {
+    if (w == NULL || m < 0) return ccu_fail(CCU_EINVAL, "ccu_matmul_host: NULL weight or m < 0");
+    if (m == 0) return CCU_OK;
+    if (x_host == NULL || y_host == NULL) return ccu_fail(CCU_EINVAL, "ccu_matmul_host: NULL");
+    size_t xb = (size_t)(m * w->cols) * 4, yb = (size_t)(m * w->rows) * 4;
+    void *buf = NULL;
+    int rc = ccu_host_scratch(xb + yb, &buf);
+    if (rc != CCU_OK) return rc;
+    float *x = (float *)buf, *y = (float *)((char *)buf + xb);
+    if ((rc = ccu_to_device(x, x_host, xb)) != CCU_OK) return rc;
+    if ((rc = ccu_matmul(w, x, m, w->cols, y, w->rows, flags)) != CCU_OK) return rc;
+    return ccu_to_host(y_host, y, yb);
+}
