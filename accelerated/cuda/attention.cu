@@ -6,8 +6,8 @@
  *   context_h = sum_t softmax(score)_t latent_t      (per column j, t ascending)
  *   out_h     = kv_b_v_h context_h                   (warp dots)
  *
- * One block per head; the softmax's expf is the device's, not libm's, so attention agrees
- * with the CPU within kind (b), not to the bit. */
+ * One block per head; the softmax's exponential is ccu_expf (not libm's expf, though equal
+ * to it on all but rare inputs), so attention agrees with the CPU within kind (b). */
 #include <math.h>
 
 #include "ccu_internal.cuh"
@@ -52,7 +52,7 @@ static __global__ void mla_heads(const float *q, int64_t nope, int64_t rope, int
         mx = m;
     }
     __syncthreads();
-    for (int64_t s = threadIdx.x; s < n; s += blockDim.x) scores[s] = expf(__fsub_rn(scores[s], mx));
+    for (int64_t s = threadIdx.x; s < n; s += blockDim.x) scores[s] = ccu_expf(__fsub_rn(scores[s], mx));
     __syncthreads();
     if (threadIdx.x == 0) {
         float acc = 0.0f;

@@ -56,6 +56,12 @@ static __device__ inline float ccu_warp_tree_q(float t) {
     return u;
 }
 
+/* expf as glibc computes it, nearly: the float64 exp (1 ulp of a double) rounded to float
+ * is the correctly rounded expf except within ~2^-29 ulp of a rounding boundary, and glibc's
+ * expf is correctly rounded except in similarly rare cases. The device's own expf is off by
+ * up to 2 ulp, which would make every SwiGLU and softmax differ from the CPU's. */
+static __device__ inline float ccu_expf(float x) { return (float)exp((double)x); }
+
 /* Products over device x / y (products.cu), used by moe.cu and attention.cu. */
 int ccu_products_init(void);
 
