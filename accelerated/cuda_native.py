@@ -315,15 +315,16 @@ class CudaDevice:
                                                  flags), "ccu_expert_mlp")
         return out
 
-    def on_device(self, call: str, inputs: list[np.ndarray], outputs: list[np.ndarray],
-                  *scalars: Any) -> None:
-        """Run ``ccu_<call>(*device inputs, *device outputs-as-ordered-by-the-caller)``: copies
-        each host array to a device buffer, calls with ``scalars`` in which ``None`` entries
-        are replaced, in order, by the buffers of inputs then outputs, and copies the outputs
-        back. (The GPU tests drive the elementwise and attention kernels through this.)"""
+    def on_device(self, call: str, arrays: list[np.ndarray], *args: Any) -> None:
+        """``ccu_<call>(*args)`` over device copies of ``arrays``: each ``None`` in ``args`` is,
+        in order, the device buffer of the next array; every array is copied in before the
+        call and back after it (so in-place kernels and outputs both land in the host
+        arrays). The GPU tests drive the elementwise and attention kernels through this."""
         buffers: list[int] = []
         try:
-            for a in (*inputs, *outputs):
+            for a in arrays:
+                if not a.flags.c_contiguous:
+                    raise CudaInvalidArgument(f"ccu_{call}: arrays must be C-contiguous")
                 ptr = c_void_p()
                 self._check(self.lib.ccu_alloc(max(a.nbytes, 1), ctypes.byref(ptr)), "ccu_alloc")
                 assert ptr.value is not None
@@ -331,9 +332,9 @@ class CudaDevice:
                 self._check(self.lib.ccu_to_device(ptr.value, a.ctypes.data, a.nbytes),
                             "ccu_to_device")
             it = iter(buffers)
-            args = [next(it) if s is None else s for s in scalars]
-            self._check(getattr(self.lib, f"ccu_{call}")(*args), f"ccu_{call}")
-            for a, ptr_value in zip(outputs, buffers[len(inputs):], strict=True):
+            self._check(getattr(self.lib, f"ccu_{call}")(*(next(it) if a is None else a
+                                                            for a in args)), f"ccu_{call}")
+            for a, ptr_value in zip(arrays, buffers, strict=True):
                 self._check(self.lib.ccu_to_host(a.ctypes.data, ptr_value, a.nbytes),
                             "ccu_to_host")
         finally:

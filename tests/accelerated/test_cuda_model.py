@@ -113,7 +113,10 @@ def test_dense_on_the_device_and_half_the_experts_in_vram_change_no_byte(name: s
             assert tier.upload(layer, e)
     assert tier.experts == len(model.sparse_layers) * ((model.config.n_routed_experts + 1) // 2)
     assert model.forward(IDS).tobytes() == _cpu_logits(name)
-    assert stand_in.calls["matmul"] > 0 and stand_in.calls["expert_mlp"] > 0
+    # A layer's dense or shared MLP is at most one device call; more means routed experts ran
+    # there (found by their mapped address, read separately by the tier and the model).
+    layers = len(model.layers) + (model.mtp_layer is not None)
+    assert stand_in.calls["matmul"] > 0 and stand_in.calls["expert_mlp"] > layers
 
 
 def test_released_experts_go_back_to_the_cpu() -> None:
