@@ -24,13 +24,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from colibri.accelerated.native_build import DEFAULT_OUT as NATIVE_OUT
 from colibri.accelerated.native_build import SOURCE_DIR as CSRC_DIR
+from colibri.accelerated.native_build import compile_library
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 DEFAULT_OUT = NATIVE_OUT / "cuda"
@@ -88,18 +87,11 @@ def build(compiler: str, out: Path | None = None) -> tuple[Path, bool]:
     want = stamp(compiler)
     if target.is_file() and stamp_file.is_file() and stamp_file.read_text() == want:
         return target, False
-    out.mkdir(parents=True, exist_ok=True)
-    # A temporary name, then a rename: a running engine never maps a half-written library.
-    with tempfile.NamedTemporaryFile(dir=out, suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
-    command = [compiler, *FLAGS, f"-I{SOURCE_DIR}", f"-I{CSRC_DIR}",
-               *(str(s) for s in sources()), "-o", str(partial)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise BuildError(f"{' '.join(command)}\n{result.stderr.strip()}")
-    partial.replace(target)
-    stamp_file.write_text(want)
+    error = compile_library(target, want, lambda partial: [
+        compiler, *FLAGS, f"-I{SOURCE_DIR}", f"-I{CSRC_DIR}", *(str(s) for s in sources()),
+        "-o", str(partial)])
+    if error is not None:
+        raise BuildError(error)
     return target, True
 
 

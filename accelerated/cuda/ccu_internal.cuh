@@ -23,6 +23,12 @@ struct ccu_weight {
 /* Records a failed runtime call for ccu_last_error; returns CCU_ECUDA (CCU_OK on success). */
 int ccu_fail_cuda(cudaError_t rc, const char *what);
 int ccu_fail(int code, const char *what);
+/* Makes the opened device current on the calling thread (every allocation does). */
+int ccu_bind_thread(void);
+/* The host-array entry points share one device scratch: they hold this lock. */
+int ccu_host_scratch(size_t bytes, void **out);
+void ccu_host_lock(void);
+void ccu_host_unlock(void);
 
 #define CCU_TRY(call, what)                                                                \
     do {                                                                                    \

@@ -5,6 +5,8 @@
  * decide only which warp computes an item, never its value; a row's result is the same alone
  * or in any batch (sameness kind (c)), and equal to the CPU build's bits (the claim the GPU
  * tests check; verified on the host by tests/accelerated/test_cuda_formats.py). */
+#include <mutex>
+
 #include "ccu_internal.cuh"
 #include "quant/coli_quant_tables.h"
 
@@ -88,6 +90,8 @@ int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, 
     if (m == 0) return CCU_OK;
     if (x_dev == NULL || y_dev == NULL || ldx < w->cols || ldy < w->rows)
         return ccu_fail(CCU_EINVAL, "ccu_matmul: NULL rows or strides shorter than a row");
+    int bound = ccu_bind_thread();
+    if (bound != CCU_OK) return bound;
     int fused = !(flags & CCU_TWO_ROUNDINGS);
     unsigned blocks = ccu_blocks(m * w->rows, CCU_BLOCK / 32);
     if (!w->quantized) {
@@ -119,9 +123,14 @@ int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, 
     return CCU_OK;
 }
 
-/* A process-wide device scratch for the host-array entry points, grown as needed. */
+/* A process-wide device scratch for the host-array entry points, grown as needed, used
+ * under host_lock (ctypes releases the GIL, so two Python threads may call at once). */
 static void *scratch = NULL;
 static size_t scratch_bytes = 0;
+static std::mutex host_lock;
+
+void ccu_host_lock(void) { host_lock.lock(); }
+void ccu_host_unlock(void) { host_lock.unlock(); }
 
 int ccu_host_scratch(size_t bytes, void **out) {
     if (bytes > scratch_bytes) {
@@ -143,10 +152,17 @@ int ccu_matmul_host(const ccu_weight *w, const float *x_host, int64_t m, float *
     if (x_host == NULL || y_host == NULL) return ccu_fail(CCU_EINVAL, "ccu_matmul_host: NULL");
     size_t xb = (size_t)(m * w->cols) * 4, yb = (size_t)(m * w->rows) * 4;
     void *buf = NULL;
+    ccu_host_lock();
     int rc = ccu_host_scratch(xb + yb, &buf);
-    if (rc != CCU_OK) return rc;
     float *x = (float *)buf, *y = (float *)((char *)buf + xb);
-    if ((rc = ccu_to_device(x, x_host, xb)) != CCU_OK) return rc;
-    if ((rc = ccu_matmul(w, x, m, w->cols, y, w->rows, flags)) != CCU_OK) return rc;
-    return ccu_to_host(y_host, y, yb);
+    if (rc == CCU_OK) rc = ccu_to_device(x, x_host, xb);
+    /* e8 rotates x in the scratch (x is a copy already), so ccu_matmul allocates nothing. */
+    if (rc == CCU_OK && w->quantized && w->view.fmt == CCU_Q_E8_IQ3 && !(flags & CCU_X_ROTATED)) {
+        rc = ccu_rotate(x, m, w->cols);
+        flags |= CCU_X_ROTATED;
+    }
+    if (rc == CCU_OK) rc = ccu_matmul(w, x, m, w->cols, y, w->rows, flags);
+    if (rc == CCU_OK) rc = ccu_to_host(y_host, y, yb);
+    ccu_host_unlock();
+    return rc;
 }

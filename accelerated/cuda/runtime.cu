@@ -8,6 +8,15 @@
 
 static thread_local char last_message[512] = "ok";
 static thread_local int last_cuda = 0;
+/* The device ccu_init opened: the runtime's current device is per host thread, and the
+ * engine may call from a thread other than the one that opened it. */
+static int opened_device = -1;
+
+int ccu_bind_thread(void) {
+    if (opened_device < 0) return ccu_fail(CCU_EINVAL, "no device opened: call ccu_init first");
+    CCU_TRY(cudaSetDevice(opened_device), "cudaSetDevice");
+    return CCU_OK;
+}
 
 const char *ccu_version(void) { return "colibri-cuda 1"; }
 int ccu_last_cuda_error(void) { return last_cuda; }
@@ -48,6 +57,7 @@ int ccu_init(int device) {
     if (rc == cudaSuccess) rc = cudaFree(0); /* creates the context now, not at first use */
     if (rc != cudaSuccess) return runtime_code(rc, "cudaSetDevice");
     if (ccu_products_init() != CCU_OK) return last_cuda;
+    opened_device = device;
     return 0;
 }
 
@@ -84,6 +94,8 @@ int ccu_synchronize(void) {
 int ccu_alloc(size_t bytes, void **out_dev) {
     if (out_dev == NULL) return ccu_fail(CCU_EINVAL, "ccu_alloc: out is NULL");
     *out_dev = NULL;
+    int bound = ccu_bind_thread();
+    if (bound != CCU_OK) return bound;
     cudaError_t rc = cudaMalloc(out_dev, bytes ? bytes : 1);
     if (rc == cudaErrorMemoryAllocation) {
         ccu_fail_cuda(rc, "cudaMalloc");

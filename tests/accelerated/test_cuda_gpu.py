@@ -32,6 +32,7 @@ from colibri.reference.quant import quantize
 from colibri.reference.quant.formats import Fmt
 from support.accelerated_support import ALL_FIXTURES, assert_decode_batch_invariant, reference
 from support.cuda_shim import addr, cpu_pool, cpu_variant, runnable_variants
+from support.reference_support import greedy
 
 from colibri.resources import fixture_model_dir
 
@@ -180,17 +181,6 @@ def _oracle(name: str) -> dict[str, Any]:
     return data
 
 
-def _greedy(m: Any, prompt: list[int], new: int) -> list[int]:
-    state = m.new_state()
-    logits = m.prefill(state, prompt)[-1]
-    ids = list(prompt)
-    for _ in range(new):
-        token = int(np.argmax(logits))
-        ids.append(token)
-        logits = m.decode(state, token)
-    return ids
-
-
 def _cuda_backend(name: str, all_experts: bool) -> Any:
     import io
 
@@ -218,7 +208,7 @@ def test_device_cuda_matches_the_reference(name: str, all_experts: bool) -> None
     want = reference(name).prefill(reference(name).new_state(), ids)
     assert max_excess(got, want, tol) <= 0
     new = len(ids) - len(o["prompt_ids"])
-    assert _greedy(model, o["prompt_ids"], new) == ids
+    assert greedy(model, o["prompt_ids"], new) == ids
     if name == "glm5-tiny":
         prompts = [[3, 14, 159, 26, 53, 58], [7, 8, 9], [200, 11, 77, 240, 5, 99, 1, 2]] * 3
         assert_decode_batch_invariant(model, prompts[:8])
