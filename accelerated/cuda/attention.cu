@@ -15,7 +15,7 @@
 /* A warp's dot of a[0:k] and b[0:k] in the float products' lane order. */
 static __device__ inline float warp_dot(const void *a, int dtype, int64_t row, const float *b,
                                         int64_t k, int lane, int fused) {
-    return ccu_warp_tree32(ccu_f_lane(a, dtype, row, k, b, lane, fused));
+    return ccu_warp_tree(0, ccu_f_lane(a, dtype, row, k, b, lane, fused));
 }
 
 static __global__ void mla_heads(const float *q, int64_t nope, int64_t rope, int64_t vdim,
@@ -107,7 +107,7 @@ static __global__ void index_keys(const float *q, const float *w, int64_t nh, in
     for (int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; t < s; t += warps) {
         float acc = 0.0f;
         for (int64_t h = 0; h < nh; h++) {
-            float d = __fmul_rn(ccu_warp_tree32(ccu_f_lane(keys, CCU_F32, t, hd, q + h * hd,
+            float d = __fmul_rn(ccu_warp_tree(0, ccu_f_lane(keys, CCU_F32, t, hd, q + h * hd,
                                                            lane, fused)), scale);
             d = __shfl_sync(CCU_FULL_MASK, d, 0);
             acc = __fadd_rn(acc, __fmul_rn(w[h], d > 0.0f ? d : 0.0f));

@@ -17,7 +17,7 @@
  *   - quantized weights: per scale group g, lane l sums p += q[c] * x[c] over its columns of
  *     the group in ascending order (q the unscaled decoded value), then t += s_g * p; lanes
  *     meet as u[l] = (t[l] + t[l+8]) + (t[l+16] + t[l+24]), then
- *     y = ((u0 + u4) + (u2 + u6)) + ((u1 + u5) + (u3 + u7)) (ccu_tree_q).
+ *     y = ((u0 + u4) + (u2 + u6)) + ((u1 + u5) + (u3 + u7)) (ccu_warp_sum).
  * `fused` selects fmaf (the avx2 build's bits) or a multiply and an add each rounded (the
  * generic build's bits). On the device the products and sums are __fmul_rn / __fadd_rn,
  * which nvcc never contracts; on the host the shim is compiled with -ffp-contract=off.
@@ -368,19 +368,27 @@ CCU_HD float ccu_q_lane(const ccu_qview *v, int64_t o, const float *x, int lane,
     return t;
 }
 
-/* The float products' lane tree (what the warp's __shfl_down_sync 16, 8, 4, 2, 1 computes). */
-CCU_HD float ccu_tree32(float *l) {
-    for (int s = 16; s >= 1; s /= 2)
-        for (int j = 0; j < s; j++) l[j] = ccu_add(l[j], l[j + s]);
-    return l[0];
+/* The lane trees, as a warp computes them: step i adds lane l + offset(i) into lane l (a lane
+ * whose partner is past lane 31 keeps its value, as __shfl_down_sync leaves it), and lane 0
+ * ends with the sum. The device runs these offsets with __shfl_down_sync; the host runs
+ * ccu_warp_sum below, so the host tests check the device's pairing itself.
+ *   float products: 16, 8, 4, 2, 1 -> lane j += lane j + 16, + 8, ... (csrc/dot.c)
+ *   quantized: 8, 16, 4, 2, 1 -> u[l] = (t[l] + t[l+8]) + (t[l+16] + t[l+24]), then
+ *              ((u0 + u4) + (u2 + u6)) + ((u1 + u5) + (u3 + u7)) (coli_quant.h) */
+#define CCU_TREE_STEPS 5
+
+CCU_HD int ccu_tree_offset(int quantized, int step) {
+    if (step < 2) return quantized ? (step == 0 ? 8 : 16) : (step == 0 ? 16 : 8);
+    return 4 >> (step - 2);
 }
 
-/* The quantized products' lane tree (the warp computes it with shuffles 8, 16, 4, 2, 1). */
-CCU_HD float ccu_tree_q(const float *t) {
-    float u[8];
-    for (int l = 0; l < 8; l++) u[l] = ccu_add(ccu_add(t[l], t[l + 8]), ccu_add(t[l + 16], t[l + 24]));
-    return ccu_add(ccu_add(ccu_add(u[0], u[4]), ccu_add(u[2], u[6])),
-                   ccu_add(ccu_add(u[1], u[5]), ccu_add(u[3], u[7])));
+/* A warp's shuffle-down sum emulated over 32 lane values (v is overwritten). */
+CCU_HD float ccu_warp_sum(float *v, int quantized) {
+    for (int step = 0; step < CCU_TREE_STEPS; step++) {
+        int s = ccu_tree_offset(quantized, step);
+        for (int l = 0; l + s < 32; l++) v[l] = ccu_add(v[l], v[l + s]);
+    }
+    return v[0];
 }
 
 /* --- fmt6's activation rotation (spec §14 "Rotation"; csrc/quant/q_rotate.c) ------------ */

@@ -48,18 +48,13 @@ static inline unsigned ccu_blocks(int64_t items, int64_t per_block) {
 
 #define CCU_FULL_MASK 0xffffffffu
 
-/* ccu_tree32 with shuffles: lane j += lane j + 16, + 8, + 4, + 2, + 1; lane 0 has the sum. */
-static __device__ inline float ccu_warp_tree32(float v) {
-    for (int s = 16; s >= 1; s /= 2) v = __fadd_rn(v, __shfl_down_sync(CCU_FULL_MASK, v, s));
+/* ccu_warp_sum on a real warp: the same offsets through __shfl_down_sync; lane 0 has the
+ * sum (the host tests run ccu_warp_sum itself against the CPU builds). */
+static __device__ inline float ccu_warp_tree(int quantized, float v) {
+#pragma unroll
+    for (int step = 0; step < CCU_TREE_STEPS; step++)
+        v = __fadd_rn(v, __shfl_down_sync(CCU_FULL_MASK, v, ccu_tree_offset(quantized, step)));
     return v;
-}
-
-/* ccu_tree_q with shuffles: (t[l] + t[l+8]) + (t[l+16] + t[l+24]), then + 4, + 2, + 1. */
-static __device__ inline float ccu_warp_tree_q(float t) {
-    float a = __fadd_rn(t, __shfl_down_sync(CCU_FULL_MASK, t, 8));
-    float u = __fadd_rn(a, __shfl_down_sync(CCU_FULL_MASK, a, 16));
-    for (int s = 4; s >= 1; s /= 2) u = __fadd_rn(u, __shfl_down_sync(CCU_FULL_MASK, u, s));
-    return u;
 }
 
 /* expf as glibc computes it, nearly: the float64 exp (1 ulp of a double) rounded to float

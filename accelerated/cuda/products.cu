@@ -27,7 +27,7 @@ static __global__ void float_product(const void *w, int dtype, int64_t rows, int
     for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
          item += warps) {
         int64_t r = item / rows, o = item % rows;
-        float v = ccu_warp_tree32(ccu_f_lane(w, dtype, o, k, x + r * ldx, lane, fused));
+        float v = ccu_warp_tree(0, ccu_f_lane(w, dtype, o, k, x + r * ldx, lane, fused));
         if (lane == 0) y[r * ldy + o] = v;
     }
 }
@@ -40,7 +40,7 @@ static __global__ void quant_product(ccu_qview view, const float *x, int64_t m, 
     for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
          item += warps) {
         int64_t r = item / rows, o = item % rows;
-        float v = ccu_warp_tree_q(ccu_q_lane(&view, o, x + r * ldx, lane, fused, c_grid));
+        float v = ccu_warp_tree(1, ccu_q_lane(&view, o, x + r * ldx, lane, fused, c_grid));
         if (lane == 0) y[r * ldy + o] = v;
     }
 }

@@ -29,7 +29,7 @@ int shim_q_decode(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
     return CCU_Q_OK;
 }
 
-/* y[r, o] for r < m: the warp's 32 lanes, then its tree (x rotated already for e8). */
+/* y[r, o] for r < m: the warp's 32 lanes, then its shuffle tree (x rotated already for e8). */
 int shim_q_matmul(int fmt, int gs, const uint8_t *packed, int64_t len, const float *scales,
                   int64_t n_scales, int64_t O, int64_t I, const uint8_t (*grid)[4],
                   const float *x, int64_t m, float *y, int fused) {
@@ -40,7 +40,7 @@ int shim_q_matmul(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
     for (int64_t r = 0; r < m; r++)
         for (int64_t o = 0; o < O; o++) {
             for (int l = 0; l < 32; l++) t[l] = ccu_q_lane(&v, o, x + r * I, l, fused, grid);
-            y[r * O + o] = ccu_tree_q(t);
+            y[r * O + o] = ccu_warp_sum(t, 1);
         }
     return CCU_Q_OK;
 }
@@ -51,7 +51,7 @@ void shim_f_matmul(const void *w, int dtype, int64_t rows, int64_t k, const floa
     for (int64_t r = 0; r < m; r++)
         for (int64_t o = 0; o < rows; o++) {
             for (int j = 0; j < 32; j++) l[j] = ccu_f_lane(w, dtype, o, k, x + r * k, j, fused);
-            y[r * rows + o] = ccu_tree32(l);
+            y[r * rows + o] = ccu_warp_sum(l, 0);
         }
 }
 
