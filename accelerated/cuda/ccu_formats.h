@@ -314,9 +314,10 @@ CCU_HD float ccu_q_at(int fmt, const uint8_t *row, int64_t c, const uint8_t (*gr
     }
 }
 
-/* The multiplier of scale group g of output row o. */
-CCU_HD float ccu_q_scale(const ccu_qview *v, int64_t o, int64_t g) {
-    switch (v->fmt) {
+/* The multiplier of scale group g of output row o (fmt is v->fmt, passed apart so a kernel
+ * specialised on it folds the switch away). */
+CCU_HD float ccu_q_scale(int fmt, const ccu_qview *v, int64_t o, int64_t g) {
+    switch (fmt) {
     case CCU_Q_INT8_ROW:
     case CCU_Q_INT4_ROW:
     case CCU_Q_INT2_ROW: return v->scales[o];
@@ -352,9 +353,9 @@ CCU_HD float ccu_f_lane(const void *w, int dtype, int64_t o, int64_t k, const fl
     return p;
 }
 
-/* Lane `lane`'s scaled total t of output row o (x already rotated for e8). */
-CCU_HD float ccu_q_lane(const ccu_qview *v, int64_t o, const float *x, int lane, int fused,
-                        const uint8_t (*grid)[4]) {
+/* Lane `lane`'s scaled total t of output row o (x already rotated for e8; fmt is v->fmt). */
+CCU_HD float ccu_q_lane(int fmt, const ccu_qview *v, int64_t o, const float *x, int lane,
+                        int fused, const uint8_t (*grid)[4]) {
     const uint8_t *row = v->packed + o * v->row_bytes;
     const int64_t I = v->in_features, G = v->group;
     float t = 0.0f;
@@ -362,8 +363,8 @@ CCU_HD float ccu_q_lane(const ccu_qview *v, int64_t o, const float *x, int lane,
         int64_t c0 = g * G, c1 = c0 + G < I ? c0 + G : I;
         int64_t first = c0 + (((int64_t)lane - c0 % 32) % 32 + 32) % 32;
         float p = 0.0f;
-        for (int64_t c = first; c < c1; c += 32) p = ccu_madd(fused, ccu_q_at(v->fmt, row, c, grid), x[c], p);
-        t = ccu_madd(fused, ccu_q_scale(v, o, g), p, t);
+        for (int64_t c = first; c < c1; c += 32) p = ccu_madd(fused, ccu_q_at(fmt, row, c, grid), x[c], p);
+        t = ccu_madd(fused, ccu_q_scale(fmt, v, o, g), p, t);
     }
     return t;
 }

@@ -19,29 +19,64 @@ int ccu_products_init(void) {
     return CCU_OK;
 }
 
-static __global__ void float_product(const void *w, int dtype, int64_t rows, int64_t k,
-                                     const float *x, int64_t m, int64_t ldx, float *y,
-                                     int64_t ldy, int fused) {
+/* Specialised on the dtype / format and on fused (folded away in the lane loops); every
+ * instantiation runs the same ccu_formats.h functions. */
+template <int DTYPE, int FUSED>
+static __global__ void float_product(const void *w, int64_t rows, int64_t k, const float *x,
+                                     int64_t m, int64_t ldx, float *y, int64_t ldy) {
     const int lane = (int)(threadIdx.x & 31);
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
          item += warps) {
         int64_t r = item / rows, o = item % rows;
-        float v = ccu_warp_tree(0, ccu_f_lane(w, dtype, o, k, x + r * ldx, lane, fused));
+        float v = ccu_warp_tree(0, ccu_f_lane(w, DTYPE, o, k, x + r * ldx, lane, FUSED));
         if (lane == 0) y[r * ldy + o] = v;
     }
 }
 
+template <int FMT, int FUSED>
 static __global__ void quant_product(ccu_qview view, const float *x, int64_t m, int64_t ldx,
-                                     float *y, int64_t ldy, int fused) {
+                                     float *y, int64_t ldy) {
     const int lane = (int)(threadIdx.x & 31);
     const int64_t rows = view.out_features;
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
          item += warps) {
         int64_t r = item / rows, o = item % rows;
-        float v = ccu_warp_tree(1, ccu_q_lane(&view, o, x + r * ldx, lane, fused, c_grid));
+        float v = ccu_warp_tree(1, ccu_q_lane(FMT, &view, o, x + r * ldx, lane, FUSED, c_grid));
         if (lane == 0) y[r * ldy + o] = v;
+    }
+}
+
+template <int FUSED>
+static void launch_float(const ccu_weight *w, unsigned blocks, const float *x, int64_t m,
+                         int64_t ldx, float *y, int64_t ldy) {
+    switch (w->dtype) {
+    case CCU_BF16:
+        float_product<CCU_BF16, FUSED><<<blocks, CCU_BLOCK>>>(w->data, w->rows, w->cols, x, m, ldx, y, ldy);
+        break;
+    case CCU_F16:
+        float_product<CCU_F16, FUSED><<<blocks, CCU_BLOCK>>>(w->data, w->rows, w->cols, x, m, ldx, y, ldy);
+        break;
+    default:
+        float_product<CCU_F32, FUSED><<<blocks, CCU_BLOCK>>>(w->data, w->rows, w->cols, x, m, ldx, y, ldy);
+    }
+}
+
+#define CCU_QUANT_CASE(F)                                                                    \
+    case F: quant_product<F, FUSED><<<blocks, CCU_BLOCK>>>(w->view, x, m, ldx, y, ldy); break;
+
+template <int FUSED>
+static void launch_quant(const ccu_weight *w, unsigned blocks, const float *x, int64_t m,
+                         int64_t ldx, float *y, int64_t ldy) {
+    switch (w->view.fmt) {
+        CCU_QUANT_CASE(CCU_Q_INT8_ROW)
+        CCU_QUANT_CASE(CCU_Q_INT4_ROW)
+        CCU_QUANT_CASE(CCU_Q_INT2_ROW)
+        CCU_QUANT_CASE(CCU_Q_INT4_GROUPED)
+        CCU_QUANT_CASE(CCU_Q_INT3_G64)
+        CCU_QUANT_CASE(CCU_Q_E8_IQ3)
+        CCU_QUANT_CASE(CCU_Q_FP8_E4M3_B128)
     }
 }
 
@@ -95,8 +130,10 @@ int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, 
     int fused = !(flags & CCU_TWO_ROUNDINGS);
     unsigned blocks = ccu_blocks(m * w->rows, CCU_BLOCK / 32);
     if (!w->quantized) {
-        float_product<<<blocks, CCU_BLOCK>>>(w->data, w->dtype, w->rows, w->cols, x_dev, m, ldx,
-                                             y_dev, ldy, fused);
+        if (fused)
+            launch_float<1>(w, blocks, x_dev, m, ldx, y_dev, ldy);
+        else
+            launch_float<0>(w, blocks, x_dev, m, ldx, y_dev, ldy);
         CCU_LAUNCHED("float_product");
         return CCU_OK;
     }
@@ -116,7 +153,10 @@ int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, 
         x = rotated;
         ldx = w->cols;
     }
-    quant_product<<<blocks, CCU_BLOCK>>>(w->view, x, m, ldx, y_dev, ldy, fused);
+    if (fused)
+        launch_quant<1>(w, blocks, x, m, ldx, y_dev, ldy);
+    else
+        launch_quant<0>(w, blocks, x, m, ldx, y_dev, ldy);
     cudaError_t launched = cudaGetLastError();
     if (rotated) cudaFree(rotated); /* cudaFree waits for the kernel */
     CCU_TRY(launched, "quant_product");

@@ -24,7 +24,7 @@ int shim_q_decode(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
     if (rc != CCU_Q_OK) return rc;
     for (int64_t o = 0; o < O; o++) {
         for (int64_t c = 0; c < I; c++) q[o * I + c] = ccu_q_at(fmt, packed + o * v.row_bytes, c, grid);
-        for (int64_t g = 0; g < v.groups_per_row; g++) s[o * v.groups_per_row + g] = ccu_q_scale(&v, o, g);
+        for (int64_t g = 0; g < v.groups_per_row; g++) s[o * v.groups_per_row + g] = ccu_q_scale(fmt, &v, o, g);
     }
     return CCU_Q_OK;
 }
@@ -39,7 +39,7 @@ int shim_q_matmul(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
     float t[32];
     for (int64_t r = 0; r < m; r++)
         for (int64_t o = 0; o < O; o++) {
-            for (int l = 0; l < 32; l++) t[l] = ccu_q_lane(&v, o, x + r * I, l, fused, grid);
+            for (int l = 0; l < 32; l++) t[l] = ccu_q_lane(fmt, &v, o, x + r * I, l, fused, grid);
             y[r * O + o] = ccu_warp_sum(t, 1);
         }
     return CCU_Q_OK;
