@@ -133,9 +133,14 @@ class CudaKernels(Kernels):
         return out
 
     def matmul_many(self, x: F32, products: Products) -> list[F32]:
-        if not any(data_address(w) in self.placement.dense for w in products.weights):
+        on_gpu = [self.placement.dense.get(data_address(w)) for w in products.weights]
+        if all(g is None for g in on_gpu):
             return super().matmul_many(x, products)
-        return [self.matmul(x, w) for w in products.weights]
+        placed = [g for g in on_gpu if g is not None]
+        if len(placed) < len(on_gpu):  # some did not fit: each where its weight is
+            return [self.matmul(x, w) for w in products.weights]
+        return self.placement.device.matmul_many(np.ascontiguousarray(x, np.float32), placed,
+                                                 self.placement.flags)
 
     def moe(self, x: F32, descriptors: np.ndarray, start: I64, rows: I64) -> F32:
         """Experts resident on the device there, the rest in one CPU call; each output row

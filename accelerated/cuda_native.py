@@ -65,6 +65,7 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "ccu_weight_shape": (c_int, [_P, POINTER(c_int64), POINTER(c_int64)]),
     "ccu_matmul": (c_int, [_P, _P, c_int64, c_int64, _P, c_int64, c_int]),
     "ccu_matmul_host": (c_int, [_P, _P, c_int64, _P, c_int]),
+    "ccu_matmul_many_host": (c_int, [c_int, _P, _P, c_int64, _P, c_int]),
     "ccu_rotate": (c_int, [_P, c_int64, c_int64]),
     "ccu_rms_norm": (c_int, [_P, c_int64, c_int64, _P, c_double, _P]),
     "ccu_rope": (c_int, [_P, c_int64, c_int64, c_int64, c_int64, c_int64, _P, _P, c_int]),
@@ -217,6 +218,7 @@ class CudaDevice:
             raise unavailable(self.lib, code)
         self.index = index
         self._weights: dict[int, GpuWeight] = {}
+        self._info: DeviceInfo | None = None
 
     def _check(self, status: int, what: str) -> None:
         if status == 0:
@@ -230,6 +232,12 @@ class CudaDevice:
     # --- the device ---------------------------------------------------------------------
 
     def info(self) -> DeviceInfo:
+        """The device's properties (read once: they do not change while it is open)."""
+        if self._info is None:
+            self._info = self._read_info()
+        return self._info
+
+    def _read_info(self) -> DeviceInfo:
         name = ctypes.create_string_buffer(256)
         total, major, minor, sms = c_uint64(), c_int(), c_int(), c_int()
         code = self.lib.ccu_device_info(self.index, name, 256, ctypes.byref(total),
@@ -303,6 +311,20 @@ class CudaDevice:
         self._check(self.lib.ccu_matmul_host(w.handle, x.ctypes.data, x.shape[0],
                                              out.ctypes.data, flags), "ccu_matmul")
         return out
+
+    def matmul_many(self, x: F32, weights: list[GpuWeight], flags: int = 0) -> list[F32]:
+        """``[matmul(x, w) for w in weights]`` (weights of one width), x copied once."""
+        _f32(x, "x")
+        if not weights or x.ndim != 2 or any(w.cols != x.shape[1] for w in weights):
+            raise CudaInvalidArgument(f"matmul_many: x {list(x.shape)} against weights of "
+                                      f"widths {[w.cols for w in weights]}")
+        outs = [np.empty((x.shape[0], w.rows), np.float32) for w in weights]
+        handles = np.array([w.handle for w in weights], np.uint64)
+        ptrs = np.array([o.ctypes.data for o in outs], np.uint64)
+        self._check(self.lib.ccu_matmul_many_host(len(weights), handles.ctypes.data,
+                                                  x.ctypes.data, x.shape[0], ptrs.ctypes.data,
+                                                  flags), "ccu_matmul_many_host")
+        return outs
 
     def expert_mlp(self, gate: GpuWeight, up: GpuWeight, down: GpuWeight, x: F32,
                    flags: int = 0) -> F32:

@@ -70,6 +70,9 @@ int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, 
 /* The same over host arrays (copied through a per-process device scratch; not thread-safe). */
 int ccu_matmul_host(const ccu_weight *w, const float *x_host, int64_t m, float *y_host,
                     int flags);
+/* ys_host[i] = x_host @ ws[i].T for n weights of one width (x copied to the device once). */
+int ccu_matmul_many_host(int n, const ccu_weight *const *ws, const float *x_host, int64_t m,
+                         float *const *ys_host, int flags);
 /* fmt6's activation rotation of m rows of `cols`, in place. */
 int ccu_rotate(float *x_dev, int64_t m, int64_t cols);
 

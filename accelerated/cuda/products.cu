@@ -206,3 +206,42 @@ int ccu_matmul_host(const ccu_weight *w, const float *x_host, int64_t m, float *
     ccu_host_unlock();
     return rc;
 }
+
+/* Several weights of one width over the same host rows: x crosses to the device once (and is
+ * rotated once if any weight is e8); each product as ccu_matmul computes it. */
+int ccu_matmul_many_host(int n, const ccu_weight *const *ws, const float *x_host, int64_t m,
+                         float *const *ys_host, int flags) {
+    if (n <= 0 || ws == NULL || ys_host == NULL || m < 0 || (m && x_host == NULL) ||
+        (flags & ~CCU_TWO_ROUNDINGS))
+        return ccu_fail(CCU_EINVAL, "ccu_matmul_many_host: bad count, pointers or flags");
+    int64_t cols = ws[0] ? ws[0]->cols : 0, out_floats = 0;
+    int any_e8 = 0;
+    for (int i = 0; i < n; i++) {
+        if (ws[i] == NULL || ws[i]->cols != cols || ys_host[i] == NULL)
+            return ccu_fail(CCU_EINVAL, "ccu_matmul_many_host: weights of different widths");
+        out_floats += ws[i]->rows;
+        any_e8 |= ws[i]->quantized && ws[i]->view.fmt == CCU_Q_E8_IQ3;
+    }
+    if (m == 0) return CCU_OK;
+    size_t xb = (size_t)(m * cols) * 4, yb = (size_t)(m * out_floats) * 4;
+    void *buf = NULL;
+    ccu_host_lock();
+    int rc = ccu_host_scratch(2 * xb + yb, &buf);
+    float *x = (float *)buf, *xr = (float *)((char *)buf + xb);
+    float *y = (float *)((char *)buf + 2 * xb);
+    if (rc == CCU_OK) rc = ccu_to_device(x, x_host, xb);
+    if (rc == CCU_OK && any_e8) {
+        rc = ccu_fail_cuda(cudaMemcpy(xr, x, xb, cudaMemcpyDeviceToDevice), "cudaMemcpy rotate");
+        if (rc == CCU_OK) rc = ccu_rotate(xr, m, cols);
+    }
+    float *yi = y;
+    for (int i = 0; rc == CCU_OK && i < n; i++) {
+        int e8 = ws[i]->quantized && ws[i]->view.fmt == CCU_Q_E8_IQ3;
+        rc = ccu_matmul(ws[i], e8 ? xr : x, m, cols, yi, ws[i]->rows,
+                        flags | (e8 ? CCU_X_ROTATED : 0));
+        if (rc == CCU_OK) rc = ccu_to_host(ys_host[i], yi, (size_t)(m * ws[i]->rows) * 4);
+        yi += m * ws[i]->rows;
+    }
+    ccu_host_unlock();
+    return rc;
+}

@@ -107,6 +107,24 @@ def test_a_row_is_the_same_bytes_alone_and_in_a_batch_of_8(gpu: CudaDevice, fmt:
     gpu.free(gw)
 
 
+def test_matmul_many_is_each_matmul(gpu: CudaDevice) -> None:
+    """One upload of x for weights of one width (e8 among them: rotated once) changes no byte."""
+    rng = np.random.default_rng(11)
+    weights = [gpu.upload_float(rng.standard_normal((70, 512)).astype(np.float32), 0)]
+    for fmt in (Fmt.INT4_GROUPED, Fmt.E8_IQ3):
+        payload, scales = quantize(fmt, rng.standard_normal((33, 512)).astype(np.float32),
+                                   group_size=64, rotate=False)
+        weights.append(gpu.upload_quant(int(fmt), 64, np.ascontiguousarray(payload),
+                                        np.ascontiguousarray(scales), 33, 512))
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    for flags in (0, TWO_ROUNDINGS):
+        many = gpu.matmul_many(x, weights, flags)
+        for w, y in zip(weights, many, strict=True):
+            assert _bits_equal(y, gpu.matmul(x, w, flags))
+    for w in weights:
+        gpu.free(w)
+
+
 def test_rms_norm_rope_index_scores_and_expert_sum_are_the_cpu_bits(gpu: CudaDevice) -> None:
     k = Kernels(1)
     rng = np.random.default_rng(3)

@@ -76,6 +76,10 @@ class CpuStandIn:
         self.calls["matmul"] += 1
         return Kernels.matmul(self.kernels, x, self.held[gw.handle][1])
 
+    def matmul_many(self, x: np.ndarray, weights: list[GpuWeight], flags: int = 0
+                    ) -> list[np.ndarray]:
+        return [self.matmul(x, w, flags) for w in weights]
+
     def expert_mlp(self, gate: GpuWeight, up: GpuWeight, down: GpuWeight, x: np.ndarray,
                    flags: int = 0) -> np.ndarray:
         self.calls["expert_mlp"] += 1
