@@ -12,7 +12,8 @@
   with a driver and no toolkit -- and on one with neither, where its calls return the
   runtime's cudaErrorInsufficientDriver instead of failing to load.
 
-Where nvcc is absent (``$NVCC``, else ``nvcc`` on PATH, else ``$CUDA_HOME/bin/nvcc``) the
+Where nvcc is absent (``$NVCC``, else ``nvcc`` on PATH, else ``bin/nvcc`` under
+``$CUDA_HOME``, ``$CUDA_PATH`` or ``/usr/local/cuda``) the
 build is skipped with a one-line note and exit status 0: the CPU engine needs none of it,
 and ``--device cuda`` then names the missing step. A stamp of the compiler command, the
 flags and every source and header (the CPU library's quant tables included) decides a
@@ -53,9 +54,10 @@ def nvcc() -> str | None:
     for candidate in (os.environ.get("NVCC"), "nvcc"):
         if candidate and shutil.which(candidate):
             return candidate
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
+    # The toolkit's installers leave nvcc off PATH: look where they put it.
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
     return None
 
 
