@@ -23,12 +23,11 @@ def load_model(model_dir: str | Path, threads: int | None = None,
     ``device`` "cuda" or "cuda:N" puts the dense products on that GPU
     (``colibri.accelerated.cuda_model``); no usable device raises ``CudaUnavailable``
     naming the cause."""
-    from colibri.accelerated.cuda_model import device_index
+    if device not in (None, "cpu"):
+        from colibri.accelerated.cuda_model import device_index, open_cuda_model
 
-    index = device_index(device)
-    if index is not None:
-        from colibri.accelerated.cuda_model import open_cuda_model
-
+        index = device_index(device)
+        assert index is not None
         return open_cuda_model(Path(model_dir), index, threads)[0]
     from colibri.accelerated.model import open_model
 

@@ -12,16 +12,9 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
-from colibri.accelerated.cuda_model import (
-    CudaVramTier,
-    GpuPlacement,
-    device_index,
-    open_cuda_model,
-)
-from colibri.accelerated.cuda_native import CudaError, CudaUnavailable
 from colibri.accelerated.kernels import KernelError
 from colibri.accelerated.model import Model, open_model
 from colibri.accelerated.native import LibraryNotBuilt
@@ -31,6 +24,9 @@ from colibri.reference.experts import stored_expert_bytes
 
 from colibri.engine.backend import Device
 from colibri.engine.registry import BackendOptions, BackendUnavailable
+
+if TYPE_CHECKING:  # the CUDA modules load only for --device cuda (engine start-up cost)
+    from colibri.accelerated.cuda_model import GpuPlacement
 
 
 class AcceleratedBackend(KVStateBackend):
@@ -43,7 +39,11 @@ class AcceleratedBackend(KVStateBackend):
         model.store = store
         #: ``--device cuda``: the device's weights, and the expert store's tier 2 over it.
         self.gpu = gpu
-        self.vram_tier = None if gpu is None else CudaVramTier(gpu, model.read_expert)
+        self.vram_tier = None
+        if gpu is not None:
+            from colibri.accelerated.cuda_model import CudaVramTier
+
+            self.vram_tier = CudaVramTier(gpu, model.read_expert)
 
     @property
     def build(self) -> str:
@@ -74,19 +74,16 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
     CPUs this process may use). A missing build is ``BackendUnavailable`` naming `make build`;
     ``--device cuda[:N]`` without a usable device one naming the cause (no nvcc at build
     time, no driver, no device)."""
-    index = device_index(options.device)
     gpu: GpuPlacement | None = None
     try:
-        if index is None:
+        if options.device in (None, "cpu"):
             model = open_model(model_dir)
         else:
-            model, gpu = open_cuda_model(model_dir, index)
+            model, gpu = _open_on_device(model_dir, options.device)
     except LibraryNotBuilt as exc:
         raise BackendUnavailable(f"--backend accelerated is not available in this build: {exc}"
                                  ) from None
-    except CudaUnavailable as exc:
-        raise BackendUnavailable(f"--device {options.device} is not available: {exc}") from None
-    except (KernelError, CudaError) as exc:
+    except KernelError as exc:
         raise BackendUnavailable(f"--backend accelerated cannot start: {exc}") from None
     print(f"== accelerated kernels: {model.kernels.isa}, {model.kernels.threads} threads ==",
           file=log)
@@ -100,3 +97,19 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
     store = TieredExpertStore(read, model.config, usage_rows(model.config),
                               options.ram_budget_bytes, stored_expert_bytes(model.checkpoint))
     return AcceleratedBackend(model, store, model_fingerprint(model_dir), gpu)
+
+
+def _open_on_device(model_dir: Path, device: str | None) -> tuple[Model, GpuPlacement]:
+    """``--device cuda[:N]``: the model with its dense weights on that device; a device that
+    cannot be opened is ``BackendUnavailable`` naming the cause."""
+    from colibri.accelerated.cuda_model import device_index, open_cuda_model
+    from colibri.accelerated.cuda_native import CudaError, CudaUnavailable
+
+    index = device_index(device)
+    assert index is not None
+    try:
+        return open_cuda_model(model_dir, index)
+    except CudaUnavailable as exc:
+        raise BackendUnavailable(f"--device {device} is not available: {exc}") from None
+    except CudaError as exc:
+        raise BackendUnavailable(f"--backend accelerated cannot start: {exc}") from None
