@@ -5,7 +5,9 @@ twice-rounded ones)."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import shutil
 import subprocess
 import tempfile
 from ctypes import POINTER, c_int, c_int64, c_void_p
@@ -65,7 +67,9 @@ def shim() -> ctypes.CDLL:
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler")
-    out = Path(tempfile.mkdtemp(prefix="colibri-cuda-shim-")) / "libccu_shim.so"
+    folder = Path(tempfile.mkdtemp(prefix="colibri-cuda-shim-"))
+    atexit.register(shutil.rmtree, folder, True)  # the loaded library needs no file after exit
+    out = folder / "libccu_shim.so"
     subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
                     "-fno-fast-math", "-Wall", "-Wextra", "-Werror", f"-I{HEADER_DIR}",
                     str(SHIM), "-o", str(out), "-lm"], check=True, capture_output=True)
