@@ -143,6 +143,21 @@ def test_decoding_is_the_references_bit_for_bit(
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("fmt", QUANT, ids=lambda f: f.name)
+def test_every_byte_value_decodes_as_the_reference(fmt: Fmt) -> None:
+    """Each byte value at each position of its group (edge bytes: 0x00, 0x7f, 0x80, 0xff...)."""
+    rows, cols = (4, 256) if fmt == Fmt.E8_IQ3 else (5, 257)
+    payload, scales = _matrix(fmt, rows, cols, 32, 3, raw=True)
+    every = np.resize(np.arange(256, dtype=np.uint8), payload.size)
+    if fmt == Fmt.FP8_E4M3_B128:
+        every[(every & 0x7F) == 0x7F] ^= 1
+    if fmt == Fmt.E8_IQ3:
+        every.reshape(-1, 98)[:, 97] &= 0x3B
+    want = dequantize_stored(fmt, every, scales, (rows, cols), group_size=32)
+    got = _decode(fmt, rows, cols, 32, every, scales)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def _cpu_qmatmul(variant: str, fmt: Fmt, rows: int, cols: int, gs: int, payload: np.ndarray,
                  scales: np.ndarray, x: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], rows), np.float32)
