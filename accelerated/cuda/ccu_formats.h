@@ -22,7 +22,7 @@
  * generic build's bits). On the device the products and sums are __fmul_rn / __fadd_rn,
  * which nvcc never contracts; on the host the shim is compiled with -ffp-contract=off.
  * Claim, verified on the host only (the GPU run is pending): a GPU kernel that gives lane l
- * exactly ccu_f_lane / ccu_q_lane and reduces with the same pairing reproduces the CPU
+ * exactly ccu_f_lanes / ccu_q_lanes and reduces with the same pairing reproduces the CPU
  * build's bits, so a row's value does not depend on batch, grid or block sizes. */
 #ifndef CCU_FORMATS_H
 #define CCU_FORMATS_H
@@ -340,33 +340,59 @@ CCU_HD float ccu_w_at(const void *w, int dtype, int64_t index) {
     return ((const float *)w)[index];
 }
 
-/* Lane `lane`'s partial of w[o] . x over k columns (w float, bf16 or f16). */
-CCU_HD float ccu_f_lane(const void *w, int dtype, int64_t o, int64_t k, const float *x,
-                        int lane, int fused) {
+/* Activation rows a warp takes at once: each weight element is read and decoded once for
+ * all of them, and each row still gets exactly its own lane arithmetic (the rows never mix),
+ * so a row's bits do not depend on which rows share its tile. */
+#define CCU_ROW_TILE 8
+
+/* Lane `lane`'s partials p[r] of w[o] . x_r over k columns, for the nr <= CCU_ROW_TILE rows
+ * x_r = x + r ldx (w float, bf16 or f16). */
+CCU_HD void ccu_f_lanes(const void *w, int dtype, int64_t o, int64_t k, const float *x,
+                        int64_t ldx, int nr, int lane, int fused, float *p) {
     int64_t whole = k - k % 32, base = o * k;
-    float p = 0.0f;
-    for (int64_t c = lane; c < whole; c += 32) p = ccu_madd(fused, ccu_w_at(w, dtype, base + c), x[c], p);
+    for (int r = 0; r < CCU_ROW_TILE; r++) p[r] = 0.0f;
+    for (int64_t c = lane; c < whole; c += 32) {
+        float wc = ccu_w_at(w, dtype, base + c);
+        for (int r = 0; r < CCU_ROW_TILE; r++)
+            if (r < nr) p[r] = ccu_madd(fused, wc, x[r * ldx + c], p[r]);
+    }
     if (whole + lane < k) {
         int64_t c = whole + lane;
-        p = ccu_add(p, ccu_mul(ccu_w_at(w, dtype, base + c), x[c]));
+        float wc = ccu_w_at(w, dtype, base + c);
+        for (int r = 0; r < CCU_ROW_TILE; r++)
+            if (r < nr) p[r] = ccu_add(p[r], ccu_mul(wc, x[r * ldx + c]));
     }
-    return p;
 }
 
-/* Lane `lane`'s scaled total t of output row o (x already rotated for e8; fmt is v->fmt). */
-CCU_HD float ccu_q_lane(int fmt, const ccu_qview *v, int64_t o, const float *x, int lane,
-                        int fused, const uint8_t (*grid)[4]) {
+/* One row's partial (ccu_f_lanes with one row). */
+CCU_HD float ccu_f_lane(const void *w, int dtype, int64_t o, int64_t k, const float *x,
+                        int lane, int fused) {
+    float p[CCU_ROW_TILE];
+    ccu_f_lanes(w, dtype, o, k, x, k, 1, lane, fused, p);
+    return p[0];
+}
+
+/* Lane `lane`'s scaled totals t[r] of output row o for the nr <= CCU_ROW_TILE rows
+ * x + r ldx (rotated already for e8; fmt is v->fmt). */
+CCU_HD void ccu_q_lanes(int fmt, const ccu_qview *v, int64_t o, const float *x, int64_t ldx,
+                        int nr, int lane, int fused, const uint8_t (*grid)[4], float *t) {
     const uint8_t *row = v->packed + o * v->row_bytes;
     const int64_t I = v->in_features, G = v->group;
-    float t = 0.0f;
+    float p[CCU_ROW_TILE];
+    for (int r = 0; r < CCU_ROW_TILE; r++) t[r] = 0.0f;
     for (int64_t g = 0; g < v->groups_per_row; g++) {
         int64_t c0 = g * G, c1 = c0 + G < I ? c0 + G : I;
         int64_t first = c0 + (((int64_t)lane - c0 % 32) % 32 + 32) % 32;
-        float p = 0.0f;
-        for (int64_t c = first; c < c1; c += 32) p = ccu_madd(fused, ccu_q_at(fmt, row, c, grid), x[c], p);
-        t = ccu_madd(fused, ccu_q_scale(fmt, v, o, g), p, t);
+        for (int r = 0; r < CCU_ROW_TILE; r++) p[r] = 0.0f;
+        for (int64_t c = first; c < c1; c += 32) {
+            float q = ccu_q_at(fmt, row, c, grid);
+            for (int r = 0; r < CCU_ROW_TILE; r++)
+                if (r < nr) p[r] = ccu_madd(fused, q, x[r * ldx + c], p[r]);
+        }
+        float s = ccu_q_scale(fmt, v, o, g);
+        for (int r = 0; r < CCU_ROW_TILE; r++)
+            if (r < nr) t[r] = ccu_madd(fused, s, p[r], t[r]);
     }
-    return t;
 }
 
 /* The lane trees, as a warp computes them: step i adds lane l + offset(i) into lane l (a lane

@@ -1,10 +1,11 @@
 /* Products y = x @ W.T over float or quantized weights in device memory, and fmt6's
- * activation rotation. One warp computes one output element (r, o): lane l runs exactly
- * ccu_f_lane / ccu_q_lane of ccu_formats.h (the CPU build's lane l), the warp reduces with the
- * CPU trees' pairing. Warps walk the (r, o) items grid-stride, so the grid and block sizes
- * decide only which warp computes an item, never its value; a row's result is the same alone
- * or in any batch (sameness kind (c)), and equal to the CPU build's bits (the claim the GPU
- * tests check; verified on the host by tests/accelerated/test_cuda_formats.py). */
+ * activation rotation. One warp computes output o for a tile of up to CCU_ROW_TILE rows:
+ * lane l runs exactly ccu_f_lanes / ccu_q_lanes of ccu_formats.h (the CPU build's lane l,
+ * per row), and the warp reduces each row with the CPU trees' pairing. Warps walk the
+ * (tile, o) items grid-stride, so the grid and block sizes decide only which warp computes
+ * an item, never its value; a row's result is the same alone or in any batch (sameness kind
+ * (c)), and equal to the CPU build's bits (the claim the GPU tests check; verified on the
+ * host by tests/accelerated/test_cuda_formats.py and test_cuda_ptx.py). */
 #include <mutex>
 
 #include "ccu_internal.cuh"
@@ -20,17 +21,27 @@ int ccu_products_init(void) {
 }
 
 /* Specialised on the dtype / format and on fused (folded away in the lane loops); every
- * instantiation runs the same ccu_formats.h functions. */
+ * instantiation runs the same ccu_formats.h functions. A warp item is (row tile, output o):
+ * the weight row is read once for up to CCU_ROW_TILE activation rows, each of which gets its
+ * own lanes and its own tree, so its bits do not depend on the tile it shares. */
 template <int DTYPE, int FUSED>
 static __global__ void float_product(const void *w, int64_t rows, int64_t k, const float *x,
                                      int64_t m, int64_t ldx, float *y, int64_t ldy) {
     const int lane = (int)(threadIdx.x & 31);
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
-         item += warps) {
-        int64_t r = item / rows, o = item % rows;
-        float v = ccu_warp_tree(0, ccu_f_lane(w, DTYPE, o, k, x + r * ldx, lane, FUSED));
-        if (lane == 0) y[r * ldy + o] = v;
+    const int64_t tiles = (m + CCU_ROW_TILE - 1) / CCU_ROW_TILE;
+    float p[CCU_ROW_TILE];
+    for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+         item < tiles * rows; item += warps) {
+        int64_t r0 = (item / rows) * CCU_ROW_TILE, o = item % rows;
+        int nr = (int)(m - r0 < CCU_ROW_TILE ? m - r0 : CCU_ROW_TILE);
+        ccu_f_lanes(w, DTYPE, o, k, x + r0 * ldx, ldx, nr, lane, FUSED, p);
+#pragma unroll
+        for (int r = 0; r < CCU_ROW_TILE; r++) {
+            if (r >= nr) break; /* nr is the same on every lane: the shuffles stay converged */
+            float v = ccu_warp_tree(0, p[r]);
+            if (lane == 0) y[(r0 + r) * ldy + o] = v;
+        }
     }
 }
 
@@ -40,11 +51,19 @@ static __global__ void quant_product(ccu_qview view, const float *x, int64_t m, 
     const int lane = (int)(threadIdx.x & 31);
     const int64_t rows = view.out_features;
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; item < m * rows;
-         item += warps) {
-        int64_t r = item / rows, o = item % rows;
-        float v = ccu_warp_tree(1, ccu_q_lane(FMT, &view, o, x + r * ldx, lane, FUSED, c_grid));
-        if (lane == 0) y[r * ldy + o] = v;
+    const int64_t tiles = (m + CCU_ROW_TILE - 1) / CCU_ROW_TILE;
+    float t[CCU_ROW_TILE];
+    for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+         item < tiles * rows; item += warps) {
+        int64_t r0 = (item / rows) * CCU_ROW_TILE, o = item % rows;
+        int nr = (int)(m - r0 < CCU_ROW_TILE ? m - r0 : CCU_ROW_TILE);
+        ccu_q_lanes(FMT, &view, o, x + r0 * ldx, ldx, nr, lane, FUSED, c_grid, t);
+#pragma unroll
+        for (int r = 0; r < CCU_ROW_TILE; r++) {
+            if (r >= nr) break;
+            float v = ccu_warp_tree(1, t[r]);
+            if (lane == 0) y[(r0 + r) * ldy + o] = v;
+        }
     }
 }
 
@@ -128,7 +147,7 @@ int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, 
     int bound = ccu_bind_thread();
     if (bound != CCU_OK) return bound;
     int fused = !(flags & CCU_TWO_ROUNDINGS);
-    unsigned blocks = ccu_blocks(m * w->rows, CCU_BLOCK / 32);
+    unsigned blocks = ccu_blocks((m + CCU_ROW_TILE - 1) / CCU_ROW_TILE * w->rows, CCU_BLOCK / 32);
     if (!w->quantized) {
         if (fused)
             launch_float<1>(w, blocks, x_dev, m, ldx, y_dev, ldy);

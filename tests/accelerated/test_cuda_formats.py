@@ -176,9 +176,13 @@ def _rotated(variant: str, x: np.ndarray) -> np.ndarray:
 
 
 @settings(max_examples=60)
-@given(case=matrices(), m=st.sampled_from([1, 2, 5, 9]), seed=st.integers(0, 2**32 - 1))
+@given(case=matrices(), m=st.sampled_from([1, 2, 5, 9]), seed=st.integers(0, 2**32 - 1),
+       tile=st.sampled_from([1, 3, 8]))
 def test_quantized_warp_products_are_the_cpu_builds_bits(
-        case: tuple[Fmt, int, int, int, np.ndarray, np.ndarray], m: int, seed: int) -> None:
+        case: tuple[Fmt, int, int, int, np.ndarray, np.ndarray], m: int, seed: int,
+        tile: int) -> None:
+    """Whatever row tile a warp takes (alone, 3 rows, the kernels' 8), each row's bits are the
+    CPU build's."""
     fmt, rows, cols, gs, payload, scales = case
     x = np.random.default_rng(seed).standard_normal((m, cols)).astype(np.float32)
     for variant in runnable_variants():
@@ -187,16 +191,16 @@ def test_quantized_warp_products_are_the_cpu_builds_bits(
         got = np.empty((m, rows), np.float32)
         assert shim().shim_q_matmul(int(fmt), gs, addr(payload), payload.size, addr(scales),
                                     scales.size, rows, cols, addr(GRID), addr(xr), m,
-                                    addr(got), FUSED[variant]) == 0
+                                    addr(got), FUSED[variant], tile) == 0
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), variant
 
 
 @settings(max_examples=40)
 @given(dtype=st.sampled_from([0, 1, 2]), rows=st.sampled_from([1, 3, 17]),
        k=st.sampled_from([1, 5, 31, 32, 33, 64, 96, 100, 257]), m=st.sampled_from([1, 3, 4, 9]),
-       seed=st.integers(0, 2**32 - 1))
+       seed=st.integers(0, 2**32 - 1), tile=st.sampled_from([1, 3, 8]))
 def test_float_warp_products_are_the_cpu_builds_bits(dtype: int, rows: int, k: int, m: int,
-                                                     seed: int) -> None:
+                                                     seed: int, tile: int) -> None:
     rng = np.random.default_rng(seed)
     w32 = rng.standard_normal((rows, k)).astype(np.float32)
     w = {0: w32, 1: w32.astype(ml_dtypes.bfloat16), 2: w32.astype(np.float16)}[dtype]
@@ -207,7 +211,8 @@ def test_float_warp_products_are_the_cpu_builds_bits(dtype: int, rows: int, k: i
         assert cpu_variant(variant).col_matmul(cpu_pool(variant), addr(x), m, k, k, addr(w),
                                                dtype, rows, addr(want), rows) == 0
         got = np.empty((m, rows), np.float32)
-        shim().shim_f_matmul(addr(w), dtype, rows, k, addr(x), m, addr(got), FUSED[variant])
+        shim().shim_f_matmul(addr(w), dtype, rows, k, addr(x), m, addr(got), FUSED[variant],
+                             tile)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), variant
 
 

@@ -29,30 +29,42 @@ int shim_q_decode(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
     return CCU_Q_OK;
 }
 
-/* y[r, o] for r < m: the warp's 32 lanes, then its shuffle tree (x rotated already for e8). */
+/* y[r, o] for r < m: the warp's 32 lanes over tiles of `tile` rows (1..CCU_ROW_TILE), then
+ * each row's shuffle tree (x rotated already for e8). */
 int shim_q_matmul(int fmt, int gs, const uint8_t *packed, int64_t len, const float *scales,
                   int64_t n_scales, int64_t O, int64_t I, const uint8_t (*grid)[4],
-                  const float *x, int64_t m, float *y, int fused) {
+                  const float *x, int64_t m, float *y, int fused, int tile) {
     ccu_qview v;
     int rc = ccu_qview_init(&v, fmt, gs, packed, len, scales, n_scales, O, I);
     if (rc != CCU_Q_OK) return rc;
-    float t[32];
-    for (int64_t r = 0; r < m; r++)
+    float t[32][CCU_ROW_TILE], lanes[32];
+    for (int64_t r0 = 0; r0 < m; r0 += tile) {
+        int nr = (int)(m - r0 < tile ? m - r0 : tile);
         for (int64_t o = 0; o < O; o++) {
-            for (int l = 0; l < 32; l++) t[l] = ccu_q_lane(fmt, &v, o, x + r * I, l, fused, grid);
-            y[r * O + o] = ccu_warp_sum(t, 1);
+            for (int l = 0; l < 32; l++)
+                ccu_q_lanes(fmt, &v, o, x + r0 * I, I, nr, l, fused, grid, t[l]);
+            for (int r = 0; r < nr; r++) {
+                for (int l = 0; l < 32; l++) lanes[l] = t[l][r];
+                y[(r0 + r) * O + o] = ccu_warp_sum(lanes, 1);
+            }
         }
+    }
     return CCU_Q_OK;
 }
 
 void shim_f_matmul(const void *w, int dtype, int64_t rows, int64_t k, const float *x,
-                   int64_t m, float *y, int fused) {
-    float l[32];
-    for (int64_t r = 0; r < m; r++)
+                   int64_t m, float *y, int fused, int tile) {
+    float p[32][CCU_ROW_TILE], lanes[32];
+    for (int64_t r0 = 0; r0 < m; r0 += tile) {
+        int nr = (int)(m - r0 < tile ? m - r0 : tile);
         for (int64_t o = 0; o < rows; o++) {
-            for (int j = 0; j < 32; j++) l[j] = ccu_f_lane(w, dtype, o, k, x + r * k, j, fused);
-            y[r * rows + o] = ccu_warp_sum(l, 0);
+            for (int l = 0; l < 32; l++) ccu_f_lanes(w, dtype, o, k, x + r0 * k, k, nr, l, fused, p[l]);
+            for (int r = 0; r < nr; r++) {
+                for (int l = 0; l < 32; l++) lanes[l] = p[l][r];
+                y[(r0 + r) * rows + o] = ccu_warp_sum(lanes, 0);
+            }
         }
+    }
 }
 
 /* kind 0 bf16, 1 f16, 2 e8 half, 3 e4m3 */

@@ -31,9 +31,9 @@ _SHIM_PROTOTYPES = {
     "shim_q_decode": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
                               c_int64, c_void_p, c_void_p, c_void_p]),
     "shim_q_matmul": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
-                              c_int64, c_void_p, c_void_p, c_int64, c_void_p, c_int]),
+                              c_int64, c_void_p, c_void_p, c_int64, c_void_p, c_int, c_int]),
     "shim_f_matmul": (None, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_int64, c_void_p,
-                             c_int]),
+                             c_int, c_int]),
     "shim_convert": (None, [c_int, c_void_p, c_int64, c_void_p]),
     "shim_rotate": (None, [c_void_p, c_int64, c_int64]),
 }
