@@ -426,14 +426,17 @@ class Model(RowModel):
             out = out + y[t * top :]
         return out, chosen
 
-def open_model(model_dir: str | Path, threads: int | None = None) -> Model:
+def open_model(model_dir: str | Path, threads: int | None = None,
+               kernels: Kernels | None = None) -> Model:
+    """``kernels``: a ready kernel set (the CUDA placement's); else the CPU kernels with
+    ``threads`` threads."""
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
     checkpoint = Checkpoint(path)
-    kernels = Kernels(threads or default_threads())
-    return Model(config, checkpoint, kernels, model_dir=path)
+    return Model(config, checkpoint, kernels or Kernels(threads or default_threads()),
+                 model_dir=path)
 
 
 __all__ = ["Model", "Weight", "finite_check", "open_model"]
