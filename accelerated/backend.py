@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 from colibri.accelerated.kernels import KernelError
@@ -22,16 +22,28 @@ from colibri.reference.backend import KVStateBackend, model_fingerprint
 from colibri.reference.expert_store import TieredExpertStore
 from colibri.reference.experts import stored_expert_bytes
 
+from colibri.engine.backend import Device
 from colibri.engine.registry import BackendOptions, BackendUnavailable
+
+if TYPE_CHECKING:  # the CUDA modules load only for --device cuda (engine start-up cost)
+    from colibri.accelerated.cuda_model import GpuPlacement
 
 
 class AcceleratedBackend(KVStateBackend):
     name = "accelerated"
 
-    def __init__(self, model: Model, store: TieredExpertStore, model_tag: int) -> None:
+    def __init__(self, model: Model, store: TieredExpertStore, model_tag: int,
+                 gpu: GpuPlacement | None = None) -> None:
         super().__init__(model, store, model_tag)
         self.model = model
         model.store = store
+        #: ``--device cuda``: the device's weights, and the expert store's tier 2 over it.
+        self.gpu = gpu
+        self.vram_tier = None
+        if gpu is not None:
+            from colibri.accelerated.cuda_model import CudaVramTier
+
+            self.vram_tier = CudaVramTier(gpu, model.read_expert)
 
     @property
     def build(self) -> str:
@@ -39,19 +51,35 @@ class AcceleratedBackend(KVStateBackend):
         from colibri import __version__
 
         isa = self.model.kernels.isa
+        if self.gpu is not None:
+            isa += f" + cuda {self.gpu.device.info().name}"
         return f"colibri {__version__}; kernels {isa}; numpy {np.__version__}; {platform.machine()}"
+
+    def devices(self) -> list[Device]:
+        if self.gpu is None:
+            return super().devices()
+        info = self.gpu.device.info()
+        experts = 0 if self.vram_tier is None else self.vram_tier.experts
+        return [Device(info.index, info.name, info.total_bytes, self.gpu.device.used_bytes,
+                       experts)]
 
     def close(self) -> None:
         self.model.close()
+        if self.gpu is not None:
+            self.gpu.device.close()
 
 
 def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> AcceleratedBackend:
     """The C-kernel model over a checkpoint or container (threads: COLIBRI_THREADS or all
-    CPUs this process may use). A missing build is ``BackendUnavailable`` naming `make build`."""
-    if options.device not in (None, "cpu"):
-        raise ValueError(f"the accelerated backend runs on the CPU, not {options.device!r}")
+    CPUs this process may use). A missing build is ``BackendUnavailable`` naming `make build`;
+    ``--device cuda[:N]`` without a usable device one naming the cause (no nvcc at build
+    time, no driver, no device)."""
+    gpu: GpuPlacement | None = None
     try:
-        model = open_model(model_dir)
+        if options.device in (None, "cpu"):
+            model = open_model(model_dir)
+        else:
+            model, gpu = _open_on_device(model_dir, options.device)
     except LibraryNotBuilt as exc:
         raise BackendUnavailable(f"--backend accelerated is not available in this build: {exc}"
                                  ) from None
@@ -59,9 +87,29 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
         raise BackendUnavailable(f"--backend accelerated cannot start: {exc}") from None
     print(f"== accelerated kernels: {model.kernels.isa}, {model.kernels.threads} threads ==",
           file=log)
+    if gpu is not None:
+        info = gpu.device.info()
+        print(f"== cuda device {info.index}: {info.name}, {len(gpu.dense) + len(gpu.mlps)} "
+              f"dense weights in VRAM ({gpu.device.used_bytes / 1e9:.2f} GB) ==", file=log)
     from colibri.engine.backend import usage_rows
 
     read: Any = model.read_expert  # Mlp has the nbytes the store's LRU budgets by
     store = TieredExpertStore(read, model.config, usage_rows(model.config),
                               options.ram_budget_bytes, stored_expert_bytes(model.checkpoint))
-    return AcceleratedBackend(model, store, model_fingerprint(model_dir))
+    return AcceleratedBackend(model, store, model_fingerprint(model_dir), gpu)
+
+
+def _open_on_device(model_dir: Path, device: str | None) -> tuple[Model, GpuPlacement]:
+    """``--device cuda[:N]``: the model with its dense weights on that device; a device that
+    cannot be opened is ``BackendUnavailable`` naming the cause."""
+    from colibri.accelerated.cuda_model import device_index, open_cuda_model
+    from colibri.accelerated.cuda_native import CudaError, CudaUnavailable
+
+    index = device_index(device)
+    assert index is not None
+    try:
+        return open_cuda_model(model_dir, index)
+    except CudaUnavailable as exc:
+        raise BackendUnavailable(f"--device {device} is not available: {exc}") from None
+    except CudaError as exc:
+        raise BackendUnavailable(f"--backend accelerated cannot start: {exc}") from None

@@ -55,6 +55,16 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "col_moe_residual": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p,
                                  c_size_t, c_size_t, c_size_t, c_void_p, c_void_p, c_void_p,
                                  c_void_p]),
+    "col_route": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_size_t, c_size_t, c_size_t,
+                          c_int, c_float, c_void_p, c_void_p]),
+    "col_layer_step": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p,
+                               c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                               c_void_p, c_void_p]),
+    "col_decoder_layers": (c_int, [c_void_p, c_size_t, c_void_p, c_size_t, c_size_t, c_void_p,
+                                   c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
+                                   c_void_p, c_void_p, c_void_p, c_void_p]),
+    "col_layer_routed": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p,
+                                 c_void_p]),
 }
 
 #: colibri.h's ``col_mat``: one expert projection as ``col_moe`` reads it (64 bytes).
@@ -67,13 +77,17 @@ MAT_DTYPE = np.dtype([
 LAYER_DTYPE = np.dtype([
     *((name, "<i8") for name in ("d", "heads", "nope", "rope", "vdim", "kvl", "q_lora",
                                  "index_hd", "index_keys", "interleave", "n_router",
-                                 "kv_b_dtype")),
+                                 "kv_b_dtype", "n_group", "topk_group", "top_k", "norm_topk")),
     ("rms_eps", "<f8"), ("latent_eps", "<f8"), ("index_eps", "<f8"),
-    ("attn_scale", "<f4"), ("reserved", "<f4"),
+    ("attn_scale", "<f4"), ("routed_scale", "<f4"),
     *((name, "<u8") for name in ("input_norm", "post_norm", "q_a_norm", "kv_a_norm",
-                                 "ik_norm_w", "ik_norm_b", "kv_b")),
+                                 "ik_norm_w", "ik_norm_b", "kv_b", "router_bias", "experts",
+                                 "shared", "dense")),
     *((name, MAT_DTYPE) for name in ("q_first", "q_b", "kv_a", "wk", "o", "router")),
 ])
+#: colibri.h's COL_EMISSING: col_layer_step stopped before a chosen expert it has no
+#: descriptor for (not an error: the caller brings the expert in and finishes the layer).
+EMISSING = 5
 #: colibri.h's COL_EQUANT_BASE: status = base + a quantized kernel's COLI_Q_* code.
 EQUANT_BASE = 100
 
@@ -303,6 +317,21 @@ class Kernels:
         self._check(self.lib.col_rope(base, m, heads, row_stride, head_stride, d,
                                       _ptr(cos, m * d // 2, "cos"), _ptr(sin, m * d // 2, "sin"),
                                       int(interleaved)), "col_rope")
+
+    def route(self, logits: F32, bias: F32, n_group: int, topk_group: int, top_k: int,
+              norm: bool, scale: float) -> tuple[npt.NDArray[np.int32], F32]:
+        """noaux_tc over router logits [m, E] (``col_route``): chosen experts [m, top_k]
+        ascending and their weights [m, top_k]."""
+        m, n_exp = logits.shape
+        if bias.shape != (n_exp,):
+            raise KernelInvalidArgument("route: the bias does not match the logits")
+        chosen = np.empty((m, top_k), np.int32)
+        weights = np.empty((m, top_k), np.float32)
+        self._check(self.lib.col_route(_ptr(logits, m * n_exp, "logits"), m, n_exp,
+                                       _ptr(bias, n_exp, "bias"), n_group, topk_group, top_k,
+                                       int(norm), scale, chosen.ctypes.data,
+                                       weights.ctypes.data), "col_route")
+        return chosen, weights
 
     def moe(self, x: F32, descriptors: np.ndarray, start: npt.NDArray[np.int64],
             rows: npt.NDArray[np.int64]) -> F32:

@@ -1,22 +1,28 @@
-"""A decoder layer in two C calls (``csrc/layer.c``): the attention block, then the MoE or
-dense MLP folded into the residual.
+"""A decoder layer in one C call (``csrc/layer.c`` ``col_layer_step``): the attention block,
+the router, the grouping of rows by expert, and the MoE or dense MLP folded into the residual.
 
-``LayerBlock`` holds a layer's ``col_layer`` record (built once: dims, epsilons and the
-addresses of its mapped weights, which the ``Layer`` keeps alive) and runs a step's rows
-through it. Between the two calls only the router's choice and the grouping of rows by
-expert stay in Python (the expert store decides residency and counts each lookup). Every
-element is computed by the kernels the per-kernel path of ``model.py`` calls, in the same
-order, so both paths give the same bytes; ``model.py`` uses this one whenever no row attends
-to a DSA-selected subset of its past.
+``LayerBlock`` holds a layer's ``col_layer`` record (built once: dims, epsilons, the router's
+settings and the addresses of its mapped weights, which the ``Layer`` keeps alive) and its
+expert table: one ``col_mat`` triple per routed expert, filled the first time the expert
+store hands the expert out (``hold``). The store still sees every lookup, in the order the
+per-kernel path makes them: after the call, ``model.py`` looks up the distinct experts the
+rows chose, ascending, so TIERS/EMAP/HITS count what they counted when the lookups preceded
+the products. Where a chosen expert has no entry yet, the call stops before the experts
+(``COL_EMISSING``); the caller brings it in through the store and finishes the layer with
+``routed``. Every element is computed by the kernels the per-kernel path of ``model.py``
+calls, in the same order, so both paths give the same bytes; ``model.py`` uses this one
+whenever no row attends to a DSA-selected subset of its past.
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.kernels import (
+    EMISSING,
     F32,
     LAYER_DTYPE,
     MAT_DTYPE,
@@ -25,19 +31,38 @@ from colibri.accelerated.kernels import (
     _ptr,
     mat_descriptors,
 )
-from colibri.accelerated.weights import Layer
+from colibri.accelerated.weights import Expert, Layer
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.kv_cache import KVLayer
 
 I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
 
 
 def _addr(a: np.ndarray | None) -> int:
     return 0 if a is None else int(a.ctypes.data)
 
 
-def layer_record(cfg: ModelConfig, lw: Layer, index_keys: bool) -> np.ndarray:
-    """``col_layer`` of ``lw`` (pointers into arrays ``lw`` keeps alive)."""
+def mapped(a: np.ndarray) -> bool:
+    """Whether ``a``'s bytes are a view of a memory map (a checkpoint or container file)."""
+    base: object = a
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False
+
+
+def expert_arrays(ex: Expert) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+    for w in (ex.gate, ex.up, ex.down):
+        out.extend([w.array] if hasattr(w, "array") else [w.payload, w.scales])
+    return out
+
+
+def layer_record(cfg: ModelConfig, lw: Layer, index_keys: bool,
+                 experts: np.ndarray | None) -> np.ndarray:
+    """``col_layer`` of ``lw`` (pointers into arrays ``lw`` and the caller keep alive)."""
     aw, ix = lw.attention, lw.attention.indexer
     if index_keys and ix is None:
         raise KernelInvalidArgument(f"layer {lw.index}: index keys without an indexer")
@@ -65,75 +90,109 @@ def layer_record(cfg: ModelConfig, lw: Layer, index_keys: bool) -> np.ndarray:
         rec["wk"] = mat_descriptors([ix.wk])[0]
         rec["ik_norm_w"], rec["ik_norm_b"] = _addr(ix.k_norm_weight), _addr(ix.k_norm_bias)
     if lw.router_gate is not None:
+        assert experts is not None and lw.router_bias is not None
         rec["router"] = mat_descriptors([lw.router_gate])[0]
+        for name, value in (("n_group", cfg.n_group), ("topk_group", cfg.topk_group),
+                            ("top_k", cfg.num_experts_per_tok),
+                            ("norm_topk", int(cfg.norm_topk_prob)),
+                            ("routed_scale", np.float32(cfg.routed_scaling_factor)),
+                            ("router_bias", _addr(lw.router_bias)), ("experts", _addr(experts))):
+            rec[name] = value
+        rec["shared"] = 0 if lw.shared is None else _addr(lw.shared.desc)
+    elif lw.dense is not None:
+        rec["dense"] = _addr(lw.dense.desc)
     return rec
 
 
 class LayerBlock:
     """One layer's record and its two calls."""
 
-    __slots__ = ("cfg", "layer", "record", "address", "index_keys", "dense_desc", "shared_desc")
+    __slots__ = ("cfg", "layer", "record", "address", "index_keys", "dense_desc", "shared_desc",
+                 "experts", "held", "transient")
 
     def __init__(self, cfg: ModelConfig, lw: Layer, index_keys: bool) -> None:
         self.cfg, self.layer, self.index_keys = cfg, lw, index_keys
-        self.record = layer_record(cfg, lw, index_keys)
+        n_exp = cfg.n_routed_experts if lw.router_gate is not None else 0
+        #: The expert table C reads ([E][3] col_mat; data 0: not handed out yet), the
+        #: experts whose arrays it points into, and those to forget after the step.
+        self.experts = np.zeros(3 * max(n_exp, 1), MAT_DTYPE)
+        self.held: list[Expert | None] = [None] * n_exp
+        self.transient: list[int] = []
+        self.record = layer_record(cfg, lw, index_keys, self.experts if n_exp else None)
         self.address = int(self.record.ctypes.data)
         self.dense_desc = None if lw.dense is None else lw.dense.desc
         self.shared_desc = None if lw.shared is None else lw.shared.desc_bytes
 
-    def attention(self, k: Kernels, x: F32, cos: F32, sin: F32, caches: Sequence[KVLayer],
-                  slots: Sequence[int]) -> tuple[F32, F32 | None]:
-        """x += attention(x) in place; returns (post-norm h, router logits or None)."""
-        cfg = self.cfg
-        m, d = x.shape
-        if d != cfg.hidden_size or cos.shape != (m, cfg.qk_rope_head_dim // 2) or len(slots) != m:
-            raise KernelInvalidArgument("attention block: x, cos/sin or slots do not match")
+    def hold(self, e: int, ex: Expert) -> None:
+        """Give C expert ``e``'s descriptors. Memory-mapped experts stay in the table (their
+        bytes are the file's pages, whatever the store keeps); one whose weights were
+        converted into process memory is forgotten after the step (``release``), so the
+        table never keeps alive what the store's RAM budget let go."""
+        if self.held[e] is ex:
+            return
+        self.held[e] = ex
+        self.experts[3 * e : 3 * e + 3] = ex.desc
+        if not all(mapped(a) for a in expert_arrays(ex)):
+            self.transient.append(e)
+
+    @property
+    def routed(self) -> bool:
+        """A layer with routed experts (else a dense one)."""
+        return bool(self.held)
+
+    def release(self) -> None:
+        for e in self.transient:
+            self.held[e] = None
+            self.experts[3 * e : 3 * e + 3] = np.zeros(3, MAT_DTYPE)
+        self.transient.clear()
+
+    def cache_pointers(self, caches: Sequence[KVLayer], slots: Sequence[int]) -> np.ndarray:
         names = ("latent", "rope_key", "index_key") if self.index_keys else ("latent", "rope_key")
-        ptrs = np.zeros((len(names), m), np.uint64)
+        ptrs = np.zeros((len(names), len(slots)), np.uint64)
         for r, (cache, slot) in enumerate(zip(caches, slots, strict=True)):
             for j, name in enumerate(names):
                 a = cache[name]
                 ptrs[j, r] = _ptr(a, (slot + 1) * cache.widths[name], f"{name} cache")
+        return ptrs
+
+    def step(self, k: Kernels, x: F32, cos: F32, sin: F32, caches: Sequence[KVLayer],
+             slots: Sequence[int], seconds: npt.NDArray[np.float64]
+             ) -> tuple[F32, I32 | None, F32 | None, bool]:
+        """The whole layer in place on x (``col_layer_step``): returns (the post-attention
+        input h, the chosen experts [m, k] and their weights, or None for a dense layer,
+        and whether the experts still have to run: ``routed_held`` once every chosen one is
+        held). ``seconds`` [2] gets the attention's and the rest's wall time."""
+        cfg = self.cfg
+        m, d = x.shape
+        if d != cfg.hidden_size or cos.shape != (m, cfg.qk_rope_head_dim // 2) or len(slots) != m:
+            raise KernelInvalidArgument("layer step: x, cos/sin or slots do not match")
+        if seconds.dtype != np.float64 or seconds.shape != (2,):
+            raise KernelInvalidArgument("layer step: seconds must be float64 [2]")
+        ptrs = self.cache_pointers(caches, slots)
         slot_a = np.asarray(slots, np.uint64)
         h = np.empty_like(x)
-        logits = None
-        n_router = int(self.record["n_router"])
-        if n_router:
-            logits = np.empty((m, n_router), np.float32)
-        index_ptr = int(ptrs.ctypes.data) + 16 * m if self.index_keys else 0
-        k._check(k.lib.col_attention_block(
-            k.pool, self.address, m, _ptr(x, m * d, "x"), h.ctypes.data, _addr(logits),
-            _ptr(cos, cos.size, "cos"), _ptr(sin, sin.size, "sin"), ptrs.ctypes.data,
-            int(ptrs.ctypes.data) + 8 * m, index_ptr, slot_a.ctypes.data),
-            "col_attention_block")
-        return h, logits
+        chosen = weights = None
+        if self.held:
+            chosen = np.empty((m, cfg.num_experts_per_tok), np.int32)
+            weights = np.empty((m, cfg.num_experts_per_tok), np.float32)
+        base = int(ptrs.ctypes.data)
+        status = k.lib.col_layer_step(
+            k.pool, self.address, m, _ptr(x, m * d, "x"), h.ctypes.data,
+            _ptr(cos, cos.size, "cos"), _ptr(sin, sin.size, "sin"), base, base + 8 * m,
+            base + 16 * m if self.index_keys else 0, slot_a.ctypes.data,
+            _addr(chosen), _addr(weights), seconds.ctypes.data)
+        if status == EMISSING:
+            return h, chosen, weights, True
+        k._check(status, "col_layer_step")
+        return h, chosen, weights, False
 
-    def dense(self, k: Kernels, x: F32, h: F32) -> None:
-        """x += dense_mlp(h) in place."""
-        assert self.dense_desc is not None
-        m = x.shape[0]
-        every = np.arange(m, dtype=np.int64)
-        k.moe_residual(x, h, self.dense_desc, np.array([0, m], np.int64), every, None, None,
-                       every)
-
-    def routed(self, k: Kernels, x: F32, h: F32, chosen: npt.NDArray[np.int32], weights: F32,
-               expert_desc: Sequence[bytes], used: I64, counts: I64, order: I64) -> None:
-        """x += sum of the chosen experts' outputs weighted (+ the shared expert), in place.
-        ``used``/``counts``/``order``: the distinct experts ascending, how many rows each
-        takes, and the (row, slot) pairs sorted stably by expert."""
-        t, top = chosen.shape
-        start = np.zeros(used.shape[0] + 1, np.int64)
-        np.cumsum(counts, out=start[1:])
-        rows = (order // top).astype(np.int64)
-        descs = list(expert_desc)
-        extra = None
-        if self.shared_desc is not None:  # the shared expert rides along: every row, last block
-            descs.append(self.shared_desc)
-            extra = np.arange(start[-1], start[-1] + t, dtype=np.int64)
-            start = np.append(start, start[-1] + t)
-            rows = np.concatenate([rows, np.arange(t, dtype=np.int64)])
-        slot_row = np.empty(t * top, np.int64)
-        slot_row[order] = np.arange(t * top)
-        k.moe_residual(x, h, np.frombuffer(b"".join(descs), MAT_DTYPE), start, rows,
-                       slot_row.reshape(t, top), np.ascontiguousarray(weights, np.float32),
-                       extra)
+    def routed_held(self, k: Kernels, x: F32, h: F32, chosen: I32, weights: F32) -> None:
+        """x += the chosen experts' weighted outputs (+ the shared expert) in place, over
+        the held experts (``col_layer_routed``)."""
+        m, d = x.shape
+        if chosen.shape != (m, self.cfg.num_experts_per_tok) or chosen.dtype != np.int32:
+            raise KernelInvalidArgument("layer routed: chosen does not match x")
+        k._check(k.lib.col_layer_routed(k.pool, self.address, m, _ptr(h, m * d, "h"),
+                                        chosen.ctypes.data,
+                                        _ptr(weights, chosen.size, "weights"),
+                                        _ptr(x, m * d, "x")), "col_layer_routed")

@@ -6,13 +6,14 @@ router and experts or the dense MLP (§7) -> final norm and lm_head (§8); MTP (
 
 What runs where: products with weights (every matmul, the absorbed kv_b products inside
 attention, a layer's routed experts in one ``col_moe`` call over float or quantized weights),
-norms, RoPE, SwiGLU's gate, attention and the indexer's scores are C kernels
-(``kernels.py``). Light per-row glue stays in numpy, with operations whose per-element
-result does not depend on the array's length: the embedding gather, RoPE's cos/sin table
-(once per forward), residual adds, the router's sigmoid and top-k selection over E scores,
-the DSA top-k over a row's scores, and the weighted sum of a row's expert outputs in
-ascending expert id order. So a row's logits are the same bytes alone or in any batch and
-for any thread count (spec §10, §15 kind (c)).
+norms, RoPE, SwiGLU's gate, attention, the indexer's scores and the router (``col_route``)
+are C kernels (``kernels.py``); a layer without DSA selection is one C call
+(``layer_block.py``). On the per-kernel path light per-row glue stays in numpy, with
+operations whose per-element result does not depend on the array's length: the embedding
+gather, RoPE's cos/sin table (once per forward), residual adds, the DSA top-k over a row's
+scores, and the weighted sum of a row's expert outputs in ascending expert id order. So a
+row's logits are the same bytes alone or in any batch and for any thread count (spec §10,
+§15 kind (c)).
 
 States are ``colibri.reference.kv_cache.KVState`` (a plain data container: tokens, hidden
 states, growable per-layer cache arrays), so the COLIKV1 codec and persistence are shared.
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from colibri.accelerated.decoder_stack import DecoderStack
 from colibri.accelerated.kernels import F32, MAT_DTYPE, Kernels, Products, Weight
 from colibri.accelerated.layer_block import LayerBlock
 from colibri.accelerated.weights import (
@@ -42,7 +44,7 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.kv_cache import KVLayer
+from colibri.reference.kv_cache import KVLayer, KVState
 from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.timing import PhaseClock
@@ -80,27 +82,6 @@ def inv_freq(dim: int, theta: float) -> F32:
     exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
     out: F32 = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
     return out
-
-
-def route(logits: F32, bias: F32, cfg: ModelConfig) -> tuple[I64, F32]:
-    """noaux_tc (spec §7.1): (expert ids ascending [K], weights [K]); ties to the lower id."""
-    scores = (np.float32(1.0) / (np.float32(1.0) + np.exp(-logits))).astype(np.float32)
-    choice = (scores + bias).astype(np.float32)
-    if cfg.n_group > 1:
-        per = cfg.n_routed_experts // cfg.n_group
-        top2 = -np.sort(-choice.reshape(cfg.n_group, per), axis=-1)[:, :2]
-        group_scores = (top2[:, 0] + top2[:, 1]).astype(np.float32)
-        keep = np.argsort(-group_scores, kind="stable")[: cfg.topk_group]
-        mask = np.zeros(cfg.n_group, dtype=bool)
-        mask[keep] = True
-        choice = np.where(np.repeat(mask, per), choice, np.float32(-np.inf)).astype(np.float32)
-    chosen: I64 = np.sort(np.argsort(-choice, kind="stable")[: cfg.num_experts_per_tok])
-    chosen = chosen.astype(np.int64)
-    weights = scores[chosen]
-    if cfg.norm_topk_prob:
-        weights = weights / (np.sum(weights, dtype=np.float32) + np.float32(1e-20))
-    out: F32 = (weights * np.float32(cfg.routed_scaling_factor)).astype(np.float32)
-    return chosen, out
 
 
 def dsa_select(scores: F32, topk: int) -> I64 | None:
@@ -157,9 +138,12 @@ class Model(RowModel):
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
         self._products: dict[tuple[int, bool, bool], Products] = {}
         self._blocks: dict[int, LayerBlock] = {}
-        #: Layers in two C calls where they can be (``layer_block``); False forces the
-        #: per-kernel path everywhere (the tests compare the two byte for byte).
+        #: Layers in one C call where they can be (``layer_block``), and a step's decoder
+        #: layers all in one (``decoder_stack``) when none selects; False forces the
+        #: per-kernel path everywhere (the tests compare the paths byte for byte).
         self.fused_layers = True
+        self.fused_stack = True
+        self._stack: DecoderStack | None = None
 
     @property
     def mtp(self) -> Layer | None:
@@ -210,6 +194,37 @@ class Model(RowModel):
         return self.prefill(self.new_state(), ids)
 
     # --- the row hooks of RowModel (prefill, decode, decode_batch, forward_rows, mtp_draft) --
+
+    def _decoder_layers(self, states: Sequence[KVState], positions: list[int], x: F32,
+                        rope: tuple[F32, F32]) -> tuple[F32, list[I32]]:
+        """All decoder layers in one C call unless some row would attend to a DSA-selected
+        subset of its past (then layer by layer, ``_row_layer``)."""
+        cfg = self.config
+        selecting = self.use_indexer and any(p + 1 > cfg.index_topk for p in positions) and any(
+            mode == "full" and lw.attention.indexer is not None
+            for mode, lw in zip(self.indexer_modes, self.layers, strict=True))
+        if not (self.fused_layers and self.fused_stack) or selecting:
+            return super()._decoder_layers(states, positions, x, rope)
+        if self._stack is None:
+            self._stack = DecoderStack([self._block(lw, mode == "full"
+                                                    and lw.attention.indexer is not None)
+                                        for lw, mode in zip(self.layers, self.indexer_modes,
+                                                            strict=True)],
+                                       cfg.num_experts_per_tok)
+        x = np.array(x, dtype=np.float32, order="C")  # updated in place
+        routes = self._stack.run(self.kernels, x, rope, states, positions, self.expert,
+                                 self.clock)
+        return x, routes
+
+    def _block(self, lw: Layer, index_keys: bool) -> LayerBlock:
+        """The layer's one-call record (one per layer: the decoder stack and the per-layer
+        path share its expert table)."""
+        block = self._blocks.get(lw.index)
+        if block is None or block.index_keys != index_keys:
+            block = self._blocks[lw.index] = LayerBlock(self.config, lw, index_keys)
+            if lw.index < len(self.layers):  # the stack's records point at its own blocks
+                self._stack = None
+        return block
 
     def _decoder_rows(self, layer: int, x: F32, positions: list[int], caches: list[KVLayer],
                       keeps: list[I64 | None], rope: tuple[F32, F32]) -> LayerRows:
@@ -274,43 +289,38 @@ class Model(RowModel):
     def _fused_layer(self, x: F32, lw: Layer, index_keys: bool, caches: list[KVLayer],
                      slots: list[int], rope: tuple[F32, F32]
                      ) -> tuple[F32, list[I64 | None], I32 | None]:
-        block = self._blocks.get(lw.index)
-        if block is None or block.index_keys != index_keys:
-            block = self._blocks[lw.index] = LayerBlock(self.config, lw, index_keys)
-        k = self.kernels
+        block = self._block(lw, index_keys)
+        k, clock = self.kernels, self.clock
         m = x.shape[0]
         x = np.array(x, dtype=np.float32, order="C")  # updated in place below
-        started = time.perf_counter()
-        h, logits = block.attention(k, x, rope[0], rope[1], caches, slots)
-        self.clock.attention_s += time.perf_counter() - started
+        seconds = np.zeros(2, np.float64)
+        h, chosen, weights, missing = block.step(k, x, rope[0], rope[1], caches, slots, seconds)
+        clock.attention_s += float(seconds[0])
+        clock.matmul_s += float(seconds[1])
         keeps: list[I64 | None] = [None] * m
-        if logits is None:
-            started = time.perf_counter()
-            block.dense(k, x, h)
-            self.clock.matmul_s += time.perf_counter() - started
+        if chosen is None:
             return x, keeps, None
-        chosen, weights = self._route_rows(logits, lw)
-        flat = chosen.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        used, counts = np.unique(flat, return_counts=True)
-        descs = [self.expert(lw.index, int(e)).desc_bytes for e in used]
-        started = time.perf_counter()  # the expert products only: the reads above are disk time
-        block.routed(k, x, h, chosen, weights, descs, used.astype(np.int64),
-                     counts.astype(np.int64), order.astype(np.int64))
-        self.clock.matmul_s += time.perf_counter() - started
+        # The store's lookups, as the per-kernel path makes them (each distinct expert the
+        # rows chose, ascending), now that C has chosen; an expert C had no descriptor for
+        # is handed to it here and the layer's experts run now.
+        for e in np.unique(chosen).tolist():
+            block.hold(e, self.expert(lw.index, e))
+        if missing:
+            assert weights is not None
+            started = time.perf_counter()  # the expert products only: reads are disk time
+            block.routed_held(k, x, h, chosen, weights)
+            clock.matmul_s += time.perf_counter() - started
+        block.release()
         return x, keeps, chosen
 
     def _route_rows(self, logits: F32, lw: Layer) -> tuple[I32, F32]:
-        """Every row's routed experts (ascending) and weights (spec §7.1)."""
+        """Every row's routed experts (ascending) and weights (spec §7.1; ``col_route``, as
+        the one-call layer routes)."""
         assert lw.router_bias is not None
-        t, top = logits.shape[0], self.config.num_experts_per_tok
-        chosen = np.empty((t, top), np.int32)
-        weights = np.empty((t, top), np.float32)
-        for row in range(t):
-            ids, w = route(logits[row], lw.router_bias, self.config)
-            chosen[row] = ids
-            weights[row] = w
-        return chosen, weights
+        cfg = self.config
+        return self.kernels.route(logits, lw.router_bias, cfg.n_group, cfg.topk_group,
+                                  cfg.num_experts_per_tok, cfg.norm_topk_prob,
+                                  cfg.routed_scaling_factor)
 
     def _kernel_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
                       caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
@@ -416,14 +426,17 @@ class Model(RowModel):
             out = out + y[t * top :]
         return out, chosen
 
-def open_model(model_dir: str | Path, threads: int | None = None) -> Model:
+def open_model(model_dir: str | Path, threads: int | None = None,
+               kernels: Kernels | None = None) -> Model:
+    """``kernels``: a ready kernel set (the CUDA placement's); else the CPU kernels with
+    ``threads`` threads."""
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
     config = ModelConfig.from_dir(path)
     checkpoint = Checkpoint(path)
-    kernels = Kernels(threads or default_threads())
-    return Model(config, checkpoint, kernels, model_dir=path)
+    return Model(config, checkpoint, kernels or Kernels(threads or default_threads()),
+                 model_dir=path)
 
 
 __all__ = ["Model", "Weight", "finite_check", "open_model"]

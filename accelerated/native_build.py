@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,19 +95,30 @@ def build_variant(cc: str, variant: Variant, out: Path) -> Path:
     stamp = _stamp(cc, variant)
     if target.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
         return target
+    error = compile_library(target, stamp, lambda partial: [
+        cc, *BASE_FLAGS, *variant.flags, f"-I{SOURCE_DIR}", *(str(s) for s in sources()), "-o",
+        str(partial), "-lm"])
+    if error is not None:
+        raise BuildError(f"{variant.name}: {error}")
+    return target
+
+
+def compile_library(target: Path, stamp: str, command: Callable[[Path], list[str]]
+                    ) -> str | None:
+    """Run ``command(partial)`` to write a library at a temporary name, then rename it to
+    ``target`` (a running engine never maps a half-written file) and write its stamp.
+    Returns the command and the compiler's message where it fails, else None."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Write to a temporary name and rename, so a running engine never maps a half-written file.
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
         partial = Path(tmp.name)
-    command = [cc, *BASE_FLAGS, *variant.flags, f"-I{SOURCE_DIR}",
-               *(str(s) for s in sources()), "-o", str(partial), "-lm"]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    argv = command(partial)
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise BuildError(f"{variant.name}: {' '.join(command)}\n{result.stderr.strip()}")
+        return f"{' '.join(argv)}\n{result.stderr.strip()}"
     partial.replace(target)
-    stamp_file.write_text(stamp)
-    return target
+    target.with_suffix(".stamp").write_text(stamp)
+    return None
 
 
 class BuildError(RuntimeError):

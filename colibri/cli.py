@@ -32,7 +32,16 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _module_of(name: str) -> str | None:
+    module = f"colibri.commands.{name}"
+    return module if module in COMMAND_MODULES else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or, given the name of a known sub-command, a parser holding only
+    that one: it parses that command's arguments exactly as the whole parser does, and
+    spares each ``colibri engine`` process (the test suite starts hundreds) importing every
+    other command module."""
     parser = argparse.ArgumentParser(
         prog="colibri",
         description=(
@@ -42,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"colibri {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
+    only = None if command is None else _module_of(command)
+    for module_name in COMMAND_MODULES if only is None else (only,):
         importlib.import_module(module_name).register(subparsers)
     return parser
 
@@ -55,8 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except control_plane.ControlPlaneError as exc:
         print(f"colibri: {exc}", file=sys.stderr)
         return 2
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(words[0] if words and not words[0].startswith("-") else None)
+    args = parser.parse_args(words)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -111,15 +111,8 @@ class RowModel:
         if m == 0:
             return no_logits, np.zeros((0, 0, cfg.num_experts_per_tok), np.int32)
         positions = step_positions(list(states))
-        x = self._embed(tokens)
-        keeps: list[I64 | None] = [None] * m
-        rope = self._rope(positions)
-        routes: list[I32] = []
-        for i in range(cfg.num_hidden_layers):
-            caches = [s.layers[i] for s in states]
-            x, keeps, chosen = self._decoder_rows(i, x, positions, caches, keeps, rope)
-            if chosen is not None:
-                routes.append(chosen)
+        x, routes = self._decoder_layers(states, positions, self._embed(tokens),
+                                         self._rope(positions))
         for s, tok, pos, hid in zip(states, tokens, positions, x, strict=True):
             s.hidden[pos] = hid
             if pos == len(s.tokens):
@@ -153,6 +146,19 @@ class RowModel:
         draft: F32 = self._timed_head(np.ascontiguousarray(z[-1:]), mtp=True)[0]
         assert chosen is not None  # the MTP layer is always sparse
         return draft, chosen
+
+    def _decoder_layers(self, states: Sequence[KVState], positions: list[int], x: F32,
+                        rope: tuple[F32, F32]) -> tuple[F32, list[I32]]:
+        """Every decoder layer over the rows (``_decoder_rows`` one after the other; an engine
+        may run them together): the last hidden states and each sparse layer's choices."""
+        keeps: list[I64 | None] = [None] * len(positions)
+        routes: list[I32] = []
+        for i in range(self.config.num_hidden_layers):
+            caches = [s.layers[i] for s in states]
+            x, keeps, chosen = self._decoder_rows(i, x, positions, caches, keeps, rope)
+            if chosen is not None:
+                routes.append(chosen)
+        return x, routes
 
     def _timed_head(self, x: F32, mtp: bool) -> F32:
         started = time.perf_counter()

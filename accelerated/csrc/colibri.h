@@ -18,6 +18,9 @@ enum {
     COL_ENOMEM = 2,  /* scratch memory could not be allocated */
     COL_EDTYPE = 3,  /* a weight dtype code the kernels do not support */
     COL_ETHREAD = 4, /* the thread pool could not be created */
+    /* col_layer_step: a chosen expert has no descriptor yet (the caller brings it in and
+     * finishes the layer with col_layer_routed); not an error. */
+    COL_EMISSING = 5,
     /* COL_EQUANT_BASE + c: a quantized kernel refused its matrix with COLI_Q_* code c. */
     COL_EQUANT_BASE = 100,
 };
@@ -130,10 +133,16 @@ typedef struct {
     int64_t interleave; /* RoPE of q and the rope key: interleaved pairs (spec §4) */
     int64_t n_router;   /* routed experts: router logits wanted (0 for a dense layer) */
     int64_t kv_b_dtype;
+    /* the router (spec §7.1; when n_router): groups, groups kept, experts per row, norm */
+    int64_t n_group, topk_group, top_k, norm_topk;
     double rms_eps, latent_eps, index_eps;
-    float attn_scale, reserved;
+    float attn_scale, routed_scale;
     const float *input_norm, *post_norm, *q_a_norm, *kv_a_norm, *ik_norm_w, *ik_norm_b;
     const void *kv_b;
+    const float *router_bias;
+    /* [n_router][3] gate, up, down per routed expert, data NULL where the caller has not
+     * brought the expert in yet; shared: [3] or NULL; dense: [3] (a dense layer) or NULL */
+    const col_mat *experts, *shared, *dense;
     col_mat q_first, q_b, kv_a, wk, o, router;
 } col_layer;
 
@@ -156,5 +165,46 @@ int col_moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
                      const int64_t *start, const int64_t *rows, const float *h, size_t m,
                      size_t d, size_t k, const int64_t *slot_row, const float *weights,
                      const int64_t *extra_row, float *x);
+
+/* noaux_tc routing of m rows (route.c): logits [m, n_experts] -> chosen [m, k] (ascending
+ * expert ids) and weights [m, k]; each row on its own, the reference's float32 operations. */
+int col_route(const float *logits, size_t m, size_t n_experts, const float *bias,
+              size_t n_group, size_t topk_group, size_t k, int norm, float scale,
+              int32_t *chosen, float *weights);
+
+/* The (row, slot) pairs of chosen [m, k] grouped by expert, stably (route.c): used[n_used]
+ * the distinct experts ascending, start[n_used + 1] their blocks, rows[m k] each pair's row,
+ * slot_row[m k] where each pair landed. */
+int col_group_rows(const int32_t *chosen, size_t m, size_t k, size_t n_experts,
+                   int64_t *used, size_t *n_used, int64_t *start, int64_t *rows,
+                   int64_t *slot_row);
+
+/* A whole decoder layer without DSA selection in one call: col_attention_block, then a dense
+ * layer's MLP, or the router (col_route: chosen/weights [m, top_k] out) and, when every
+ * chosen expert has a descriptor, col_layer_routed. COL_EMISSING: some chosen expert has
+ * none; x holds the attention's residual and h the post-norm input, and the caller finishes
+ * with col_layer_routed once it has filled them in. seconds (may be NULL) gets the wall
+ * seconds of the attention block and of the rest (router and experts). */
+int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float *h,
+                   const float *cos, const float *sin, float *const *latent,
+                   float *const *rope_key, float *const *index_key, const size_t *slot,
+                   int32_t *chosen, float *weights, double *seconds);
+
+/* Decoder layers first .. n_layers - 1 over m rows, each one col_layer_step, x updated in
+ * place (h: an [m, d] scratch). caches[3 m l + j m + r] is row r's latent (j 0), rope-key (1)
+ * and index-key (2, full indexer layers) cache of layer l; chosen/weights [n_layers, m, top_k]
+ * (dense layers' blocks untouched). seconds [2] accumulates the layers' phases. On a non-zero
+ * status *stopped is the layer that returned it (COL_EMISSING: finish it with
+ * col_layer_routed, then continue from *stopped + 1); on success n_layers. */
+int col_decoder_layers(col_pool *pool, size_t n_layers, const col_layer *const *layers,
+                       size_t first, size_t m, float *x, float *h, const float *cos,
+                       const float *sin, float *const *caches, const size_t *slot,
+                       size_t top_k, int32_t *chosen, float *weights, double *seconds,
+                       size_t *stopped);
+
+/* x += the routed experts' weighted outputs (+ the shared expert) over h: rows grouped by
+ * expert (col_group_rows), each expert read once for all its rows (col_moe_residual). */
+int col_layer_routed(col_pool *pool, const col_layer *L, size_t m, const float *h,
+                     const int32_t *chosen, const float *weights, float *x);
 
 #endif

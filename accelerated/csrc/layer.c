@@ -11,8 +11,10 @@
  * Not covered here: rows that attend to a DSA-selected subset of their past (a full indexer
  * layer past index_topk, or a shared layer after one). The caller runs those layers on the
  * per-kernel path, which has the indexer's scoring and top-k. */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "colibri.h"
 
@@ -177,5 +179,121 @@ int col_moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
         }
     }
     free(y);
+    return COL_OK;
+}
+
+/* --- the whole layer: attention, router, grouping and experts in one call -------------- */
+
+int col_layer_routed(col_pool *pool, const col_layer *L, size_t m, const float *h,
+                     const int32_t *chosen, const float *weights, float *x) {
+    if (L == NULL || h == NULL || chosen == NULL || weights == NULL || x == NULL ||
+        L->n_router <= 0 || L->top_k <= 0 || L->top_k > L->n_router || L->experts == NULL)
+        return COL_EINVAL;
+    if (m == 0) return COL_OK;
+    size_t k = (size_t)L->top_k, n_exp = (size_t)L->n_router, d = (size_t)L->d;
+    size_t pairs = m * k, extra = L->shared ? m : 0;
+    /* used[n_exp] | start[n_exp + 2] | rows[pairs + m] | slot_row[pairs] | extra_row[m] */
+    int64_t *ints = malloc((2 * n_exp + 2 + 2 * pairs + 2 * m) * sizeof(int64_t));
+    col_mat *mats = malloc((n_exp + 1) * 3 * sizeof(col_mat));
+    if (ints == NULL || mats == NULL) {
+        free(ints);
+        free(mats);
+        return COL_ENOMEM;
+    }
+    int64_t *used = ints, *start = used + n_exp, *rows = start + n_exp + 2;
+    int64_t *slot_row = rows + pairs + m, *extra_row = slot_row + pairs;
+    size_t n_used = 0;
+    int rc = col_group_rows(chosen, m, k, n_exp, used, &n_used, start, rows, slot_row);
+    for (size_t i = 0; !rc && i < n_used; i++) {
+        const col_mat *e = L->experts + 3 * (size_t)used[i];
+        if (e[0].data == NULL || e[1].data == NULL || e[2].data == NULL) rc = COL_EMISSING;
+        memcpy(mats + 3 * i, e, 3 * sizeof(col_mat));
+    }
+    if (!rc && extra) { /* the shared expert rides along: every row, the last block */
+        memcpy(mats + 3 * n_used, L->shared, 3 * sizeof(col_mat));
+        for (size_t r = 0; r < m; r++) {
+            rows[pairs + r] = (int64_t)r;
+            extra_row[r] = (int64_t)(pairs + r);
+        }
+        start[n_used + 1] = (int64_t)(pairs + m);
+    }
+    if (!rc)
+        rc = col_moe_residual(pool, n_used + (extra ? 1 : 0), mats, start, rows, h, m, d, k,
+                              slot_row, weights, extra ? extra_row : NULL, x);
+    free(ints);
+    free(mats);
+    return rc;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float *h,
+                   const float *cos, const float *sin, float *const *latent,
+                   float *const *rope_key, float *const *index_key, const size_t *slot,
+                   int32_t *chosen, float *weights, double *seconds) {
+    if (L == NULL || (L->n_router && (chosen == NULL || weights == NULL || !L->router_bias ||
+                                      L->n_group <= 0 || L->topk_group <= 0 ||
+                                      L->top_k <= 0)) ||
+        (!L->n_router && L->dense == NULL))
+        return COL_EINVAL;
+    if (m == 0) return COL_OK;
+    size_t n_exp = (size_t)L->n_router;
+    float *logits = n_exp ? malloc(m * n_exp * sizeof(float)) : NULL;
+    int64_t *every = n_exp ? NULL : malloc((m + 2) * sizeof(int64_t));
+    if (n_exp ? logits == NULL : every == NULL) return COL_ENOMEM;
+    double t0 = now_s();
+    int rc = col_attention_block(pool, L, m, x, h, logits, cos, sin, latent, rope_key,
+                                 index_key, slot);
+    double t1 = now_s();
+    if (!rc && !n_exp) { /* a dense layer: one MLP over every row */
+        int64_t start[2] = {0, (int64_t)m};
+        for (size_t r = 0; r < m; r++) every[r] = (int64_t)r;
+        rc = col_moe_residual(pool, 1, L->dense, start, every, h, m, (size_t)L->d, 0, NULL,
+                              NULL, every, x);
+    }
+    if (!rc && n_exp) {
+        rc = col_route(logits, m, n_exp, L->router_bias, (size_t)L->n_group,
+                       (size_t)L->topk_group, (size_t)L->top_k, (int)L->norm_topk,
+                       L->routed_scale, chosen, weights);
+        if (!rc) rc = col_layer_routed(pool, L, m, h, chosen, weights, x);
+    }
+    if (seconds) { /* the phases PERF/PROF report: attention (with the router), experts */
+        seconds[0] = t1 - t0;
+        seconds[1] = now_s() - t1;
+    }
+    free(logits);
+    free(every);
+    return rc;
+}
+
+int col_decoder_layers(col_pool *pool, size_t n_layers, const col_layer *const *layers,
+                       size_t first, size_t m, float *x, float *h, const float *cos,
+                       const float *sin, float *const *caches, const size_t *slot,
+                       size_t top_k, int32_t *chosen, float *weights, double *seconds,
+                       size_t *stopped) {
+    if (layers == NULL || caches == NULL || stopped == NULL || seconds == NULL ||
+        first > n_layers || (top_k && (chosen == NULL || weights == NULL)))
+        return COL_EINVAL;
+    for (size_t l = first; l < n_layers; l++) {
+        const col_layer *L = layers[l];
+        if (L == NULL || (L->n_router && L->top_k != (int64_t)top_k)) return COL_EINVAL;
+        float *const *c = caches + 3 * m * l; /* latent, rope key, index key: m each */
+        double sec[2] = {0.0, 0.0};
+        int rc = col_layer_step(pool, L, m, x, h, cos, sin, c, c + m,
+                                L->index_keys ? c + 2 * m : NULL, slot,
+                                top_k ? chosen + l * m * top_k : NULL,
+                                top_k ? weights + l * m * top_k : NULL, sec);
+        seconds[0] += sec[0];
+        seconds[1] += sec[1];
+        if (rc) {
+            *stopped = l;
+            return rc;
+        }
+    }
+    *stopped = n_layers;
     return COL_OK;
 }

@@ -1,9 +1,11 @@
-"""A layer in two C calls (accelerated/layer_block.py, csrc/layer.c) against the per-kernel path.
+"""A step's decoder layers in one C call (accelerated/decoder_stack.py), a layer in one
+(accelerated/layer_block.py, csrc/layer.c), against the per-kernel path.
 
-Both paths call the same kernels in the same order, so within one machine their logits must
+All paths call the same kernels in the same order, so within one machine their logits must
 be the same bytes (sameness kind (c), spec/model.md §15): on every fixture, for a prefill,
 single decodes, a batched decode and an MTP draft; and the DSA fixture, whose prompt runs
-past index_topk, mixes the two (layers that select run on the per-kernel path).
+past index_topk, mixes them (a step where a layer selects runs layer by layer, and the
+selecting layers on the per-kernel path).
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ if not BUILT:
 PROMPTS = [[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26], [7, 8, 9], [20, 11, 77, 24, 5]]
 
 
-def run(name: str, fused: bool) -> tuple[list[np.ndarray], Any]:
+def run(name: str, fused: bool, stack: bool = True) -> tuple[list[np.ndarray], Any]:
     from colibri.accelerated import load_model
 
     m = load_model(fixture_model_dir(name), threads=2)
-    m.fused_layers = fused
+    m.fused_layers, m.fused_stack = fused, stack
     vocab = m.config.vocab_size
     prompts = [[t % vocab for t in p] for p in PROMPTS]
     states = [m.new_state() for _ in prompts]
@@ -50,13 +52,16 @@ UNDER_SANITIZER = ("glm5-tiny-dsa", "glm5-tiny-mtp")
     pytest.param(n, marks=[pytest.mark.sanitize] if n in UNDER_SANITIZER else [])
     for n in ALL_FIXTURES
 ])
-def test_two_call_layers_give_the_per_kernel_bytes(name: str) -> None:
-    fused, model = run(name, True)
+def test_one_call_steps_and_layers_give_the_per_kernel_bytes(name: str) -> None:
+    stacked, model = run(name, True)
+    layered, per_layer = run(name, True, stack=False)
     kernel, _ = run(name, False)
-    assert model._blocks, "the two-call path never ran"
-    assert len(fused) == len(kernel)
-    for a, b in zip(fused, kernel, strict=True):
-        assert a.tobytes() == b.tobytes()
+    assert model._stack is not None, "the one-call step never ran"
+    assert per_layer._blocks and per_layer._stack is None
+    assert len(stacked) == len(layered) == len(kernel)
+    for a, b, c in zip(stacked, layered, kernel, strict=True):
+        assert a.tobytes() == c.tobytes()
+        assert b.tobytes() == c.tobytes()
 
 
 def test_selecting_layers_fall_back_to_the_per_kernel_path() -> None:
@@ -77,8 +82,7 @@ def test_selecting_layers_fall_back_to_the_per_kernel_path() -> None:
 
     m._fused_layer, m._kernel_layer = spy_fused, spy_kernel  # type: ignore[method-assign]
     m.prefill(m.new_state(), PROMPTS[0][: m.config.index_topk])
-    assert set(calls) == {"fused"}  # no row sees more than index_topk positions
-    calls.clear()
+    assert calls == [] and m._stack is not None  # no row sees past index_topk: one call
     m.prefill(m.new_state(), PROMPTS[0])
     assert "kernel" in calls
 
@@ -112,4 +116,4 @@ def test_malformed_tables_are_refused_by_the_c_side() -> None:
     s.reserve(1)
     cos = np.ones((2, m.config.qk_rope_head_dim // 2), np.float32)
     with pytest.raises(KernelInvalidArgument):
-        block.attention(m.kernels, x, cos, cos, [s.layers[0]] * 2, [0, 0])
+        block.step(m.kernels, x, cos, cos, [s.layers[0]] * 2, [0, 0], np.zeros(2))

@@ -91,6 +91,18 @@ def test_schema_rejects_malformed_cases_naming_them() -> None:
         parse_cases(http_case, "bad.json")  # an HTTP case names whose contract it checks
 
 
+def test_a_changed_case_file_is_validated_again(tmp_path: Path) -> None:
+    # load_cases validates each file's bytes once per process; the same path with other
+    # bytes is new text and gets the schema again.
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps(_case()), encoding="utf-8")
+    assert "protocol.sample.case" in [c.id for c in load_cases("protocol", [extra])]
+    assert "protocol.sample.case" in [c.id for c in load_cases("protocol", [extra])]
+    extra.write_text(json.dumps(_case(level="may")), encoding="utf-8")
+    with pytest.raises(CaseError, match="level"):
+        load_cases("protocol", [extra])
+
+
 def test_unknown_capability_is_refused() -> None:
     with pytest.raises(CaseError):
         parse_cases(_case(requires=["teleportation"]), "bad.json")

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import openai
 from support.server_harness import interrupt, serve_process
 
 from colibri.resources import DEFAULT_MODEL_NAME
+
+# The official SDKs are imported inside the tests that use them: their pydantic types take
+# seconds to import, and every pytest worker imports every test module when it collects.
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +45,7 @@ def reference_greedy_reply(question: str) -> str:
 
 
 def test_make_serve_default_answers_27_plus_15_through_the_openai_sdk() -> None:
+    import openai
     env = {k: v for k, v in os.environ.items()
            if k not in ("COLI_MODEL", "COLI_MODEL_ID", "COLIBRI_DEFAULT_MODEL", "COLI_THINK")}
     with serve_process([], env, ROOT) as (proc, line, url):

@@ -8,13 +8,15 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import anthropic
 import pytest
 from colibri.server.context import ServerConfig
 from support.http_transcript import exchange, validate
 from support.server_harness import LiveServer, launch
 
 from colibri import resources
+
+# The official SDKs are imported inside the tests that use them: their pydantic types take
+# seconds to import, and every pytest worker imports every test module when it collects.
 
 M = "test-model"
 TOOLS = [{"name": "weather", "description": "Weather for a city",
@@ -55,6 +57,7 @@ def test_count_equals_the_engines_prompt_tokens(real: LiveServer,
 
 
 def test_anthropic_sdk_and_named_errors(real: LiveServer) -> None:
+    import anthropic
     client = anthropic.Anthropic(base_url=real.url, api_key="k", max_retries=0)
     count = client.messages.count_tokens(model=M, messages=[{"role": "user", "content": "Hi"}])
     assert count.input_tokens > 0

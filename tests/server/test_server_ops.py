@@ -12,14 +12,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 from colibri.server.context import ServerConfig
 from support.http_transcript import exchange, parse_sse, validate
 from support.server_harness import LiveServer, launch
 
 from colibri import resources
+
+# The official SDKs are imported inside the tests that use them: their pydantic types take
+# seconds to import, and every pytest worker imports every test module when it collects.
 
 M = "test-model"
 
@@ -48,6 +49,7 @@ def server() -> Iterator[LiveServer]:
 # ---- official SDKs ------------------------------------------------------------------
 
 def test_openai_sdk_chat_plain_and_stream(server: LiveServer) -> None:
+    import openai
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
     reply = client.chat.completions.create(model=M, messages=[{"role": "user",
                                                                "content": "hi"}])
@@ -65,6 +67,7 @@ def test_openai_sdk_chat_plain_and_stream(server: LiveServer) -> None:
 
 
 def test_openai_sdk_completions_and_errors(server: LiveServer) -> None:
+    import openai
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
     done = client.completions.create(model=M, prompt="Complete me", max_tokens=4)
     assert done.choices[0].text == "Héllo"
@@ -86,6 +89,7 @@ def test_openai_sdk_completions_and_errors(server: LiveServer) -> None:
 
 
 def test_anthropic_sdk_messages(server: LiveServer) -> None:
+    import anthropic
     client = anthropic.Anthropic(base_url=server.url, api_key="k", max_retries=0)
     message = client.messages.create(model=M, max_tokens=16,
                                      messages=[{"role": "user", "content": "hi"}])

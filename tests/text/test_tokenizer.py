@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import regex
 import tokenizers
 from colibri.reference import Tokenizer
 from hypothesis import given
@@ -22,10 +23,12 @@ from colibri.resources import fixtures_dir
 from colibri.text.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE, bytes_to_chars
 from colibri.text.pretokenize import (
     UnsupportedTokenizerError,
+    _class_body,
     pin_unicode_classes,
     pre_tokenize,
 )
 from colibri.text.tokenizer import TokenizerFileError
+from colibri.text.unicode_classes import LETTER_RANGES, NUMBER_RANGES
 
 FIXTURE = fixtures_dir() / "tokenizer" / "tokenizer.json"
 GLM5_ADDED = (
@@ -258,9 +261,34 @@ def test_pinning_rewrites_only_real_class_escapes() -> None:
     pinned = pin_unicode_classes(r"[^\r\n\p{L}\p{N}]?\p{L}+|\\p{L}|[]\p{N}]")
     assert r"\p{" not in pinned.replace(r"\\p{L}", "")
     assert r"|\\p{L}|" in pinned  # an escaped backslash followed by "p{L}" is literal text
-    assert pinned.startswith(r"[^\r\n\U00000041-\U0000005A")
-    assert "]?[\\U00000041-" in pinned  # outside a class the ranges get their own brackets
-    assert pinned.endswith("]") and "[]\\U00000030-" in pinned
+    assert pinned.startswith(r"[^\r\n" + "A-Za-z")
+    assert "]?[A-Za-z" in pinned  # outside a class the ranges get their own brackets
+    assert pinned.endswith("]") and "[]0-9" in pinned
+
+
+@pytest.mark.parametrize(("name", "spans"), [("L", LETTER_RANGES), ("N", NUMBER_RANGES)])
+def test_a_pinned_class_matches_exactly_its_code_points(
+    name: str, spans: tuple[tuple[int, int], ...]
+) -> None:
+    # Membership only changes at a span's ends, so the code points at and beside every end
+    # (surrogates aside: not valid in text) decide whether the class, written with the
+    # characters themselves, holds exactly HF's spans.
+    probes = sorted({c + d for lo, hi in spans for c in (lo, hi) for d in (-1, 0, 1)}
+                    - set(range(0xD800, 0xE000)) - {-1, 0x110000})
+    inside = {c for c in probes if any(lo <= c <= hi for lo, hi in spans)}
+    text = "".join(map(chr, probes))
+    matched = regex.findall(pin_unicode_classes("\\p{" + name + "}"), text)
+    assert matched == [chr(c) for c in probes if c in inside]
+
+
+def test_class_special_characters_in_a_span_stay_literal() -> None:
+    # No letter or number is special inside a class, but the body must not rely on it:
+    # "-", "[" to "^" (with "\\" and "]") and "a" to "c" as spans, then every ASCII byte.
+    body = _class_body(((0x2D, 0x2D), (0x5B, 0x5E), (0x61, 0x63)))
+    ascii_text = "".join(chr(c) for c in range(128))
+    inside = "-[\\]^abc"
+    assert regex.findall(f"[{body}]", ascii_text) == list(inside)
+    assert regex.findall(f"[^{body}]", ascii_text) == [c for c in ascii_text if c not in inside]
 
 
 @pytest.mark.parametrize(

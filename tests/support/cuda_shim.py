@@ -1,0 +1,103 @@
+"""The CUDA kernels' device math on the host: ``cuda_shim.c`` compiled with the system cc
+against ``accelerated/cuda/ccu_formats.h`` (no nvcc, no GPU), and the two CPU library
+variants it is held against (``avx2`` for the fused-multiply-add bits, ``generic`` for the
+twice-rounded ones)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import shutil
+import subprocess
+import tempfile
+from ctypes import POINTER, c_int, c_int64, c_void_p
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from colibri.accelerated.native import supported_variants
+from colibri.accelerated.native_build import DEFAULT_OUT, LIBRARY_NAME, compiler
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER_DIR = REPO / "accelerated" / "cuda"
+SHIM = Path(__file__).with_name("cuda_shim.c")
+F32 = npt.NDArray[np.float32]
+
+_SHIM_PROTOTYPES = {
+    "shim_q_sizes": (c_int, [c_int, c_int, c_int64, c_int64, POINTER(c_int64), POINTER(c_int64)]),
+    "shim_q_check": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
+                             c_int64]),
+    "shim_q_decode": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
+                              c_int64, c_void_p, c_void_p, c_void_p]),
+    "shim_q_matmul": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
+                              c_int64, c_void_p, c_void_p, c_int64, c_void_p, c_int, c_int]),
+    "shim_f_matmul": (None, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_int64, c_void_p,
+                             c_int, c_int]),
+    "shim_convert": (None, [c_int, c_void_p, c_int64, c_void_p]),
+    "shim_rotate": (None, [c_void_p, c_int64, c_int64]),
+}
+
+_CPU_PROTOTYPES = {
+    "coli_q_sizes": (c_int, [c_int, c_int, c_int64, c_int64, POINTER(c_int64), POINTER(c_int64)]),
+    "coli_q_check": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
+                             c_int64]),
+    "coli_q_matmul": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
+                              c_int64, c_void_p, c_int64, c_int64, c_void_p, c_int64, c_int64,
+                              c_int64, c_int]),
+    "coli_q_rotate": (c_int, [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_int64]),
+    "coli_qi_e8_half": (ctypes.c_float, [ctypes.c_uint16]),
+    "col_pool_create": (c_int, [ctypes.c_size_t, POINTER(c_void_p)]),
+    "col_matmul": (c_int, [c_void_p, c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                           ctypes.c_size_t, c_void_p, c_int, ctypes.c_size_t, c_void_p,
+                           ctypes.c_size_t]),
+}
+
+
+def _bind(lib: ctypes.CDLL, table: dict[str, tuple[object, list[object]]]) -> ctypes.CDLL:
+    for name, (restype, argtypes) in table.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+@cache
+def shim() -> ctypes.CDLL:
+    """The shim, built once per session into a temporary directory."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler")
+    folder = Path(tempfile.mkdtemp(prefix="colibri-cuda-shim-"))
+    atexit.register(shutil.rmtree, folder, True)  # the loaded library needs no file after exit
+    out = folder / "libccu_shim.so"
+    subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
+                    "-fno-fast-math", "-Wall", "-Wextra", "-Werror", f"-I{HEADER_DIR}",
+                    str(SHIM), "-o", str(out), "-lm"], check=True, capture_output=True)
+    return _bind(ctypes.CDLL(str(out)), _SHIM_PROTOTYPES)
+
+
+#: variant -> whether its products use fused multiply-adds (the shim's ``fused`` flag).
+FUSED = {"avx2": 1, "generic": 0}
+
+
+@cache
+def cpu_variant(name: str) -> ctypes.CDLL:
+    path = DEFAULT_OUT / name / LIBRARY_NAME
+    return _bind(ctypes.CDLL(str(path)), _CPU_PROTOTYPES)
+
+
+def runnable_variants() -> list[str]:
+    return [v for v in supported_variants() if (DEFAULT_OUT / v / LIBRARY_NAME).is_file()]
+
+
+@cache
+def cpu_pool(name: str) -> int:
+    pool = c_void_p()
+    if cpu_variant(name).col_pool_create(1, ctypes.byref(pool)):
+        raise RuntimeError("col_pool_create failed")
+    assert pool.value is not None
+    return pool.value
+
+
+def addr(a: np.ndarray) -> int:
+    return int(a.ctypes.data)
