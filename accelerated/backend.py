@@ -33,7 +33,8 @@ class AcceleratedBackend(KVStateBackend):
     name = "accelerated"
 
     def __init__(self, model: Model, store: TieredExpertStore, model_tag: int,
-                 gpu: GpuPlacement | None = None) -> None:
+                 gpu: GpuPlacement | None = None, vram_budget_bytes: int = 0,
+                 vram_reserve_bytes: int = 0) -> None:
         super().__init__(model, store, model_tag)
         self.model = model
         model.store = store
@@ -43,7 +44,16 @@ class AcceleratedBackend(KVStateBackend):
         if gpu is not None:
             from colibri.accelerated.cuda_model import CudaVramTier
 
+            from colibri.engine.cuda_devices import vram_budget
+
             self.vram_tier = CudaVramTier(gpu, model.read_expert)
+            if vram_budget_bytes:
+                # CUDA_EXPERT_GB (or auto), capped at what the device has free once the dense
+                # weights are up, less CUDA_RESERVE_GB; the store places experts within it.
+                free, _ = gpu.device.mem_info()
+                store.attach_vram(self.vram_tier,
+                                  vram_budget(vram_budget_bytes, free, vram_reserve_bytes),
+                                  gpu.device.index)
 
     @property
     def build(self) -> str:
@@ -96,7 +106,8 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
     read: Any = model.read_expert  # Mlp has the nbytes the store's LRU budgets by
     store = TieredExpertStore(read, model.config, usage_rows(model.config),
                               options.ram_budget_bytes, stored_expert_bytes(model.checkpoint))
-    return AcceleratedBackend(model, store, model_fingerprint(model_dir), gpu)
+    return AcceleratedBackend(model, store, model_fingerprint(model_dir), gpu,
+                              options.vram_budget_bytes, options.vram_reserve_bytes)
 
 
 def _open_on_device(model_dir: Path, device: str | None) -> tuple[Model, GpuPlacement]:
