@@ -44,7 +44,7 @@ class AcceleratedBackend(KVStateBackend):
         if gpu is not None:
             from colibri.accelerated.cuda_model import CudaVramTier
 
-            from colibri.engine.cuda_devices import vram_budget
+            from colibri.engine.registry import vram_budget
 
             self.vram_tier = CudaVramTier(gpu, model.read_expert)
             if vram_budget_bytes:

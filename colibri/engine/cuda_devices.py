@@ -73,19 +73,6 @@ class CudaDevice:
         return 2.0 * self.memory_clock_khz * 1e3 * self.memory_bus_bits / 8
 
 
-def vram_budget(requested_bytes: int, free_bytes: int, reserve_bytes: int) -> int:
-    """The VRAM expert tier's byte budget on one device: the request (CUDA_EXPERT_GB; -1 is
-    ``auto``) capped by what the device has free minus the reserve (CUDA_RESERVE_GB), as
-    colibri's planner does; an unknown free size (-1) leaves the request as it is (the
-    device's own refusals then bound it)."""
-    if requested_bytes == 0:
-        return 0
-    if free_bytes < 0:
-        return max(0, requested_bytes)
-    usable = max(0, free_bytes - reserve_bytes)
-    return usable if requested_bytes < 0 else min(requested_bytes, usable)
-
-
 @dataclass(frozen=True)
 class Probe:
     devices: tuple[CudaDevice, ...] = ()

@@ -34,10 +34,23 @@ class BackendOptions:
     #: The backend's device choice (``--device``); None is its default.
     device: str | None = None
     #: The VRAM expert tier's requested budget (``--vram-gb``, CUDA_EXPERT_GB): 0 none, -1
-    #: auto (all the device's free memory but the reserve); see ``cuda_devices.vram_budget``.
+    #: auto (all the device's free memory but the reserve); see ``vram_budget``.
     vram_budget_bytes: int = 0
     #: Device memory left free for everything but experts (CUDA_RESERVE_GB, default 2).
     vram_reserve_bytes: int = 2_000_000_000
+
+
+def vram_budget(requested_bytes: int, free_bytes: int, reserve_bytes: int) -> int:
+    """The VRAM expert tier's byte budget on one device: the request (CUDA_EXPERT_GB; -1 is
+    ``auto``) capped by what the device has free minus the reserve (CUDA_RESERVE_GB), as
+    colibri's planner does; an unknown free size (-1) leaves the request as it is (the
+    device's own refusals then bound it)."""
+    if requested_bytes == 0:
+        return 0
+    if free_bytes < 0:
+        return max(0, requested_bytes)
+    usable = max(0, free_bytes - reserve_bytes)
+    return usable if requested_bytes < 0 else min(requested_bytes, usable)
 
 
 def _module(name: str) -> ModuleType:

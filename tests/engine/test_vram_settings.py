@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from colibri.engine.cuda_devices import vram_budget
+from colibri.engine.registry import vram_budget
 from colibri.engine.settings import SettingsError, from_environment
 
 MODEL = Path("m")
