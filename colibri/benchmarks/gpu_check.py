@@ -1,8 +1,9 @@
 """The prepared device check (issue 19): on a GPU machine, from the repo root, after
 ``tools/gpu_check.sh`` made the venv, ``python -m colibri.benchmarks.gpu_check --out DIR``
 
-1. records the environment (Python, the modules the suite needs, nvidia-smi, nvcc, doctor);
-2. runs ``make build`` (the C library, the CUDA library where nvcc exists, mypyc);
+1. records the environment (Python, the modules the suite needs, nvidia-smi, nvcc);
+2. runs ``make build`` (the C library, the CUDA library where nvcc exists, mypyc), then
+   ``colibri doctor --json`` (what was built, the driver, the devices);
 3. probes the driver: the first GPU step; without a usable device it stops here, saying why;
 4. runs ``pytest -m gpu`` (JUnit XML beside the report);
 5. generates the GPU bench model (``bench_model``, gpu=True);
@@ -186,17 +187,17 @@ def _check(run: Run, args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     run.report["environment"] = environment()
     run.record("environment", "ok", time.monotonic() - t0)
+    if args.skip_build:
+        run.record("build", "skipped", 0.0, reason="--skip-build")
+    else:
+        command(run, "build", ["make", "build"], log=args.out / "build.log")
+    # After the build, so it reports what was built (the C and CUDA libraries).
     doctor = command(run, "doctor", [py, "-m", "colibri", "doctor", "--json"])
     if doctor is not None:
         try:
             run.report["doctor"] = json.loads(doctor.stdout)
         except ValueError:
             pass
-
-    if args.skip_build:
-        run.record("build", "skipped", 0.0, reason="--skip-build")
-    else:
-        command(run, "build", ["make", "build"], log=args.out / "build.log")
 
     # The first GPU step: nothing after it means anything without a device.
     from colibri.engine.cuda_devices import probe_isolated

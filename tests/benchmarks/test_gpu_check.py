@@ -39,7 +39,7 @@ def test_without_a_driver_it_stops_at_the_probe(tmp_path: Path) -> None:
     assert report["status"] == "stopped" and report["stopped_at"] == "probe"
     assert report["reason"] == ("no usable CUDA device: no NVIDIA driver: libcuda-absent.so.1 "
                                 "not found (No such file or directory)")
-    assert list(report["steps"]) == ["environment", "doctor", "build", "probe"]
+    assert list(report["steps"]) == ["environment", "build", "doctor", "probe"]
     assert report["steps"]["build"]["status"] == "skipped"
     assert "missing_modules" in report["environment"]
     assert report["doctor"]["cuda"]["library"] == "libcuda-absent.so.1"
