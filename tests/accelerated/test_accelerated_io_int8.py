@@ -18,7 +18,7 @@ from colibri.reference import load_model as load_reference
 from colibri.reference.quant import Fmt
 from colibri.reference.quant.convert import convert
 from colibri.reference.quant.safetensors_file import SafetensorsDir, write_safetensors
-from support.accelerated_support import BUILT, NOT_BUILT_REASON
+from support.accelerated_support import BUILT, NOT_BUILT_REASON, assert_mtp_drafts_match
 from support.reference_support import copy_fixture, rewrite_tensors
 
 from colibri.resources import fixture_model_dir
@@ -78,17 +78,7 @@ def test_logits_greedy_tokens_and_mtp_drafts_match_the_reference(mtp_container: 
     tol = tolerance(mtp_container, want, len(IDS))
     assert max_excess(got, want, tol) <= 0
     assert greedy(m, IDS, 6) == greedy(r, IDS, 6)
-    sa, sr = m.new_state(), r.new_state()
-    m.prefill(sa, IDS)
-    r.prefill(sr, IDS)
-    for token in (5, 9):
-        da, ra = m.mtp_draft_routed(sa, token)
-        dr, rr = r.mtp_draft_routed(sr, token)
-        assert np.array_equal(ra, rr)
-        assert max_excess(da, dr, tol) <= 0
-        assert int(np.argmax(da)) == int(np.argmax(dr))
-        m.decode(sa, token)
-        r.decode(sr, token)
+    assert_mtp_drafts_match(m, r, IDS, tol)
 
 
 def test_a_batched_row_is_the_same_bytes_as_alone(mtp_container: Path) -> None:
