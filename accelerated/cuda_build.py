@@ -41,8 +41,8 @@ GENCODE = ("-gencode", "arch=compute_80,code=sm_80",
 #: How each source is compiled (tests/accelerated/test_cuda_ptx.py reads the PTX they give).
 COMPILE_FLAGS = ("-std=c++17", "-O3", "--fmad=false", "-Xcompiler", "-fPIC,-fno-fast-math")
 FLAGS = (*COMPILE_FLAGS, "-shared", "-cudart", "static", *GENCODE)
-#: The CPU library's headers the CUDA sources include (the iq3 grid).
-SHARED_HEADERS = (CSRC_DIR / "quant" / "coli_quant_tables.h",)
+#: The CPU library's headers the CUDA sources include (format numbers and codes, the iq3 grid).
+SHARED_HEADERS = (CSRC_DIR / "quant" / "coli_quant.h", CSRC_DIR / "quant" / "coli_quant_tables.h")
 
 
 class BuildError(RuntimeError):

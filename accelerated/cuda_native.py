@@ -35,7 +35,7 @@ F32 = npt.NDArray[np.float32]
 #: flags of the products: x already rotated (e8); the generic CPU build's two roundings.
 X_ROTATED = 1
 TWO_ROUNDINGS = 2
-#: ccu_api.h: status = EQUANT_BASE + a CCU_Q_* code (the values of coli_quant.h).
+#: ccu_api.h: status = EQUANT_BASE + a COLI_Q_* code (the values of coli_quant.h).
 EQUANT_BASE = 100
 #: The CUDA runtime's codes the startup error names.
 CUDA_ERROR_INSUFFICIENT_DRIVER = 35
@@ -120,7 +120,7 @@ class CudaRuntimeError(CudaError):
 
 
 class CudaQuantRefused(CudaError):
-    """A quantized weight failed the size or content rules; ``code`` is its CCU_Q_* code."""
+    """A quantized weight failed the size or content rules; ``code`` is its COLI_Q_* code."""
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)

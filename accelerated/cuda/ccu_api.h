@@ -23,7 +23,7 @@ enum {
     CCU_ENOMEM = 2, /* device or host memory could not be allocated */
     CCU_EDTYPE = 3, /* an unsupported float weight dtype */
     CCU_ECUDA = 4,  /* a CUDA runtime call failed: ccu_last_cuda_error / ccu_last_error */
-    CCU_EQUANT_BASE = 100 /* + a CCU_Q_* code: the quantized weight was refused */
+    CCU_EQUANT_BASE = 100 /* + a COLI_Q_* code: the quantized weight was refused */
 };
 
 /* flags of the products */

@@ -31,35 +31,16 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "quant/coli_quant.h"
+
 #ifdef __CUDACC__
 #define CCU_HD static __host__ __device__ inline
 #else
 #define CCU_HD static inline
 #endif
 
-/* Format ordinals and return codes: the values of csrc/quant/coli_quant.h (a test keeps the
- * two equal through the CPU library's coli_q_sizes / coli_q_check). */
-enum {
-    CCU_Q_INT8_ROW = 1,
-    CCU_Q_INT4_ROW = 2,
-    CCU_Q_INT2_ROW = 3,
-    CCU_Q_INT4_GROUPED = 4,
-    CCU_Q_INT3_G64 = 5,
-    CCU_Q_E8_IQ3 = 6,
-    CCU_Q_FP8_E4M3_B128 = 8
-};
-enum {
-    CCU_Q_OK = 0,
-    CCU_Q_EFORMAT = 1,
-    CCU_Q_ESHAPE = 2,
-    CCU_Q_EPAYLOAD = 3,
-    CCU_Q_ESCALES = 4,
-    CCU_Q_EGROUP = 5,
-    CCU_Q_ENULL = 8,
-    CCU_Q_ENONFINITE = 9,
-    CCU_Q_ENAN = 10,
-    CCU_Q_ETAG = 11
-};
+/* Format ordinals and return codes: csrc/quant/coli_quant.h's own (COLI_Q_*), so the CPU
+ * and CUDA libraries cannot disagree on a number. */
 /* Float weight dtypes (csrc/colibri.h's COL_F32, COL_BF16, COL_F16). */
 enum { CCU_F32 = 0, CCU_BF16 = 1, CCU_F16 = 2 };
 
@@ -170,43 +151,43 @@ CCU_HD int ccu_group_size_ok(int gs) {
            gs == 256;
 }
 
-/* Payload bytes and .qs count of an [O, I] tensor of format fmt; a CCU_Q_* code. */
+/* Payload bytes and .qs count of an [O, I] tensor of format fmt; a COLI_Q_* code. */
 CCU_HD int ccu_q_sizes(int fmt, int gs, int64_t O, int64_t I, int64_t *bytes, int64_t *scales) {
-    if (bytes == NULL || scales == NULL) return CCU_Q_ENULL;
-    if (O <= 0 || I <= 0 || O > CCU_MAX_DIM || I > CCU_MAX_DIM) return CCU_Q_ESHAPE;
+    if (bytes == NULL || scales == NULL) return COLI_Q_ENULL;
+    if (O <= 0 || I <= 0 || O > CCU_MAX_DIM || I > CCU_MAX_DIM) return COLI_Q_ESHAPE;
     switch (fmt) {
-    case CCU_Q_INT8_ROW: *bytes = O * I; *scales = O; return CCU_Q_OK;
-    case CCU_Q_INT4_ROW: *bytes = O * ccu_ceil_div(I, 2); *scales = O; return CCU_Q_OK;
-    case CCU_Q_INT2_ROW: *bytes = O * ccu_ceil_div(I, 4); *scales = O; return CCU_Q_OK;
-    case CCU_Q_INT4_GROUPED:
-        if (!ccu_group_size_ok(gs)) return CCU_Q_EGROUP;
+    case COLI_Q_INT8_ROW: *bytes = O * I; *scales = O; return COLI_Q_OK;
+    case COLI_Q_INT4_ROW: *bytes = O * ccu_ceil_div(I, 2); *scales = O; return COLI_Q_OK;
+    case COLI_Q_INT2_ROW: *bytes = O * ccu_ceil_div(I, 4); *scales = O; return COLI_Q_OK;
+    case COLI_Q_INT4_GROUPED:
+        if (!ccu_group_size_ok(gs)) return COLI_Q_EGROUP;
         *bytes = O * ccu_ceil_div(I, 2);
         *scales = O * ccu_ceil_div(I, gs);
-        return CCU_Q_OK;
-    case CCU_Q_INT3_G64:
+        return COLI_Q_OK;
+    case COLI_Q_INT3_G64:
         *bytes = O * ccu_ceil_div(I, CCU_INT3_GROUP) * CCU_INT3_GROUP_BYTES;
         *scales = O * ccu_ceil_div(I, CCU_INT3_GROUP);
-        return CCU_Q_OK;
-    case CCU_Q_E8_IQ3:
-        if (I % CCU_E8_BLOCK != 0) return CCU_Q_ESHAPE;
+        return COLI_Q_OK;
+    case COLI_Q_E8_IQ3:
+        if (I % CCU_E8_BLOCK != 0) return COLI_Q_ESHAPE;
         *bytes = O * (I / CCU_E8_BLOCK) * CCU_E8_BLOCK_BYTES;
         *scales = 1;
-        return CCU_Q_OK;
-    case CCU_Q_FP8_E4M3_B128:
+        return COLI_Q_OK;
+    case COLI_Q_FP8_E4M3_B128:
         *bytes = O * I;
         *scales = ccu_ceil_div(O, CCU_FP8_BLOCK) * ccu_ceil_div(I, CCU_FP8_BLOCK);
-        return CCU_Q_OK;
-    default: return CCU_Q_EFORMAT;
+        return COLI_Q_OK;
+    default: return COLI_Q_EFORMAT;
     }
 }
 
 /* Columns per scale group: the whole row, gs, 64, one 32-weight e8 sub-block, 128. */
 CCU_HD int64_t ccu_q_group(int fmt, int gs, int64_t I) {
     switch (fmt) {
-    case CCU_Q_INT4_GROUPED: return gs;
-    case CCU_Q_INT3_G64: return CCU_INT3_GROUP;
-    case CCU_Q_E8_IQ3: return 32;
-    case CCU_Q_FP8_E4M3_B128: return CCU_FP8_BLOCK;
+    case COLI_Q_INT4_GROUPED: return gs;
+    case COLI_Q_INT3_G64: return CCU_INT3_GROUP;
+    case COLI_Q_E8_IQ3: return 32;
+    case COLI_Q_FP8_E4M3_B128: return CCU_FP8_BLOCK;
     default: return I;
     }
 }
@@ -226,10 +207,10 @@ CCU_HD int ccu_qview_init(ccu_qview *v, int fmt, int gs, const uint8_t *packed,
                           int64_t I) {
     int64_t want_bytes = 0, want_scales = 0;
     int rc = ccu_q_sizes(fmt, gs, O, I, &want_bytes, &want_scales);
-    if (rc != CCU_Q_OK) return rc;
-    if (packed_len != want_bytes) return CCU_Q_EPAYLOAD;
-    if (n_scales != want_scales) return CCU_Q_ESCALES;
-    if (packed == NULL || scales == NULL) return CCU_Q_ENULL;
+    if (rc != COLI_Q_OK) return rc;
+    if (packed_len != want_bytes) return COLI_Q_EPAYLOAD;
+    if (n_scales != want_scales) return COLI_Q_ESCALES;
+    if (packed == NULL || scales == NULL) return COLI_Q_ENULL;
     v->fmt = fmt;
     v->out_features = O;
     v->in_features = I;
@@ -238,25 +219,25 @@ CCU_HD int ccu_qview_init(ccu_qview *v, int fmt, int gs, const uint8_t *packed,
     v->groups_per_row = ccu_ceil_div(I, v->group);
     v->packed = packed;
     v->scales = scales;
-    return CCU_Q_OK;
+    return COLI_Q_OK;
 }
 
 /* What coli_q_check scans beyond the sizes: the e8 tag and finite super-scales, finite
  * scales, no fp8 NaN byte. Host memory only (run before any upload). */
 CCU_HD int ccu_q_check_content(const ccu_qview *v, int64_t n_scales) {
     int64_t len = v->row_bytes * v->out_features;
-    if (v->fmt == CCU_Q_E8_IQ3) {
-        if (v->scales[0] != 6.0f) return CCU_Q_ETAG;
+    if (v->fmt == COLI_Q_E8_IQ3) {
+        if (v->scales[0] != 6.0f) return COLI_Q_ETAG;
         for (int64_t b = 0; b < len; b += CCU_E8_BLOCK_BYTES)
-            if (!isfinite(ccu_e8_half(ccu_le16(v->packed + b + 96)))) return CCU_Q_ENONFINITE;
-        return CCU_Q_OK;
+            if (!isfinite(ccu_e8_half(ccu_le16(v->packed + b + 96)))) return COLI_Q_ENONFINITE;
+        return COLI_Q_OK;
     }
     for (int64_t k = 0; k < n_scales; k++)
-        if (!isfinite(v->scales[k])) return CCU_Q_ENONFINITE;
-    if (v->fmt == CCU_Q_FP8_E4M3_B128)
+        if (!isfinite(v->scales[k])) return COLI_Q_ENONFINITE;
+    if (v->fmt == COLI_Q_FP8_E4M3_B128)
         for (int64_t k = 0; k < len; k++)
-            if ((v->packed[k] & 0x7f) == 0x7f) return CCU_Q_ENAN;
-    return CCU_Q_OK;
+            if ((v->packed[k] & 0x7f) == 0x7f) return COLI_Q_ENAN;
+    return COLI_Q_OK;
 }
 
 /* --- per-element decoding (spec §14): the unscaled value q, w = q * s_group ------------- */
@@ -304,12 +285,12 @@ CCU_HD float ccu_e8_at(const uint8_t *row, int64_t c, const uint8_t (*grid)[4]) 
 
 CCU_HD float ccu_q_at(int fmt, const uint8_t *row, int64_t c, const uint8_t (*grid)[4]) {
     switch (fmt) {
-    case CCU_Q_INT8_ROW: return (float)(int8_t)row[c];
-    case CCU_Q_INT4_ROW:
-    case CCU_Q_INT4_GROUPED: return ccu_int4_at(row, c);
-    case CCU_Q_INT2_ROW: return ccu_int2_at(row, c);
-    case CCU_Q_INT3_G64: return ccu_int3_at(row, c);
-    case CCU_Q_E8_IQ3: return ccu_e8_at(row, c, grid);
+    case COLI_Q_INT8_ROW: return (float)(int8_t)row[c];
+    case COLI_Q_INT4_ROW:
+    case COLI_Q_INT4_GROUPED: return ccu_int4_at(row, c);
+    case COLI_Q_INT2_ROW: return ccu_int2_at(row, c);
+    case COLI_Q_INT3_G64: return ccu_int3_at(row, c);
+    case COLI_Q_E8_IQ3: return ccu_e8_at(row, c, grid);
     default: return ccu_e4m3_to_f32(row[c]);
     }
 }
@@ -318,11 +299,11 @@ CCU_HD float ccu_q_at(int fmt, const uint8_t *row, int64_t c, const uint8_t (*gr
  * specialised on it folds the switch away). */
 CCU_HD float ccu_q_scale(int fmt, const ccu_qview *v, int64_t o, int64_t g) {
     switch (fmt) {
-    case CCU_Q_INT8_ROW:
-    case CCU_Q_INT4_ROW:
-    case CCU_Q_INT2_ROW: return v->scales[o];
-    case CCU_Q_FP8_E4M3_B128: return v->scales[(o / CCU_FP8_BLOCK) * v->groups_per_row + g];
-    case CCU_Q_E8_IQ3: {
+    case COLI_Q_INT8_ROW:
+    case COLI_Q_INT4_ROW:
+    case COLI_Q_INT2_ROW: return v->scales[o];
+    case COLI_Q_FP8_E4M3_B128: return v->scales[(o / CCU_FP8_BLOCK) * v->groups_per_row + g];
+    case COLI_Q_E8_IQ3: {
         const uint8_t *blk = v->packed + o * v->row_bytes + (g / 8) * CCU_E8_BLOCK_BYTES;
         float d = ccu_e8_half(ccu_le16(blk + 96));
         uint32_t code = ccu_le32(blk + 64 + 4 * (g % 8)) >> 28;

@@ -4,7 +4,7 @@
  * are the caller's (ccu_expert_sum). */
 #include "ccu_internal.cuh"
 
-static int is_e8(const ccu_weight *w) { return w->quantized && w->view.fmt == CCU_Q_E8_IQ3; }
+static int is_e8(const ccu_weight *w) { return w->quantized && w->view.fmt == COLI_Q_E8_IQ3; }
 
 static int chain_ok(const ccu_weight *gate, const ccu_weight *up, const ccu_weight *down) {
     return gate && up && down && gate->rows == up->rows && gate->cols == up->cols &&

@@ -89,13 +89,13 @@ template <int FUSED>
 static void launch_quant(const ccu_weight *w, unsigned blocks, const float *x, int64_t m,
                          int64_t ldx, float *y, int64_t ldy) {
     switch (w->view.fmt) {
-        CCU_QUANT_CASE(CCU_Q_INT8_ROW)
-        CCU_QUANT_CASE(CCU_Q_INT4_ROW)
-        CCU_QUANT_CASE(CCU_Q_INT2_ROW)
-        CCU_QUANT_CASE(CCU_Q_INT4_GROUPED)
-        CCU_QUANT_CASE(CCU_Q_INT3_G64)
-        CCU_QUANT_CASE(CCU_Q_E8_IQ3)
-        CCU_QUANT_CASE(CCU_Q_FP8_E4M3_B128)
+        CCU_QUANT_CASE(COLI_Q_INT8_ROW)
+        CCU_QUANT_CASE(COLI_Q_INT4_ROW)
+        CCU_QUANT_CASE(COLI_Q_INT2_ROW)
+        CCU_QUANT_CASE(COLI_Q_INT4_GROUPED)
+        CCU_QUANT_CASE(COLI_Q_INT3_G64)
+        CCU_QUANT_CASE(COLI_Q_E8_IQ3)
+        CCU_QUANT_CASE(COLI_Q_FP8_E4M3_B128)
     }
 }
 
@@ -158,7 +158,7 @@ int ccu_matmul(const ccu_weight *w, const float *x_dev, int64_t m, int64_t ldx, 
     }
     const float *x = x_dev;
     float *rotated = NULL;
-    if (w->view.fmt == CCU_Q_E8_IQ3 && !(flags & CCU_X_ROTATED)) {
+    if (w->view.fmt == COLI_Q_E8_IQ3 && !(flags & CCU_X_ROTATED)) {
         int rc = ccu_alloc((size_t)(m * w->cols) * sizeof(float), (void **)&rotated);
         if (rc != CCU_OK) return rc;
         CCU_TRY(cudaMemcpy2D(rotated, (size_t)w->cols * 4, x_dev, (size_t)ldx * 4,
@@ -216,7 +216,7 @@ int ccu_matmul_host(const ccu_weight *w, const float *x_host, int64_t m, float *
     float *x = (float *)buf, *y = (float *)((char *)buf + xb);
     if (rc == CCU_OK) rc = ccu_to_device(x, x_host, xb);
     /* e8 rotates x in the scratch (x is a copy already), so ccu_matmul allocates nothing. */
-    if (rc == CCU_OK && w->quantized && w->view.fmt == CCU_Q_E8_IQ3 && !(flags & CCU_X_ROTATED)) {
+    if (rc == CCU_OK && w->quantized && w->view.fmt == COLI_Q_E8_IQ3 && !(flags & CCU_X_ROTATED)) {
         rc = ccu_rotate(x, m, w->cols);
         flags |= CCU_X_ROTATED;
     }
@@ -239,7 +239,7 @@ int ccu_matmul_many_host(int n, const ccu_weight *const *ws, const float *x_host
         if (ws[i] == NULL || ws[i]->cols != cols || ys_host[i] == NULL)
             return ccu_fail(CCU_EINVAL, "ccu_matmul_many_host: weights of different widths");
         out_floats += ws[i]->rows;
-        any_e8 |= ws[i]->quantized && ws[i]->view.fmt == CCU_Q_E8_IQ3;
+        any_e8 |= ws[i]->quantized && ws[i]->view.fmt == COLI_Q_E8_IQ3;
     }
     if (m == 0) return CCU_OK;
     size_t xb = (size_t)(m * cols) * 4, yb = (size_t)(m * out_floats) * 4;
@@ -255,7 +255,7 @@ int ccu_matmul_many_host(int n, const ccu_weight *const *ws, const float *x_host
     }
     float *yi = y;
     for (int i = 0; rc == CCU_OK && i < n; i++) {
-        int e8 = ws[i]->quantized && ws[i]->view.fmt == CCU_Q_E8_IQ3;
+        int e8 = ws[i]->quantized && ws[i]->view.fmt == COLI_Q_E8_IQ3;
         rc = ccu_matmul(ws[i], e8 ? xr : x, m, cols, yi, ws[i]->rows,
                         flags | (e8 ? CCU_X_ROTATED : 0));
         if (rc == CCU_OK) rc = ccu_to_host(ys_host[i], yi, (size_t)(m * ws[i]->rows) * 4);

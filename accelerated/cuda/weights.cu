@@ -46,8 +46,8 @@ int ccu_upload_quant(int fmt, int group_size, const uint8_t *packed_host, int64_
     ccu_qview host;
     int rc = ccu_qview_init(&host, fmt, group_size, packed_host, packed_len, scales_host,
                             n_scales, out_features, in_features);
-    if (rc == CCU_Q_OK) rc = ccu_q_check_content(&host, n_scales);
-    if (rc != CCU_Q_OK) return ccu_fail(CCU_EQUANT_BASE + rc, "ccu_upload_quant: refused");
+    if (rc == COLI_Q_OK) rc = ccu_q_check_content(&host, n_scales);
+    if (rc != COLI_Q_OK) return ccu_fail(CCU_EQUANT_BASE + rc, "ccu_upload_quant: refused");
     ccu_weight *w = (ccu_weight *)calloc(1, sizeof *w);
     if (w == NULL) return ccu_fail(CCU_ENOMEM, "ccu_upload_quant: out of host memory");
     w->quantized = 1;

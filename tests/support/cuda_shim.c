@@ -12,7 +12,7 @@ int shim_q_check(int fmt, int gs, const uint8_t *packed, int64_t len, const floa
                  int64_t n_scales, int64_t O, int64_t I) {
     ccu_qview v;
     int rc = ccu_qview_init(&v, fmt, gs, packed, len, scales, n_scales, O, I);
-    return rc != CCU_Q_OK ? rc : ccu_q_check_content(&v, n_scales);
+    return rc != COLI_Q_OK ? rc : ccu_q_check_content(&v, n_scales);
 }
 
 /* q[o, c] (unscaled) and scale[o, g] of every element and group. */
@@ -21,12 +21,12 @@ int shim_q_decode(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
                   float *s) {
     ccu_qview v;
     int rc = ccu_qview_init(&v, fmt, gs, packed, len, scales, n_scales, O, I);
-    if (rc != CCU_Q_OK) return rc;
+    if (rc != COLI_Q_OK) return rc;
     for (int64_t o = 0; o < O; o++) {
         for (int64_t c = 0; c < I; c++) q[o * I + c] = ccu_q_at(fmt, packed + o * v.row_bytes, c, grid);
         for (int64_t g = 0; g < v.groups_per_row; g++) s[o * v.groups_per_row + g] = ccu_q_scale(fmt, &v, o, g);
     }
-    return CCU_Q_OK;
+    return COLI_Q_OK;
 }
 
 /* y[r, o] for r < m: the warp's 32 lanes over tiles of `tile` rows (1..CCU_ROW_TILE), then
@@ -36,7 +36,7 @@ int shim_q_matmul(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
                   const float *x, int64_t m, float *y, int fused, int tile) {
     ccu_qview v;
     int rc = ccu_qview_init(&v, fmt, gs, packed, len, scales, n_scales, O, I);
-    if (rc != CCU_Q_OK) return rc;
+    if (rc != COLI_Q_OK) return rc;
     float t[32][CCU_ROW_TILE], lanes[32];
     for (int64_t r0 = 0; r0 < m; r0 += tile) {
         int nr = (int)(m - r0 < tile ? m - r0 : tile);
@@ -49,7 +49,7 @@ int shim_q_matmul(int fmt, int gs, const uint8_t *packed, int64_t len, const flo
             }
         }
     }
-    return CCU_Q_OK;
+    return COLI_Q_OK;
 }
 
 void shim_f_matmul(const void *w, int dtype, int64_t rows, int64_t k, const float *x,

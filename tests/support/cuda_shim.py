@@ -21,6 +21,7 @@ from colibri.accelerated.native_build import DEFAULT_OUT, LIBRARY_NAME, compiler
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER_DIR = REPO / "accelerated" / "cuda"
+CSRC_DIR = REPO / "accelerated" / "csrc"  # coli_quant.h, which ccu_formats.h includes
 SHIM = Path(__file__).with_name("cuda_shim.c")
 F32 = npt.NDArray[np.float32]
 
@@ -72,7 +73,8 @@ def shim() -> ctypes.CDLL:
     out = folder / "libccu_shim.so"
     subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
                     "-fno-fast-math", "-Wall", "-Wextra", "-Werror", f"-I{HEADER_DIR}",
-                    str(SHIM), "-o", str(out), "-lm"], check=True, capture_output=True)
+                    f"-I{CSRC_DIR}", str(SHIM), "-o", str(out), "-lm"],
+                   check=True, capture_output=True)
     return _bind(ctypes.CDLL(str(out)), _SHIM_PROTOTYPES)
 
 
