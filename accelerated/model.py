@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.decoder_stack import DecoderStack
+from colibri.accelerated.embedding import load_embedding
 from colibri.accelerated.kernels import F32, MAT_DTYPE, Kernels, Products, Weight
 from colibri.accelerated.layer_block import LayerBlock
 from colibri.accelerated.weights import (
@@ -102,10 +103,10 @@ class Model(RowModel):
         self.clock = PhaseClock()
         t = WeightLoader(checkpoint)
         d, v = cfg.hidden_size, cfg.vocab_size
-        self.embed = t.matrix("model.embed_tokens.weight", (v, d))
+        self.embed = load_embedding(t, (v, d))
         self.final_norm = t.vector("model.norm.weight", (d,))
-        self.lm_head = self.embed if cfg.tie_word_embeddings else t.product("lm_head.weight",
-                                                                            (v, d))
+        self.lm_head = self.embed.head if cfg.tie_word_embeddings else t.product(
+            "lm_head.weight", (v, d))
         self.indexer_modes: list[str | None] = [
             cfg.indexer_types[i] if cfg.indexer_types else None
             for i in range(cfg.num_hidden_layers)
@@ -175,14 +176,7 @@ class Model(RowModel):
                 np.ascontiguousarray(np.sin(angles), dtype=np.float32))
 
     def _embed(self, ids: Sequence[int]) -> F32:
-        for tok in ids:
-            if not 0 <= int(tok) < self.config.vocab_size:
-                raise ValueError(
-                    f"token id {tok} is outside the vocabulary [0, {self.config.vocab_size})"
-                )
-        out: F32 = np.ascontiguousarray(
-            self.embed.array[np.asarray(ids, dtype=np.int64)].astype(np.float32))
-        return out
+        return self.embed.rows(ids)
 
     # --- the model API --------------------------------------------------------------------------
 

@@ -11,10 +11,11 @@ Both engines also report prefill: time to first token on the 12-token prompt and
 a 64-token one (medians, weights already paged in).
 
 On the generated bench model, the accelerated engine runs a second time on its container
-with int4-grouped-64 experts and int8 dense weights (``colibri convert --experts int4g64
---dense int8``, cached beside it). With peers on, llama.cpp (``llama_cpp_peer``) runs the
-f32 and q8_0 GGUFs of the model when they exist, or the report says why it was skipped; the
-ratios accelerated f32 / llama.cpp f32 and int4g64+int8 / llama.cpp q8_0 follow.
+with int4-grouped-64 experts, int8 dense weights and an int8 embedding and lm_head
+(``colibri convert --experts int4g64 --dense int8 --io int8``, cached beside it). With
+peers on, llama.cpp (``llama_cpp_peer``) runs the f32 and q8_0 GGUFs of the model when they
+exist, or the report says why it was skipped; the ratios accelerated f32 / llama.cpp f32 and
+that container / llama.cpp q8_0 follow.
 """
 
 from __future__ import annotations
@@ -73,8 +74,12 @@ def _roofline(summary: dict[str, Any], copy_bps: float, tokens_per_step: int) ->
     summary["achieved_over_copy_bandwidth"] = summary["achieved_gb_per_s"] * 1e9 / copy_bps
 
 
-#: The quantized pass: experts int4-grouped-64, dense weights int8 (issue 13's q8_0 peer).
-QUANT_EXPERTS, QUANT_DENSE = "int4g64", "int8"
+#: The quantized pass (issue 13's q8_0 peer): experts int4-grouped-64, dense weights int8,
+#: and the embedding and lm_head int8-row, as llama.cpp's q8_0 GGUF stores ``output.weight``
+#: in q8_0 (a float32 lm_head was 32 of the step's 115 MB).
+QUANT_EXPERTS, QUANT_DENSE, QUANT_IO = "int4g64", "int8", "int8"
+#: The pass's name in the report and its container's (``quant_formats.container_dir``).
+QUANT_LABEL = f"{QUANT_EXPERTS}_{QUANT_DENSE}_io_{QUANT_IO}"
 
 
 def _routes(raw: list[list[list[Any]]]) -> list[list[Route]]:
@@ -144,9 +149,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
            "tokens_per_s")
     _ratio(result, "ratio_accelerated_over_reference_prefill", acc, ref, "prefill",
            "prefill_tokens_per_s")
-    quant_key = f"accelerated_{QUANT_EXPERTS}_{QUANT_DENSE}"
+    quant_key = f"accelerated_{QUANT_LABEL}"
     if options.model is None:
-        quant_dir, _ = container_for(model_dir, QUANT_EXPERTS, options.cache_dir, QUANT_DENSE)
+        quant_dir, _ = container_for(model_dir, QUANT_EXPERTS, options.cache_dir, QUANT_DENSE,
+                                     QUANT_IO)
         result[quant_key] = {"model": str(quant_dir),
                              **_engine_result("accelerated", quant_dir, options, copy_bps)}
     else:

@@ -6,8 +6,9 @@ shared with other jobs the load moves between those runs (by 2x within a minute 
 alternates: a round times ``tokens`` greedy decode steps of one, then of the other, for
 ``rounds`` rounds, so both see the same load within seconds; each round gives one ratio and
 the report gives their median and range. Two pairs on the generated bench model: the f32
-checkpoint against llama.cpp's f32 GGUF, and the int4g64-experts + int8-dense container
-against the q8_0 GGUF. Both engines get the same thread count (``COLIBRI_THREADS``, else
+checkpoint against llama.cpp's f32 GGUF, and the container with int4g64 experts, int8 dense
+weights and an int8 embedding and lm_head (``accelerated_decode.QUANT_*``) against the q8_0
+GGUF. Both engines get the same thread count (``COLIBRI_THREADS``, else
 every CPU the process may use).
 
 llama.cpp must be importable by *this* interpreter (the worker loads both) and the GGUFs made
@@ -107,18 +108,23 @@ def run(options: BenchOptions) -> dict[str, Any]:
     if options.model is not None:
         return {"skipped": "run only on the generated bench model (no --model)"}
     from colibri.accelerated.model import default_threads
-    from colibri.benchmarks.accelerated_decode import QUANT_DENSE, QUANT_EXPERTS
+    from colibri.benchmarks.accelerated_decode import (
+        QUANT_DENSE,
+        QUANT_EXPERTS,
+        QUANT_IO,
+        QUANT_LABEL,
+    )
+    from colibri.benchmarks.quant_formats import container_dir
 
     threads = default_threads()
     base = bench_model_dir(options.cache_dir)
     f32_gguf, q8_gguf = (gguf_path(options.cache_dir, base, f) for f in ("f32", "q8_0"))
     result: dict[str, Any] = {"f32": _pair(base, f32_gguf, options.tokens, ROUNDS, threads)}
-    quant = options.cache_dir / f"{base.name}-{QUANT_EXPERTS}-{QUANT_DENSE}"
+    quant = container_dir(base, QUANT_EXPERTS, options.cache_dir, QUANT_DENSE, QUANT_IO)
     if (quant / "convert_report.json").is_file():
-        result[f"{QUANT_EXPERTS}_{QUANT_DENSE}_vs_q8_0"] = _pair(quant, q8_gguf, options.tokens,
-                                                                 ROUNDS, threads)
+        result[f"{QUANT_LABEL}_vs_q8_0"] = _pair(quant, q8_gguf, options.tokens, ROUNDS, threads)
     else:
-        result[f"{QUANT_EXPERTS}_{QUANT_DENSE}_vs_q8_0"] = {
+        result[f"{QUANT_LABEL}_vs_q8_0"] = {
             "skipped": f"no {quant.name} container yet (section accelerated-decode makes it)"}
     return result
 

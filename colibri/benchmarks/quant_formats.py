@@ -40,17 +40,24 @@ from colibri.benchmarks.decode_steps import (
 SCHEMES = ("f32", "int8", "int4", "int4g64", "int4g128", "int3", "int2", "e8", "fp8")
 
 
-def container_for(base: Path, scheme: str, cache_dir: Path,
-                  dense: str = "f32") -> tuple[Path, float | None]:
-    """The container of ``base`` with ``scheme`` experts and ``dense`` non-expert weights
-    (converted once, then reused)."""
-    if scheme == "f32" and dense == "f32":
+def container_dir(base: Path, scheme: str, cache_dir: Path, dense: str = "f32",
+                  io: str = "f32") -> Path:
+    """Where ``container_for`` caches a conversion: every non-default choice is in the name,
+    so a container cached before a choice existed is never mistaken for one that makes it."""
+    name = f"{base.name}-{scheme}" + (f"-{dense}" if dense != "f32" else "")
+    return cache_dir / (name + (f"-io-{io}" if io != "f32" else ""))
+
+
+def container_for(base: Path, scheme: str, cache_dir: Path, dense: str = "f32",
+                  io: str = "f32") -> tuple[Path, float | None]:
+    """The container of ``base`` with ``scheme`` experts, ``dense`` non-expert weights and
+    ``io`` embedding and lm_head (converted once, then reused)."""
+    if scheme == "f32" and dense == "f32" and io == "f32":
         return base, None
     from colibri.commands.progress import byte_progress
     from colibri.reference.quant.convert import convert
 
-    target = cache_dir / (f"{base.name}-{scheme}" if dense == "f32"
-                          else f"{base.name}-{scheme}-{dense}")
+    target = container_dir(base, scheme, cache_dir, dense, io)
     target.parent.mkdir(parents=True, exist_ok=True)
     done = target / "convert_report.json"
     if done.is_file():
@@ -62,7 +69,7 @@ def container_for(base: Path, scheme: str, cache_dir: Path,
     t0 = time.perf_counter()
     advance, close = byte_progress(f"convert {scheme}")
     try:
-        report = convert(base, target, scheme, dense, progress=advance)
+        report = convert(base, target, scheme, dense, io=io, progress=advance)
     finally:
         close()
     seconds = time.perf_counter() - t0

@@ -8,6 +8,9 @@ import sys
 
 EXPERT_CHOICES = ("int8", "int4", "int4g64", "int4g128", "int3", "int2", "e8", "fp8")
 DENSE_CHOICES = ("f32", *EXPERT_CHOICES)
+#: colibri's converter calls this ``--io-bits`` (default 8); ours defaults to f32 so the
+#: committed fixture containers regenerate byte for byte (spec/DEVIATIONS.md).
+IO_CHOICES = ("f32", "int8")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,13 +20,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Convert an HF checkpoint (F32/BF16/F16, or HF FP8 with weight_scale_inv) into a "
             "colibri container: routed experts in the --experts format, other linear weights "
-            "in the --dense format (embeddings, lm_head, norms and the router stay f32)."
+            "in the --dense format, the embedding and lm_head in the --io format (norms and the "
+            "router stay f32)."
         ),
     )
     parser.add_argument("--model", required=True, help="input HF model directory")
     parser.add_argument("--out", required=True, help="output directory (absent or empty)")
     parser.add_argument("--experts", required=True, choices=EXPERT_CHOICES)
     parser.add_argument("--dense", default="f32", choices=DENSE_CHOICES)
+    parser.add_argument(
+        "--io",
+        default="f32",
+        choices=IO_CHOICES,
+        help="format of the embedding and the lm_head (default f32; int8 is int8-row, "
+        "like colibri's --io-bits 8)",
+    )
     parser.add_argument(
         "--shard-mb", type=int, default=4096, help="largest output shard in MB (default 4096)"
     )
@@ -47,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
             args.out,
             args.experts,
             args.dense,
+            io=args.io,
             shard_bytes=args.shard_mb << 20,
             progress=advance,
         )

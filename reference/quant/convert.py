@@ -47,6 +47,10 @@ SCHEMES: dict[str, tuple[Fmt, int]] = {
     "fp8": (Fmt.FP8_E4M3_B128, 0),
 }
 EXPERT_SCHEMES = tuple(k for k in SCHEMES if k != "f32")
+#: ``--io`` choices: the embedding and the lm_head (colibri's ``--io-bits`` 8 gives int8-row).
+IO_SCHEMES = ("f32", "int8")
+#: The tensors ``--io`` applies to (an MTP head reads the main model's).
+IO_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 
 #: JSON and tokenizer files copied next to the weights.
 COPIED_FILES = (
@@ -238,25 +242,29 @@ def convert(
     experts: str,
     dense: str = "f32",
     *,
+    io: str = "f32",
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: Callable[[int, int], None] | None = None,
 ) -> ConvertReport:
     """Write the container for ``model_dir`` to the (absent or empty) ``out_dir``.
 
     ``progress(nbytes, total_bytes)`` is called after each tensor with its input bytes and
-    the total over all tensors (the CLI draws the bar; this module stays I/O-free)."""
+    the total over all tensors (the CLI draws the bar; this module stays I/O-free).
+    ``io`` is the format of the embedding and the lm_head (``IO_TENSORS``)."""
     if experts not in EXPERT_SCHEMES:
         choices = ", ".join(EXPERT_SCHEMES)
         raise ConvertError(f"--experts must be one of {choices}, got {experts!r}")
     if dense not in SCHEMES:
         raise ConvertError(f"--dense must be one of {', '.join(SCHEMES)}, got {dense!r}")
+    if io not in IO_SCHEMES:
+        raise ConvertError(f"--io must be one of {', '.join(IO_SCHEMES)}, got {io!r}")
     src_dir, dst = Path(model_dir), Path(out_dir)
     if not (src_dir / "config.json").is_file():
         raise ConvertError(f"{src_dir}: no config.json (not a model directory)")
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise ConvertError(f"{dst}: output exists and is not empty; refusing to overwrite it")
     source = _Source(src_dir)
-    plan = [(name, shape, nbytes, *_target(name, shape, experts, dense))
+    plan = [(name, shape, nbytes, *_target(name, shape, experts, dense, io))
             for name, shape, nbytes in source.names()]
     _preflight(plan)
     report = ConvertReport()
@@ -294,7 +302,10 @@ def convert(
     return report
 
 
-def _target(name: str, shape: tuple[int, ...], experts: str, dense: str) -> tuple[Fmt, int]:
+def _target(name: str, shape: tuple[int, ...], experts: str, dense: str,
+            io: str) -> tuple[Fmt, int]:
+    if name in IO_TENSORS:
+        return SCHEMES[io]
     if is_routed_expert(name):
         return SCHEMES[experts]
     if is_dense_linear(name, shape):

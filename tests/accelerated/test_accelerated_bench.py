@@ -38,7 +38,7 @@ def test_accelerated_section_reports_both_engines_and_ratios(
     assert section["ratio_accelerated_over_reference_decode"] > 0
     assert section["ratio_accelerated_over_reference_prefill"] > 0
     assert section["llama_cpp"] == {"skipped": "--no-peers"}
-    assert "skipped" in section["accelerated_int4g64_int8"]  # only on the bench model
+    assert "skipped" in section["accelerated_int4g64_int8_io_int8"]  # only on the bench model
 
 
 def test_llama_cpp_peer_is_skipped_with_a_reason(tmp_path: Path) -> None:
@@ -66,5 +66,5 @@ def test_interleaved_section_says_why_it_skipped(tmp_path: Path) -> None:
     # No GGUF in a fresh cache (and nothing generated to find that out).
     got = run(BenchOptions(cache_dir=tmp_path))
     assert "llama_cpp" in got["f32"]["skipped"] or "no GGUF" in got["f32"]["skipped"]
-    assert "container" in got["int4g64_int8_vs_q8_0"]["skipped"]
+    assert "container" in got["int4g64_int8_io_int8_vs_q8_0"]["skipped"]
     assert list(tmp_path.iterdir()) == []

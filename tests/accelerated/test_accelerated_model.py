@@ -20,6 +20,7 @@ from support.accelerated_support import (
     NOT_BUILT_REASON,
     accelerated,
     assert_decode_batch_invariant,
+    assert_mtp_drafts_match,
     reference,
 )
 
@@ -106,18 +107,7 @@ def test_prefill_chunking_is_byte_identical() -> None:
 def test_mtp_draft_matches_the_reference() -> None:
     name = "glm5-tiny-mtp"
     ids = oracle(name)["full_ids"][:12]
-    a, r = accelerated(name), reference(name)
-    sa, sr = a.new_state(), r.new_state()
-    a.prefill(sa, ids)
-    r.prefill(sr, ids)
-    for token in (5, 9):
-        da, ra = a.mtp_draft_routed(sa, token)
-        dr, rr = r.mtp_draft_routed(sr, token)
-        assert np.array_equal(ra, rr)
-        assert max_excess(da, dr, tolerance(name)) <= 0
-        assert int(np.argmax(da)) == int(np.argmax(dr))
-        a.decode(sa, token)
-        r.decode(sr, token)
+    assert_mtp_drafts_match(accelerated(name), reference(name), ids, tolerance(name))
 
 
 def test_generic_and_avx2_variants_agree_within_tolerance() -> None:

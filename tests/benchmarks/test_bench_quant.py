@@ -39,3 +39,26 @@ def test_quant_section_compares_formats_with_f32(tmp_path: Path) -> None:
     assert "multiple of 256" in formats["e8"]["error"]
     # the container is cached for the next run
     assert (tmp_path / "glm5-tiny-int4g64" / "convert_report.json").is_file()
+
+
+def test_the_cached_container_name_carries_every_non_default_choice(tmp_path: Path) -> None:
+    """A container cached before ``--io`` existed (int8 dense, f32 io) is never reused for the
+    bench's int8-io pass, which converts its own once and then reuses it."""
+    from colibri.reference.quant import Fmt
+    from colibri.reference.quant.container import QuantContainer
+
+    from colibri.benchmarks.accelerated_decode import QUANT_DENSE, QUANT_EXPERTS, QUANT_IO
+    from colibri.benchmarks.quant_formats import container_dir, container_for
+
+    base = fixture_model_dir("glm5-tiny")
+    old = container_dir(base, QUANT_EXPERTS, tmp_path, QUANT_DENSE)
+    assert old == tmp_path / "glm5-tiny-int4g64-int8"
+    new = container_dir(base, QUANT_EXPERTS, tmp_path, QUANT_DENSE, QUANT_IO)
+    assert new == tmp_path / "glm5-tiny-int4g64-int8-io-int8"
+    assert container_dir(base, "e8", tmp_path) == tmp_path / "glm5-tiny-e8"
+    got, seconds = container_for(base, QUANT_EXPERTS, tmp_path, QUANT_DENSE, QUANT_IO)
+    assert got == new and seconds is not None and not old.exists()
+    vocab, hidden = 256, 128
+    head = QuantContainer.open(new).tensor_format("lm_head.weight", (vocab, hidden))
+    assert head.fmt == Fmt.INT8_ROW
+    assert container_for(base, QUANT_EXPERTS, tmp_path, QUANT_DENSE, QUANT_IO) == (new, None)

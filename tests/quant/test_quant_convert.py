@@ -88,6 +88,49 @@ def test_experts_are_quantized_and_the_rest_kept(tmp_path: Path, scheme: str, fm
     assert (out / "generation_config.json").is_file()
 
 
+IO_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def test_io_int8_writes_the_embedding_and_lm_head_as_int8_row(tmp_path: Path) -> None:
+    """``--io int8`` (colibri's ``--io-bits 8``): exactly the embedding and the lm_head become
+    int8-row with a ``.qs`` sidecar; the norms, router and ``--dense`` weights are untouched."""
+    src, tensors = unfused(tmp_path)
+    out = tmp_path / "out"
+    argv = ["convert", "--model", str(src), "--out", str(out), "--experts", "int4g64"]
+    assert main([*argv, "--io", "int8"]) == 0
+    container = QuantContainer.open(out)
+    for name in IO_TENSORS:
+        shape = tensors[name].shape
+        assert container.tensor_format(name, shape).fmt == Fmt.INT8_ROW
+        payload, scales = quantize(Fmt.INT8_ROW, tensors[name])
+        np.testing.assert_array_equal(container.files.raw(name).reshape(-1), payload)
+        np.testing.assert_array_equal(container.files.float32(name + ".qs"), scales)
+    for kept in (f"model.layers.{L}.self_attn.o_proj.weight", f"model.layers.{L}.mlp.gate.weight",
+                 "model.norm.weight"):
+        assert not container.is_quantized(kept)
+        np.testing.assert_array_equal(container.files.float32(kept), tensors[kept])
+
+
+def test_io_defaults_to_f32_and_refuses_unknown_choices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, tensors = unfused(tmp_path)
+    report = convert(src, tmp_path / "default", "int8")
+    container = QuantContainer.open(tmp_path / "default")
+    for name in IO_TENSORS:
+        assert not container.is_quantized(name)
+        np.testing.assert_array_equal(container.files.float32(name), tensors[name])
+    # the io pair, the norm, o_proj (--dense f32), the router and its bias
+    assert report.formats["f32"] == 6
+    with pytest.raises(ValueError, match="--io must be one of f32, int8"):
+        convert(src, tmp_path / "bad", "int8", io="int4")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit):
+        main(["convert", "--model", str(src), "--out", str(tmp_path / "o"), "--experts", "int8",
+              "--io", "int4"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
 def test_fused_experts_are_split(tmp_path: Path) -> None:
     tensors = base_tensors()
     gate_up = rand((E, 2 * M, D), 7)
