@@ -42,7 +42,8 @@ GENCODE = ("-gencode", "arch=compute_80,code=sm_80",
 COMPILE_FLAGS = ("-std=c++17", "-O3", "--fmad=false", "-Xcompiler", "-fPIC,-fno-fast-math")
 FLAGS = (*COMPILE_FLAGS, "-shared", "-cudart", "static", *GENCODE)
 #: The CPU library's headers the CUDA sources include (format numbers and codes, the iq3 grid).
-SHARED_HEADERS = (CSRC_DIR / "quant" / "coli_quant.h", CSRC_DIR / "quant" / "coli_quant_tables.h")
+SHARED_HEADERS = tuple(CSRC_DIR / "quant" / name
+                       for name in ("coli_quant.h", "q_sizes.h", "coli_quant_tables.h"))
 
 
 class BuildError(RuntimeError):

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "quant/coli_quant.h"
+#include "quant/q_sizes.h"
 
 #ifdef __CUDACC__
 #define CCU_HD static __host__ __device__ inline
@@ -39,17 +40,13 @@
 #define CCU_HD static inline
 #endif
 
-/* Format ordinals and return codes: csrc/quant/coli_quant.h's own (COLI_Q_*), so the CPU
- * and CUDA libraries cannot disagree on a number. */
+/* Format ordinals, return codes, block constants and size rules are csrc/quant's own
+ * (coli_quant.h, q_sizes.h: COLI_Q_*), so the CPU and CUDA libraries cannot disagree on a
+ * number. */
+
 /* Float weight dtypes (csrc/colibri.h's COL_F32, COL_BF16, COL_F16). */
 enum { CCU_F32 = 0, CCU_BF16 = 1, CCU_F16 = 2 };
 
-#define CCU_MAX_DIM ((int64_t)1 << 31)
-#define CCU_E8_BLOCK 256
-#define CCU_E8_BLOCK_BYTES 98
-#define CCU_INT3_GROUP 64
-#define CCU_INT3_GROUP_BYTES 24
-#define CCU_FP8_BLOCK 128
 #define CCU_ROT_MAX_BLOCK 32768
 
 /* --- exact arithmetic primitives ------------------------------------------------------- */
@@ -142,52 +139,15 @@ CCU_HD uint32_t ccu_le32(const uint8_t *p) {
 
 CCU_HD uint16_t ccu_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-/* --- size rules (coli_q_sizes) ---------------------------------------------------------- */
-
-CCU_HD int64_t ccu_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-CCU_HD int ccu_group_size_ok(int gs) {
-    return gs == 16 || gs == 32 || gs == 48 || gs == 64 || gs == 96 || gs == 128 || gs == 192 ||
-           gs == 256;
-}
-
-/* Payload bytes and .qs count of an [O, I] tensor of format fmt; a COLI_Q_* code. */
-CCU_HD int ccu_q_sizes(int fmt, int gs, int64_t O, int64_t I, int64_t *bytes, int64_t *scales) {
-    if (bytes == NULL || scales == NULL) return COLI_Q_ENULL;
-    if (O <= 0 || I <= 0 || O > CCU_MAX_DIM || I > CCU_MAX_DIM) return COLI_Q_ESHAPE;
-    switch (fmt) {
-    case COLI_Q_INT8_ROW: *bytes = O * I; *scales = O; return COLI_Q_OK;
-    case COLI_Q_INT4_ROW: *bytes = O * ccu_ceil_div(I, 2); *scales = O; return COLI_Q_OK;
-    case COLI_Q_INT2_ROW: *bytes = O * ccu_ceil_div(I, 4); *scales = O; return COLI_Q_OK;
-    case COLI_Q_INT4_GROUPED:
-        if (!ccu_group_size_ok(gs)) return COLI_Q_EGROUP;
-        *bytes = O * ccu_ceil_div(I, 2);
-        *scales = O * ccu_ceil_div(I, gs);
-        return COLI_Q_OK;
-    case COLI_Q_INT3_G64:
-        *bytes = O * ccu_ceil_div(I, CCU_INT3_GROUP) * CCU_INT3_GROUP_BYTES;
-        *scales = O * ccu_ceil_div(I, CCU_INT3_GROUP);
-        return COLI_Q_OK;
-    case COLI_Q_E8_IQ3:
-        if (I % CCU_E8_BLOCK != 0) return COLI_Q_ESHAPE;
-        *bytes = O * (I / CCU_E8_BLOCK) * CCU_E8_BLOCK_BYTES;
-        *scales = 1;
-        return COLI_Q_OK;
-    case COLI_Q_FP8_E4M3_B128:
-        *bytes = O * I;
-        *scales = ccu_ceil_div(O, CCU_FP8_BLOCK) * ccu_ceil_div(I, CCU_FP8_BLOCK);
-        return COLI_Q_OK;
-    default: return COLI_Q_EFORMAT;
-    }
-}
+/* --- size rules: csrc/quant/q_sizes.h's coli_q_size_rule, the CPU library's own ---- */
 
 /* Columns per scale group: the whole row, gs, 64, one 32-weight e8 sub-block, 128. */
 CCU_HD int64_t ccu_q_group(int fmt, int gs, int64_t I) {
     switch (fmt) {
     case COLI_Q_INT4_GROUPED: return gs;
-    case COLI_Q_INT3_G64: return CCU_INT3_GROUP;
+    case COLI_Q_INT3_G64: return COLI_Q_INT3_GROUP;
     case COLI_Q_E8_IQ3: return 32;
-    case COLI_Q_FP8_E4M3_B128: return CCU_FP8_BLOCK;
+    case COLI_Q_FP8_E4M3_B128: return COLI_Q_FP8_BLOCK;
     default: return I;
     }
 }
@@ -206,7 +166,7 @@ CCU_HD int ccu_qview_init(ccu_qview *v, int fmt, int gs, const uint8_t *packed,
                           int64_t packed_len, const float *scales, int64_t n_scales, int64_t O,
                           int64_t I) {
     int64_t want_bytes = 0, want_scales = 0;
-    int rc = ccu_q_sizes(fmt, gs, O, I, &want_bytes, &want_scales);
+    int rc = coli_q_size_rule(fmt, gs, O, I, &want_bytes, &want_scales);
     if (rc != COLI_Q_OK) return rc;
     if (packed_len != want_bytes) return COLI_Q_EPAYLOAD;
     if (n_scales != want_scales) return COLI_Q_ESCALES;
@@ -216,7 +176,7 @@ CCU_HD int ccu_qview_init(ccu_qview *v, int fmt, int gs, const uint8_t *packed,
     v->in_features = I;
     v->row_bytes = want_bytes / O;
     v->group = ccu_q_group(fmt, gs, I);
-    v->groups_per_row = ccu_ceil_div(I, v->group);
+    v->groups_per_row = coli_q_ceil_div(I, v->group);
     v->packed = packed;
     v->scales = scales;
     return COLI_Q_OK;
@@ -228,7 +188,7 @@ CCU_HD int ccu_q_check_content(const ccu_qview *v, int64_t n_scales) {
     int64_t len = v->row_bytes * v->out_features;
     if (v->fmt == COLI_Q_E8_IQ3) {
         if (v->scales[0] != 6.0f) return COLI_Q_ETAG;
-        for (int64_t b = 0; b < len; b += CCU_E8_BLOCK_BYTES)
+        for (int64_t b = 0; b < len; b += COLI_Q_E8_BLOCK_BYTES)
             if (!isfinite(ccu_e8_half(ccu_le16(v->packed + b + 96)))) return COLI_Q_ENONFINITE;
         return COLI_Q_OK;
     }
@@ -254,8 +214,8 @@ CCU_HD float ccu_int2_at(const uint8_t *row, int64_t c) {
 /* 64-column groups of 24 bytes: 16 bytes of 2-bit low fields, then 8 bytes of high bits;
  * q = (low + 4 high) - 4. */
 CCU_HD float ccu_int3_at(const uint8_t *row, int64_t c) {
-    const uint8_t *g = row + (c / CCU_INT3_GROUP) * CCU_INT3_GROUP_BYTES;
-    int e = (int)(c % CCU_INT3_GROUP);
+    const uint8_t *g = row + (c / COLI_Q_INT3_GROUP) * COLI_Q_INT3_GROUP_BYTES;
+    int e = (int)(c % COLI_Q_INT3_GROUP);
     float low = (float)((g[e / 4] >> (2 * (e % 4))) & 3);
     float high = (float)(((g[16 + e / 8] >> (e % 8)) & 1) * 4);
     return ccu_sub(ccu_add(low, high), 4.0f);
@@ -274,8 +234,8 @@ CCU_HD uint32_t ccu_e8_sign_byte(uint32_t word, int l) {
  * + a 4-bit sub-block scale code each), an fp16 super-scale. grid is the iq3xxs table
  * (doubled magnitudes); q = +-grid / 2. */
 CCU_HD float ccu_e8_at(const uint8_t *row, int64_t c, const uint8_t (*grid)[4]) {
-    const uint8_t *blk = row + (c / CCU_E8_BLOCK) * CCU_E8_BLOCK_BYTES;
-    int j = (int)(c % CCU_E8_BLOCK);
+    const uint8_t *blk = row + (c / COLI_Q_E8_BLOCK) * COLI_Q_E8_BLOCK_BYTES;
+    int j = (int)(c % COLI_Q_E8_BLOCK);
     int ib = j / 32, l = (j % 32) / 8, jj = j % 8;
     uint8_t idx = blk[8 * ib + 2 * l + (jj >= 4)];
     float mag = ccu_mul((float)grid[idx][jj % 4], 0.5f);
@@ -302,9 +262,9 @@ CCU_HD float ccu_q_scale(int fmt, const ccu_qview *v, int64_t o, int64_t g) {
     case COLI_Q_INT8_ROW:
     case COLI_Q_INT4_ROW:
     case COLI_Q_INT2_ROW: return v->scales[o];
-    case COLI_Q_FP8_E4M3_B128: return v->scales[(o / CCU_FP8_BLOCK) * v->groups_per_row + g];
+    case COLI_Q_FP8_E4M3_B128: return v->scales[(o / COLI_Q_FP8_BLOCK) * v->groups_per_row + g];
     case COLI_Q_E8_IQ3: {
-        const uint8_t *blk = v->packed + o * v->row_bytes + (g / 8) * CCU_E8_BLOCK_BYTES;
+        const uint8_t *blk = v->packed + o * v->row_bytes + (g / 8) * COLI_Q_E8_BLOCK_BYTES;
         float d = ccu_e8_half(ccu_le16(blk + 96));
         uint32_t code = ccu_le32(blk + 64 + 4 * (g % 8)) >> 28;
         return ccu_mul(ccu_mul(d, ccu_add(0.5f, (float)code)), 0.5f);

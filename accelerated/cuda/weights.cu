@@ -21,7 +21,7 @@ int ccu_upload_float(const void *w_host, int dtype, int64_t rows, int64_t cols,
     *out = NULL;
     if (dtype != CCU_F32 && dtype != CCU_BF16 && dtype != CCU_F16)
         return ccu_fail(CCU_EDTYPE, "ccu_upload_float: dtype is not f32, bf16 or f16");
-    if (w_host == NULL || rows <= 0 || cols <= 0 || rows > CCU_MAX_DIM || cols > CCU_MAX_DIM)
+    if (w_host == NULL || rows <= 0 || cols <= 0 || rows > COLI_Q_MAX_DIM || cols > COLI_Q_MAX_DIM)
         return ccu_fail(CCU_EINVAL, "ccu_upload_float: NULL weight or bad shape");
     ccu_weight *w = (ccu_weight *)calloc(1, sizeof *w);
     if (w == NULL) return ccu_fail(CCU_ENOMEM, "ccu_upload_float: out of host memory");

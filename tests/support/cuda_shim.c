@@ -5,7 +5,7 @@
 #include "ccu_formats.h"
 
 int shim_q_sizes(int fmt, int gs, int64_t O, int64_t I, int64_t *bytes, int64_t *scales) {
-    return ccu_q_sizes(fmt, gs, O, I, bytes, scales);
+    return coli_q_size_rule(fmt, gs, O, I, bytes, scales);
 }
 
 int shim_q_check(int fmt, int gs, const uint8_t *packed, int64_t len, const float *scales,

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "quant/coli_quant.h"
+#include "quant/q_sizes.h" /* the block constants and size rules */
 
 /* Columns decoded onto the stack at a time (a chunk never crosses a scale group). */
 #define COLI_Q_CHUNK 256
@@ -13,11 +14,6 @@
 #define COLI_Q_ROW_TILE 8
 #define COLI_Q_OUT_BLOCK 8
 
-#define COLI_Q_E8_BLOCK 256
-#define COLI_Q_E8_BLOCK_BYTES 98
-#define COLI_Q_INT3_GROUP 64
-#define COLI_Q_INT3_GROUP_BYTES 24
-#define COLI_Q_FP8_BLOCK 128
 
 typedef struct qlayout qlayout;
 

@@ -7,7 +7,6 @@
 #include "quant/coli_quant_tables.h"
 #include "quant/q_internal.h"
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
@@ -170,51 +169,10 @@ float coli_qi_group_scale(const qlayout *L, int64_t o, int64_t g) {
     }
 }
 
-static const int GROUP_SIZES[] = {16, 32, 48, 64, 96, 128, 192, 256};
-
 int coli_q_sizes(int fmt, int group_size, int64_t out_features, int64_t in_features,
                  int64_t *payload_bytes, int64_t *n_scales) {
-    if (payload_bytes == NULL || n_scales == NULL) return COLI_Q_ENULL;
-    int64_t O = out_features, I = in_features;
-    if (O <= 0 || I <= 0 || O > COLI_Q_MAX_DIM || I > COLI_Q_MAX_DIM) return COLI_Q_ESHAPE;
-    switch (fmt) {
-    case COLI_Q_INT8_ROW:
-        *payload_bytes = O * I;
-        *n_scales = O;
-        return COLI_Q_OK;
-    case COLI_Q_INT4_ROW:
-        *payload_bytes = O * ceil_div(I, 2);
-        *n_scales = O;
-        return COLI_Q_OK;
-    case COLI_Q_INT2_ROW:
-        *payload_bytes = O * ceil_div(I, 4);
-        *n_scales = O;
-        return COLI_Q_OK;
-    case COLI_Q_INT4_GROUPED: {
-        int ok = 0;
-        for (size_t k = 0; k < sizeof GROUP_SIZES / sizeof GROUP_SIZES[0]; k++)
-            if (GROUP_SIZES[k] == group_size) ok = 1;
-        if (!ok) return COLI_Q_EGROUP;
-        *payload_bytes = O * ceil_div(I, 2);
-        *n_scales = O * ceil_div(I, group_size);
-        return COLI_Q_OK;
-    }
-    case COLI_Q_INT3_G64:
-        *payload_bytes = O * ceil_div(I, COLI_Q_INT3_GROUP) * COLI_Q_INT3_GROUP_BYTES;
-        *n_scales = O * ceil_div(I, COLI_Q_INT3_GROUP);
-        return COLI_Q_OK;
-    case COLI_Q_E8_IQ3:
-        if (I % COLI_Q_E8_BLOCK != 0) return COLI_Q_ESHAPE;
-        *payload_bytes = O * (I / COLI_Q_E8_BLOCK) * COLI_Q_E8_BLOCK_BYTES;
-        *n_scales = 1;
-        return COLI_Q_OK;
-    case COLI_Q_FP8_E4M3_B128:
-        *payload_bytes = O * I;
-        *n_scales = ceil_div(O, COLI_Q_FP8_BLOCK) * ceil_div(I, COLI_Q_FP8_BLOCK);
-        return COLI_Q_OK;
-    default:
-        return COLI_Q_EFORMAT;
-    }
+    return coli_q_size_rule(fmt, group_size, out_features, in_features, payload_bytes,
+                            n_scales);
 }
 
 int coli_qi_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *packed,
@@ -264,7 +222,7 @@ int coli_qi_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *pack
         L->decode = decode_fp8;
         break;
     }
-    L->groups_per_row = ceil_div(I, L->group);
+    L->groups_per_row = coli_q_ceil_div(I, L->group);
     L->fused = coli_qi_fused_for(fmt);
     L->fused_row = coli_qi_fused_row_for(fmt, L->group);
     L->fused_row2 = coli_qi_fused_row2_for(fmt, L->group);
