@@ -105,10 +105,10 @@ def layer_record(cfg: ModelConfig, lw: Layer, index_keys: bool,
 
 
 class LayerBlock:
-    """One layer's record and its two calls."""
+    """One layer's record, its expert table and its call."""
 
-    __slots__ = ("cfg", "layer", "record", "address", "index_keys", "dense_desc", "shared_desc",
-                 "experts", "held", "transient")
+    __slots__ = ("cfg", "layer", "record", "address", "index_keys", "experts", "held",
+                 "transient")
 
     def __init__(self, cfg: ModelConfig, lw: Layer, index_keys: bool) -> None:
         self.cfg, self.layer, self.index_keys = cfg, lw, index_keys
@@ -120,8 +120,6 @@ class LayerBlock:
         self.transient: list[int] = []
         self.record = layer_record(cfg, lw, index_keys, self.experts if n_exp else None)
         self.address = int(self.record.ctypes.data)
-        self.dense_desc = None if lw.dense is None else lw.dense.desc
-        self.shared_desc = None if lw.shared is None else lw.shared.desc_bytes
 
     def hold(self, e: int, ex: Expert) -> None:
         """Give C expert ``e``'s descriptors. Memory-mapped experts stay in the table (their
