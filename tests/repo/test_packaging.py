@@ -80,3 +80,21 @@ def test_wheel_install_gives_a_working_doctor(tmp_path: Path) -> None:
         assert checkout_statuses.pop(built) in ("ok", "warn")
     assert statuses == checkout_statuses
     assert result.returncode == checkout.returncode
+
+
+def test_make_build_installs_what_a_wheel_build_compiles_with() -> None:
+    """`make serve` installs only the `build` extra before mypyc type-checks the control plane,
+    so that extra must carry every stub package the wheel backend adds for the same step (it
+    once lacked types-regex and `make serve` stopped on a fresh clone)."""
+    import tomllib
+
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        from build_backend import WHEEL_EXTRAS
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["build"]
+    names = {e.split(">")[0].split("=")[0] for e in extras}
+    stubs = {e for e in WHEEL_EXTRAS if e.startswith("types-")}
+    assert stubs and stubs <= names
