@@ -140,7 +140,7 @@ static const float *scale_row(const qlayout *L, int64_t o) {
 /* Groups are multiples of 32 columns, so every group starts on lane 0 and only the row's last
  * group can end in a part of a 32-column block (handled by the chunk-level code). */
 #define Q_DEFINE_FUSED_ROW(NAME, DEC32, CHUNK)                                                \
-    static void NAME(const qlayout *L, int64_t o, const float *x, float *t) {                 \
+    static float NAME(const qlayout *L, int64_t o, const float *x) {                          \
         const uint8_t *row = L->packed + o * L->row_bytes;                                    \
         const float *srow = scale_row(L, o);                                                  \
         const int64_t I = L->in_features, G = L->group;                                       \
@@ -180,10 +180,7 @@ static const float *scale_row(const qlayout *L, int64_t o) {
             t2 = _mm256_fmadd_ps(s, a2, t2);                                                  \
             t3 = _mm256_fmadd_ps(s, a3, t3);                                                  \
         }                                                                                     \
-        _mm256_storeu_ps(t, t0);                                                              \
-        _mm256_storeu_ps(t + 8, t1);                                                          \
-        _mm256_storeu_ps(t + 16, t2);                                                         \
-        _mm256_storeu_ps(t + 24, t3);                                                         \
+        return coli_qi_sum_lanes(t0, t1, t2, t3);                                             \
     }
 
 Q_DEFINE_FUSED_ROW(fused_row_int8, dec32_int8, fused_int8)
@@ -193,7 +190,7 @@ Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
 /* The int2/int3 row paths: groups are whole 32-column blocks except a row's short tail,
  * which goes through the buffered decoder exactly as in the chunked path. */
 #define Q_DEFINE_BITS_ROW(NAME, DEC32)                                                        \
-    static void NAME(const qlayout *L, int64_t o, const float *x, float *t) {                 \
+    static float NAME(const qlayout *L, int64_t o, const float *x) {                          \
         const uint8_t *row = L->packed + o * L->row_bytes;                                    \
         const float *srow = scale_row(L, o);                                                  \
         const int64_t I = L->in_features, G = L->group;                                       \
@@ -229,10 +226,7 @@ Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
             t2 = _mm256_fmadd_ps(s, a2, t2);                                                  \
             t3 = _mm256_fmadd_ps(s, a3, t3);                                                  \
         }                                                                                     \
-        _mm256_storeu_ps(t, t0);                                                              \
-        _mm256_storeu_ps(t + 8, t1);                                                          \
-        _mm256_storeu_ps(t + 16, t2);                                                         \
-        _mm256_storeu_ps(t + 24, t3);                                                         \
+        return coli_qi_sum_lanes(t0, t1, t2, t3);                                             \
     }
 
 Q_DEFINE_BITS_ROW(fused_row_int2, dec32_int2)
@@ -339,7 +333,7 @@ static inline float e8_sub_block(const uint8_t *blk, float d, int ib, __m256 w[4
 
 /* e8: each 32-weight sub-block is one group; w = grid/2 with the sign bit flipped where set
  * (bit-identical to the buffered decoder's multiply by -1), its scale db from d and code. */
-static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) {
+static float fused_row_e8(const qlayout *L, int64_t o, const float *x) {
     const uint8_t *row = L->packed + o * L->row_bytes;
     __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
     for (int64_t b = 0; b < L->in_features / 256; b++) {
@@ -356,10 +350,7 @@ static void fused_row_e8(const qlayout *L, int64_t o, const float *x, float *t) 
             t3 = _mm256_fmadd_ps(s, _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xc + 24), z), t3);
         }
     }
-    _mm256_storeu_ps(t, t0);
-    _mm256_storeu_ps(t + 8, t1);
-    _mm256_storeu_ps(t + 16, t2);
-    _mm256_storeu_ps(t + 24, t3);
+    return coli_qi_sum_lanes(t0, t1, t2, t3);
 }
 
 static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,

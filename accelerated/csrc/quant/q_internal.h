@@ -26,10 +26,11 @@ typedef void (*q_decode_fn)(const uint8_t *row, int64_t col, int n, float *out);
  * into a buffer and calling the lane dot: only the weights' trip through memory differs. */
 typedef int (*q_fused_fn)(const uint8_t *row, int64_t col, int n, const float *x, float *p);
 
-/* A whole output row for one activation row: t (32 lanes, zeroed by the caller) receives the
- * scaled group partials exactly as the chunked path computes them. Only for layouts whose
- * groups are multiples of 32 columns (every format but int4-grouped 16/48 and int3/int2/e8). */
-typedef void (*q_fused_row_fn)(const qlayout *L, int64_t o, const float *x, float *t);
+/* A whole output element for one activation row: the scaled group partials exactly as the
+ * chunked path computes them, summed in registers as coli_qi_sum_lanes sums the 32 lanes (no
+ * trip through memory: storing the lanes and summing them afterwards was 7 % of an int4
+ * decode step). Only for layouts whose groups are multiples of 32 columns, and int2/int3/e8. */
+typedef float (*q_fused_row_fn)(const qlayout *L, int64_t o, const float *x);
 
 /* The same for two activation rows at once, decoding each weight block once; t0 and t1 are
  * each row's lanes (zeroed by the caller) and get exactly the one-row results. */
@@ -40,6 +41,20 @@ typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, co
 q_fused_fn coli_qi_fused_for(int fmt);
 q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group);
 q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group);
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* The 32-lane sum coli_quant.h states, lanes t[0:8] .. t[24:32] in four registers:
+ * ((a + b) + (c + d)) lane-wise = u, then ((u0 + u4) + (u2 + u6)) + ((u1 + u5) + (u3 + u7)):
+ * the halves added give u[j] + u[j + 4], then (0 + 2) and (1 + 3), then those two. */
+static inline float coli_qi_sum_lanes(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 u = _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+#endif
 
 /* The lane dot of the buffered path (q_matmul.c): p[(col + j) % 32] += w[j] * x[j]. */
 void coli_qi_lanes_dot(const float *w, const float *x, int n, int64_t col, float *p);

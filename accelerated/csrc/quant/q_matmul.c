@@ -95,14 +95,10 @@ void coli_qi_lanes_dot(const float *w, const float *x, int n, int64_t col, float
 /* ((t[0:8] + t[8:16]) + (t[16:24] + t[24:32])) lane-wise, then the 8-lane tree. */
 static float lanes_sum(const float *t) {
 #if defined(__AVX2__) && defined(__FMA__)
-    /* The same adds in registers (a scalar loop here was 5 % of an int4 decode step): u in
-     * one vector; its halves added give u[j] + u[j + 4]; then (0 + 2) and (1 + 3); then those
-     * two. Float addition commutes bit for bit, so the result is the scalar tree's. */
-    __m256 u = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(t), _mm256_loadu_ps(t + 8)),
-                             _mm256_add_ps(_mm256_loadu_ps(t + 16), _mm256_loadu_ps(t + 24)));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+    /* The same adds in registers; float addition commutes bit for bit, so the scalar tree's
+     * result. */
+    return coli_qi_sum_lanes(_mm256_loadu_ps(t), _mm256_loadu_ps(t + 8),
+                             _mm256_loadu_ps(t + 16), _mm256_loadu_ps(t + 24));
 #else
     float u[8];
     for (int l = 0; l < 8; l++) u[l] = (t[l] + t[8 + l]) + (t[16 + l] + t[24 + l]);
@@ -123,14 +119,16 @@ static void run_rows(const qlayout *L, const float *x, int64_t n_rows, int64_t x
         for (int64_t r0 = 0; r0 < n_rows; r0 += COLI_Q_ROW_TILE) {
             int nr = (int)(n_rows - r0 < COLI_Q_ROW_TILE ? n_rows - r0 : COLI_Q_ROW_TILE);
             const float *xr = x + r0 * x_stride;
-            memset(t, 0, (size_t)nr * sizeof t[0]); /* only the rows used: 128 B for one */
             int r = 0;
-            if (L->fused_row2 != NULL)
+            if (L->fused_row2 != NULL && nr >= 2) {
+                int pairs = nr / 2 * 2;
+                memset(t, 0, (size_t)pairs * sizeof t[0]); /* row2 accumulates into t */
                 for (; r + 2 <= nr; r += 2)
                     L->fused_row2(L, o, xr + r * x_stride, xr + (r + 1) * x_stride, t[r],
                                   t[r + 1]);
-            for (; r < nr; r++) L->fused_row(L, o, xr + r * x_stride, t[r]);
-            for (r = 0; r < nr; r++) y[(r0 + r) * y_stride + o] = lanes_sum(t[r]);
+                for (int q = 0; q < pairs; q++) y[(r0 + q) * y_stride + o] = lanes_sum(t[q]);
+            }
+            for (; r < nr; r++) y[(r0 + r) * y_stride + o] = L->fused_row(L, o, xr + r * x_stride);
         }
     }
 }
