@@ -83,6 +83,16 @@ float col_dot_f32(const float *a, const float *b, size_t k) {
  * Every lane still accumulates the same products in the same order, and the four groups
  * meet in the same reduce_regs tree. */
 #if defined(__AVX2__) && defined(__FMA__)
+/* out[r * ldo + j] for the j < rows weight rows and r < 4 activation rows of a register
+ * tile whose lane group g left its accumulators in part[g][j][r]: col_dot_f32's reduce_regs
+ * over the four groups. */
+static void reduce_parts(__m256 part[4][3][4], size_t rows, float *out, size_t ldo) {
+    for (size_t j = 0; j < rows; j++)
+        for (size_t r = 0; r < 4; r++)
+            out[r * ldo + j] = reduce_regs(part[0][j][r], part[1][j][r], part[2][j][r],
+                                           part[3][j][r]);
+}
+
 /* Prefetch the two weight rows `ahead` floats on (the next pair) for the 32 floats at i. */
 static inline void prefetch2(const float *w0, const float *w1, size_t ahead, size_t i) {
     const char *p0 = (const char *)(w0 + ahead + i), *p1 = (const char *)(w1 + ahead + i);
@@ -94,7 +104,7 @@ static inline void prefetch2(const float *w0, const float *w1, size_t ahead, siz
 
 static void dot_2x4(const float *w, size_t k, const float *x, size_t ldx, float *out,
                     size_t ldo, size_t ahead) {
-    __m256 part[4][2][4];
+    __m256 part[4][3][4];
     const float *w0 = w, *w1 = w + k;
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
     for (size_t g = 0; g < 4; g++) {
@@ -119,10 +129,7 @@ static void dot_2x4(const float *w, size_t k, const float *x, size_t ldx, float 
         part[g][0][0] = a0, part[g][0][1] = a1, part[g][0][2] = a2, part[g][0][3] = a3;
         part[g][1][0] = b0, part[g][1][1] = b1, part[g][1][2] = b2, part[g][1][3] = b3;
     }
-    for (size_t j = 0; j < 2; j++)
-        for (size_t r = 0; r < 4; r++)
-            out[r * ldo + j] = reduce_regs(part[0][j][r], part[1][j][r], part[2][j][r],
-                                           part[3][j][r]);
+    reduce_parts(part, 2, out, ldo);
 }
 
 /* col_dot_f32 of one weight row with two or three activation rows in one pass over the row
@@ -229,10 +236,7 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
         part[g][2][0] = c0, part[g][2][1] = c1, part[g][2][2] = c2, part[g][2][3] = c3;
     }
     *pf_done = done;
-    for (size_t j = 0; j < 3; j++)
-        for (size_t r = 0; r < 4; r++)
-            out[r * ldo + j] = reduce_regs(part[0][j][r], part[1][j][r], part[2][j][r],
-                                           part[3][j][r]);
+    reduce_parts(part, 3, out, ldo);
 }
 
 /* Rows r0 .. m of x against weight row wn, two or three at a time (dot_1x2 / dot_1x3, then
