@@ -122,7 +122,8 @@ test: lint typecheck pytest pytest-compiled webtest
 # The oracle extra. torch comes only as the CPU wheel on this machine's disk: pip's configured
 # find-links (`pip config list`, PIP_FIND_LINKS) with --no-index, so no index is ever asked and
 # a CUDA build cannot be pulled; with torch in place, the rest of the extra comes from the index.
-$(VENV)/.stamp-oracle: pyproject.toml $(VENV)/.stamp-test
+# It needs the runtime install only (.ci/run builds it in a venv of its own, beside make test).
+$(VENV)/.stamp-oracle: pyproject.toml $(VENV)/.stamp-runtime
 	@$(PY) -m pip install --quiet --no-index --no-deps 'torch==2.13.0' || { \
 	  echo "make: no local torch==2.13.0 wheel on pip's find-links; not installing one from an index (it could be a CUDA build)" >&2; \
 	  exit 1; }
