@@ -27,7 +27,6 @@ import the control plane.
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
@@ -133,8 +132,11 @@ def check_current(build: Build, root: Path | None = None) -> None:
         )
 
 
-class _CompiledFinder(importlib.abc.MetaPathFinder):
-    """Answers the compiled module names, and only those, with their extension files."""
+class _CompiledFinder:
+    """Answers the compiled module names, and only those, with their extension files.
+
+    A meta path finder by protocol (``find_spec``), not by subclassing importlib.abc's ABC:
+    importing importlib.abc pulls in importlib.resources, ~20 ms of every engine start."""
 
     def __init__(self, build: Build) -> None:
         self.build = build

@@ -1,15 +1,15 @@
 """One place that knows where colibri's package data lives.
 
 Everything shipped as data (the normative ``spec/`` folder and the small committed fixture
-models) is reached through ``importlib.resources``, so an installed wheel and an editable
-checkout behave the same. Callers get real filesystem paths because the engines memory-map
-model files.
+models) is found through the import system (the data package's search location), so an
+installed wheel and an editable checkout behave the same. Callers get real filesystem paths
+because the engines memory-map model files.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from importlib import resources
 from pathlib import Path
 
 #: The model `colibri serve`, `colibri engine` and `colibri generate` use when none is given:
@@ -23,11 +23,13 @@ DEFAULT_MODEL_ENV = "COLIBRI_DEFAULT_MODEL"
 
 
 def _package_dir(package: str) -> Path:
-    root = resources.files(package)
-    # Both wheel installs and setuptools' editable finder expose a real directory; a zipped
-    # install would not, and the engines need files they can memory-map.
-    path = Path(str(root))
-    if not path.is_dir():
+    # importlib.util rather than importlib.resources (~20 ms to import, in every engine start):
+    # both wheel installs and setuptools' editable finder give a data package a real search
+    # directory; a zipped install would not, and the engines need files they can memory-map.
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = Path(locations[0]) if locations else None
+    if path is None or not path.is_dir():
         raise FileNotFoundError(f"package data for {package} is not a directory: {path}")
     return path
 

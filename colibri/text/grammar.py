@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 import numpy.typing as npt
-from llguidance.gbnf_to_lark import any_to_lark
+
+if TYPE_CHECKING:
+    # Imported where used: every engine process imports this module, few ever compile a
+    # grammar, and llguidance (with the importlib.metadata it loads) is 40 ms of a start-up.
+    import llguidance
 
 __all__ = [
     "GrammarError", "GrammarVocabulary", "Matcher", "check", "compile_grammar", "gbnf_to_lark",
@@ -52,6 +56,8 @@ def grammar_kind(text: str) -> str:
 
 def compile_grammar(text: str) -> str:
     """The llguidance grammar for a grammar section, or GrammarError."""
+    import llguidance
+
     kind = grammar_kind(text)
     if kind == "json_schema":
         try:
@@ -70,6 +76,8 @@ def compile_grammar(text: str) -> str:
 
 def gbnf_to_lark(text: str) -> str:
     """A GBNF grammar as llguidance Lark, or GrammarError."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
     try:
         return any_to_lark(text)
     except Exception as exc:  # the converter raises bare Exceptions for user errors
@@ -79,6 +87,8 @@ def gbnf_to_lark(text: str) -> str:
 def check(text: str) -> str:
     """The llguidance grammar for ``text`` after validation; GrammarError names the problem
     (for a JSON Schema, e.g. ``Unimplemented keys: ["not"]``)."""
+    import llguidance
+
     grammar = compile_grammar(text)
     message = llguidance.LLMatcher.validate_grammar(grammar)
     if message:
@@ -118,6 +128,8 @@ class GrammarVocabulary:
         vocab: int,
         encode: Encoder,
     ) -> None:
+        import llguidance
+
         table = list(tokens) + [b""] * max(0, vocab - len(tokens))
         eos = min(stops) if stops else len(table) - 1
         wrapper = llguidance.TokenizerWrapper(_TokenTable(table, sorted(added), eos, encode))
@@ -130,6 +142,8 @@ class GrammarVocabulary:
         self._bit = np.arange(32, dtype=np.uint32)
 
     def matcher(self, text: str) -> Matcher:
+        import llguidance
+
         grammar = compile_grammar(text)
         message = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if message:
