@@ -26,7 +26,9 @@ import sys
 import sysconfig
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from colibri import control_plane
 
@@ -67,6 +69,34 @@ def is_current(out: Path, build_stamp: str) -> bool:
     return all((out / rel).is_file() for rel in dict(raw.get("files", {})).values())
 
 
+def _file_parallel_build_ext() -> type[Any]:
+    """setuptools' build_ext, compiling the C files of one extension concurrently.
+
+    build_ext's own ``parallel`` spreads *extensions* over threads, but mypyc puts the whole
+    group (52 of the 85 C files) into one extension, so its files compiled one after another:
+    63 s of a fresh ``make build`` on two cores, 35 s this way. Each file goes through the
+    compiler's public ``compile`` alone, with the arguments build_ext gave the batch."""
+    from setuptools.command.build_ext import build_ext
+
+    class FileParallelBuildExt(build_ext):  # type: ignore[misc]  # setuptools is untyped here
+        def build_extensions(self) -> None:
+            compile_batch = self.compiler.compile
+
+            def compile_each(sources: list[str], *args: Any, **kwargs: Any) -> list[str]:
+                with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                    done = pool.map(lambda source: compile_batch([source], *args, **kwargs),
+                                    sources)
+                    return [obj for objects in done for obj in objects]
+
+            self.compiler.compile = compile_each
+            try:
+                super().build_extensions()
+            finally:
+                del self.compiler.compile
+
+    return FileParallelBuildExt
+
+
 def _compile(root: Path, sources: dict[str, Path], staging: Path, temp: Path) -> None:
     """mypyc -> C -> extension modules under ``staging`` (with the package layout)."""
     from mypyc.build import mypycify
@@ -80,7 +110,8 @@ def _compile(root: Path, sources: dict[str, Path], staging: Path, temp: Path) ->
     try:
         extensions = mypycify(paths, opt_level=OPT_LEVEL, group_name=GROUP,
                               target_dir=str(temp / "c"), multi_file=True)
-        dist = Distribution({"name": "colibri-control-plane", "ext_modules": extensions})
+        dist = Distribution({"name": "colibri-control-plane", "ext_modules": extensions,
+                             "cmdclass": {"build_ext": _file_parallel_build_ext()}})
         dist.verbose = 0
         command = dist.get_command_obj("build_ext")
         command.build_lib = str(staging)
