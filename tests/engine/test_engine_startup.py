@@ -17,16 +17,18 @@ from colibri import resources
 LAZY = ("llguidance", "importlib.metadata", "importlib.resources")
 
 # Runs the real entry point on a real model with stdin at EOF (the engine loads, says READY,
-# drains and exits), then reports which of LAZY were imported.
+# drains and exits), then reports which of LAZY it imported (not those the interpreter's site
+# start-up had already loaded, which a .pth file of some other package may do).
 PROBE = f"""
 import sys
+before = set(sys.modules)
 sys.argv = ["colibri", "engine", "--model", sys.argv[1]]
 from colibri.cli import main
 try:
     main()
 except SystemExit:
     pass
-print("LOADED", [m for m in {LAZY!r} if m in sys.modules], file=sys.stderr)
+print("LOADED", [m for m in {LAZY!r} if m in sys.modules and m not in before], file=sys.stderr)
 """
 
 
