@@ -28,8 +28,10 @@ def _package_dir(package: str) -> Path:
     # directory; a zipped install would not, and the engines need files they can memory-map.
     spec = importlib.util.find_spec(package)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = Path(locations[0]) if locations else None
-    if path is None or not path.is_dir():
+    if not locations:
+        raise FileNotFoundError(f"package data {package} is not installed (reinstall colibri)")
+    path = Path(locations[0])
+    if not path.is_dir():
         raise FileNotFoundError(f"package data for {package} is not a directory: {path}")
     return path
 
