@@ -1,6 +1,7 @@
 """Find and load the accelerated engine's C library (built by ``native_build``).
 
-The variant is the best one the running CPU supports (``avx2`` needs both AVX2 and FMA),
+The variant is the best one the running CPU supports (``avx2`` needs both AVX2 and FMA,
+``avx512`` those and AVX-512 F/BW/VL/DQ),
 unless ``COLIBRI_ISA`` names one (``generic`` forces the portable build, e.g. to compare
 the two paths). A missing library is a :class:`LibraryNotBuilt` naming the step that
 builds it, never an ``OSError`` from ctypes.
@@ -38,6 +39,8 @@ def supported_variants() -> list[str]:
     names = ["generic"]
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= cpu_flags():
         names.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu_flags():
+            names.append("avx512")
     return [v.name for v in variants() if v.name in names]
 
 

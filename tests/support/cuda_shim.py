@@ -79,7 +79,7 @@ def shim() -> ctypes.CDLL:
 
 
 #: variant -> whether its products use fused multiply-adds (the shim's ``fused`` flag).
-FUSED = {"avx2": 1, "generic": 0}
+FUSED = {"avx512": 1, "avx2": 1, "generic": 0}
 
 
 @cache

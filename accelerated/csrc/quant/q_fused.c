@@ -183,9 +183,91 @@ static const float *scale_row(const qlayout *L, int64_t o) {
         return coli_qi_sum_lanes(t0, t1, t2, t3);                                             \
     }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* The avx512 build: the same 32 lanes in two 16-lane registers (lanes 0..15, 16..31), every
+ * lane fed the same FMAs in the same order, and the lanes summed by coli_qi_sum_lanes on
+ * their four 8-lane halves, so the results are the avx2 build's bytes with half the decode,
+ * convert and multiply-add instructions (the int4 kernel is compute-bound in avx2). */
+static inline __m256 lo8(__m512 v) { return _mm512_castps512_ps256(v); }
+static inline __m256 hi8(__m512 v) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+static inline void dec32z_int8(const uint8_t *row, int64_t c, __m512 w[2]) {
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + c))));
+    w[1] = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + c + 16))));
+}
+
+/* dec32_int4's bytes, interleaved the same way, widened sixteen at a time. */
+static inline void dec32z_int4(const uint8_t *row, int64_t c, __m512 w[2]) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(row + c / 2));
+    __m128i nib = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    __m128i lo = _mm_and_si128(b, nib), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nib);
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), eight)));
+    w[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), eight)));
+}
+
+/* dec8_fp8's bit placement on sixteen bytes at a time. */
+static inline __m512 dec16z_fp8(const uint8_t *row, int64_t c) {
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + c)));
+    __m512i mag = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7F)), 20);
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(0x1p120f));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+}
+
+static inline void dec32z_fp8(const uint8_t *row, int64_t c, __m512 w[2]) {
+    w[0] = dec16z_fp8(row, c);
+    w[1] = dec16z_fp8(row, c + 16);
+}
+
+/* Q_DEFINE_FUSED_ROW with 16-lane registers; a group's partial last block goes through the
+ * same chunk-level code on the same lanes. */
+#define Q_DEFINE_FUSED_ROW_Z(NAME, DEC32Z, CHUNK)                                             \
+    static float NAME(const qlayout *L, int64_t o, const float *x) {                          \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        __m512 t0 = _mm512_setzero_ps(), t1 = t0;                                             \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                         \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                __m512 w[2];                                                                  \
+                DEC32Z(row, c, w);                                                            \
+                a0 = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x + c), a0);                       \
+                a1 = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + c + 16), a1);                  \
+            }                                                                                 \
+            if (c < end) {                                                                    \
+                float p[32], buf[32];                                                         \
+                _mm512_storeu_ps(p, a0);                                                      \
+                _mm512_storeu_ps(p + 16, a1);                                                 \
+                int n = (int)(end - c);                                                       \
+                int done = CHUNK(row, c, n, x + c, p);                                        \
+                if (done < n) {                                                               \
+                    L->decode(row, c + done, n - done, buf);                                  \
+                    coli_qi_lanes_dot(buf, x + c + done, n - done, c + done, p);              \
+                }                                                                             \
+                a0 = _mm512_loadu_ps(p);                                                      \
+                a1 = _mm512_loadu_ps(p + 16);                                                 \
+            }                                                                                 \
+            __m512 s = _mm512_set1_ps(srow[g]);                                               \
+            t0 = _mm512_fmadd_ps(s, a0, t0);                                                  \
+            t1 = _mm512_fmadd_ps(s, a1, t1);                                                  \
+        }                                                                                     \
+        return coli_qi_sum_lanes(lo8(t0), hi8(t0), lo8(t1), hi8(t1));                         \
+    }
+
+Q_DEFINE_FUSED_ROW_Z(fused_row_int8, dec32z_int8, fused_int8)
+Q_DEFINE_FUSED_ROW_Z(fused_row_int4, dec32z_int4, fused_int4)
+Q_DEFINE_FUSED_ROW_Z(fused_row_fp8, dec32z_fp8, fused_fp8)
+#else
 Q_DEFINE_FUSED_ROW(fused_row_int8, dec32_int8, fused_int8)
 Q_DEFINE_FUSED_ROW(fused_row_int4, dec32_int4, fused_int4)
 Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
+#endif
 
 /* The int2/int3 row paths: groups are whole 32-column blocks except a row's short tail,
  * which goes through the buffered decoder exactly as in the chunked path. */
@@ -284,9 +366,61 @@ static void scale_into(float s, const __m256 a[4], float *t) {
         }                                                                                     \
     }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* Q_DEFINE_ROW2 with 16-lane registers (see Q_DEFINE_FUSED_ROW_Z). */
+static void tail_block_z(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
+                         __m512 a[2]) {
+    float p[32], buf[32];
+    _mm512_storeu_ps(p, a[0]);
+    _mm512_storeu_ps(p + 16, a[1]);
+    L->decode(row, c, n, buf);
+    coli_qi_lanes_dot(buf, x + c, n, c, p);
+    a[0] = _mm512_loadu_ps(p);
+    a[1] = _mm512_loadu_ps(p + 16);
+}
+
+static void scale_into_z(float s, const __m512 a[2], float *t) {
+    __m512 sv = _mm512_set1_ps(s);
+    _mm512_storeu_ps(t, _mm512_fmadd_ps(sv, a[0], _mm512_loadu_ps(t)));
+    _mm512_storeu_ps(t + 16, _mm512_fmadd_ps(sv, a[1], _mm512_loadu_ps(t + 16)));
+}
+
+#define Q_DEFINE_ROW2_Z(NAME, DEC32Z)                                                         \
+    static void NAME(const qlayout *L, int64_t o, const float *x0, const float *x1,          \
+                     float *t0, float *t1) {                                                  \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;                       \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                __m512 w[2];                                                                  \
+                DEC32Z(row, c, w);                                                            \
+                a0 = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x0 + c), a0);                      \
+                b0 = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x1 + c), b0);                      \
+                a1 = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x0 + c + 16), a1);                 \
+                b1 = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x1 + c + 16), b1);                 \
+            }                                                                                 \
+            __m512 a[2] = {a0, a1}, b[2] = {b0, b1};                                          \
+            if (c < end) {                                                                    \
+                tail_block_z(L, row, c, (int)(end - c), x0, a);                               \
+                tail_block_z(L, row, c, (int)(end - c), x1, b);                               \
+            }                                                                                 \
+            scale_into_z(srow[g], a, t0);                                                     \
+            scale_into_z(srow[g], b, t1);                                                     \
+        }                                                                                     \
+    }
+
+Q_DEFINE_ROW2_Z(fused_row2_int8, dec32z_int8)
+Q_DEFINE_ROW2_Z(fused_row2_int4, dec32z_int4)
+Q_DEFINE_ROW2_Z(fused_row2_fp8, dec32z_fp8)
+#else
 Q_DEFINE_ROW2(fused_row2_int8, dec32_int8)
 Q_DEFINE_ROW2(fused_row2_int4, dec32_int4)
 Q_DEFINE_ROW2(fused_row2_fp8, dec32_fp8)
+#endif
 Q_DEFINE_ROW2(fused_row2_int2, dec32_int2)
 Q_DEFINE_ROW2(fused_row2_int3, dec32_int3)
 
