@@ -282,7 +282,7 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
 static inline __attribute__((always_inline)) void dot_1xr_z(const float *w, size_t k,
                                                              const float *x, size_t ldx,
                                                              float *out, size_t ldo, size_t R) {
-    __m512 lo[3], hi[3];
+    __m512 lo[8], hi[8];
     for (size_t r = 0; r < R; r++) lo[r] = hi[r] = _mm512_setzero_ps();
     for (size_t i = 0; i < k; i += 32) {
         __m512 u0 = _mm512_loadu_ps(w + i), u1 = _mm512_loadu_ps(w + i + 16);
@@ -294,51 +294,51 @@ static inline __attribute__((always_inline)) void dot_1xr_z(const float *w, size
     for (size_t r = 0; r < R; r++) out[r * ldo] = reduce_z(lo[r], hi[r]);
 }
 
-/* col_dot_f32 of three weight rows with M (4..8) activation rows, bit for bit: one 16-lane
- * half of the 32 lanes per pass over k, 3 M accumulators (24 of the 32 registers at M = 8),
- * so a pass loads 3 + M vectors per 3 M multiply-adds and all of a decode batch's rows meet
- * the tile in one go; the halves meet in reduce_z. The tile's rows (12 KiB at k = 1024) stay
- * in L1 between the two passes; the next tile's `pf_lines` cache lines are prefetched, up to
- * four per inner step. */
-static inline __attribute__((always_inline)) void tile_3xm_z(const float *w, size_t k,
+/* col_dot_f32 of J (2..3) weight rows with M (4..8) activation rows, bit for bit: one 16-lane
+ * half of the 32 lanes per pass over k, J M accumulators (at most 18 of the 32 registers, so
+ * none spills: a 3 x 8 tile did, and streamed slower than 3 x 6), so a pass loads J + M
+ * vectors per J M multiply-adds; the halves meet in reduce_z. The tile's rows (12 KiB at
+ * k = 1024) stay in L1 between the two passes; the next tile's `pf_lines` cache lines are
+ * prefetched, up to four per inner step. */
+static inline __attribute__((always_inline)) void tile_jxm_z(const float *w, size_t k,
                                                               const float *x, size_t ldx,
-                                                              float *out, size_t ldo, size_t M,
-                                                              const char *pf, size_t pf_lines) {
+                                                              float *out, size_t ldo, size_t J,
+                                                              size_t M, const char *pf,
+                                                              size_t pf_lines) {
     __m512 part[2][3][8];
     size_t done = 0;
     for (size_t h = 0; h < 2; h++) {
         __m512 acc[3][8];
-        for (size_t j = 0; j < 3; j++)
+        for (size_t j = 0; j < J; j++)
             for (size_t r = 0; r < M; r++) acc[j][r] = _mm512_setzero_ps();
         for (size_t i = 16 * h; i < k; i += 32) {
             for (size_t q = 0; q < 4 && done < pf_lines; q++)
                 _mm_prefetch(pf + 64 * done++, _MM_HINT_T0);
-            __m512 u0 = _mm512_loadu_ps(w + i), u1 = _mm512_loadu_ps(w + k + i);
-            __m512 u2 = _mm512_loadu_ps(w + 2 * k + i);
+            __m512 u[3];
+            for (size_t j = 0; j < J; j++) u[j] = _mm512_loadu_ps(w + j * k + i);
             for (size_t r = 0; r < M; r++) {
                 __m512 y = _mm512_loadu_ps(x + r * ldx + i);
-                acc[0][r] = _mm512_fmadd_ps(u0, y, acc[0][r]);
-                acc[1][r] = _mm512_fmadd_ps(u1, y, acc[1][r]);
-                acc[2][r] = _mm512_fmadd_ps(u2, y, acc[2][r]);
+                for (size_t j = 0; j < J; j++) acc[j][r] = _mm512_fmadd_ps(u[j], y, acc[j][r]);
             }
         }
-        for (size_t j = 0; j < 3; j++)
+        for (size_t j = 0; j < J; j++)
             for (size_t r = 0; r < M; r++) part[h][j][r] = acc[j][r];
     }
-    for (size_t j = 0; j < 3; j++)
+    for (size_t j = 0; j < J; j++)
         for (size_t r = 0; r < M; r++) out[r * ldo + j] = reduce_z(part[0][j][r], part[1][j][r]);
 }
 
-/* Weight rows [n, n1) against M (4..8) activation rows, three at a time through tile_3xm_z,
- * the last one or two alone through dot_1xr_z. */
-static inline __attribute__((always_inline)) void rows_3xm_z(const float *w, size_t n,
+/* Weight rows [n, n1) against M (4..8) activation rows, J at a time through tile_jxm_z, the
+ * last few alone through dot_1xr_z. */
+static inline __attribute__((always_inline)) void rows_jxm_z(const float *w, size_t n,
                                                               size_t n1, size_t k,
                                                               const float *x, size_t ldx,
-                                                              float *out, size_t ldo, size_t M) {
-    for (size_t pf_lines = 3 * k * sizeof(float) / 64; n + 3 <= n1; n += 3) {
+                                                              float *out, size_t ldo, size_t J,
+                                                              size_t M) {
+    for (size_t pf_lines = J * k * sizeof(float) / 64; n + J <= n1; n += J) {
         const float *wn = w + n * k;
-        tile_3xm_z(wn, k, x, ldx, out + n, ldo, M, (const char *)(wn + 3 * k),
-                   n + 6 <= n1 ? pf_lines : 0); /* no prefetch past the block */
+        tile_jxm_z(wn, k, x, ldx, out + n, ldo, J, M, (const char *)(wn + J * k),
+                   n + 2 * J <= n1 ? pf_lines : 0); /* no prefetch past the block */
     }
     for (; n < n1; n++)
         for (size_t r = 0; r < M; r += 3)
@@ -346,16 +346,19 @@ static inline __attribute__((always_inline)) void rows_3xm_z(const float *w, siz
                       M - r < 3 ? M - r : 3);
 }
 
-#define COL_ROWS_Z(M)                                                                        \
-    static void rows_3x##M##_z(const float *w, size_t n, size_t n1, size_t k, const float *x, \
-                               size_t ldx, float *out, size_t ldo) {                          \
-        rows_3xm_z(w, n, n1, k, x, ldx, out, ldo, M);                                         \
+#ifndef COL_J78
+#define COL_J78 2
+#endif
+#define COL_ROWS_Z(M, J)                                                                     \
+    static void rows_m##M##_z(const float *w, size_t n, size_t n1, size_t k, const float *x,  \
+                              size_t ldx, float *out, size_t ldo) {                           \
+        rows_jxm_z(w, n, n1, k, x, ldx, out, ldo, J, M);                                      \
     }
-COL_ROWS_Z(4)
-COL_ROWS_Z(5)
-COL_ROWS_Z(6)
-COL_ROWS_Z(7)
-COL_ROWS_Z(8)
+COL_ROWS_Z(4, 3)
+COL_ROWS_Z(5, 3)
+COL_ROWS_Z(6, 3)
+COL_ROWS_Z(7, COL_J78)
+COL_ROWS_Z(8, COL_J78)
 
 static void dot_1x1_z(const float *w, size_t k, const float *x, size_t ldx, float *out,
                       size_t ldo) {
@@ -411,7 +414,7 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
          * through row_major. */
         static void (*const by_rows[9])(const float *, size_t, size_t, size_t, const float *,
                                         size_t, float *, size_t) = {
-            NULL, NULL, NULL, NULL, rows_3x4_z, rows_3x5_z, rows_3x6_z, rows_3x7_z, rows_3x8_z};
+            NULL, NULL, NULL, NULL, rows_m4_z, rows_m5_z, rows_m6_z, rows_m7_z, rows_m8_z};
         if (m >= 4) {
             by_rows[m](w, n, n1, k, x, ldx, out, ldo);
             return;

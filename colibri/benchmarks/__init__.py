@@ -21,6 +21,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.reference_decode",
     "colibri.benchmarks.accelerated_decode",
     "colibri.benchmarks.interleaved_decode",
+    "colibri.benchmarks.interleaved_roofline",
     "colibri.benchmarks.quant_formats",
     "colibri.benchmarks.quant_kernels",
     "colibri.benchmarks.engine_slots",

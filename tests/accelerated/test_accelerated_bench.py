@@ -68,3 +68,50 @@ def test_interleaved_section_says_why_it_skipped(tmp_path: Path) -> None:
     assert "llama_cpp" in got["f32"]["skipped"] or "no GGUF" in got["f32"]["skipped"]
     assert "container" in got["int4g64_int8_io_int8_vs_q8_0"]["skipped"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_roofline_section_alternates_copy_probe_and_decode(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "--section", "accelerated-roofline",
+            "--model", str(fixture_model_dir("glm5-tiny")), "--tokens", "2", "--batch", "2"]
+    assert main(argv) == 0
+    section = json.loads(capsys.readouterr().out)["sections"]["accelerated-roofline"]
+    from colibri.benchmarks.interleaved_roofline import ROUNDS
+
+    assert section["rounds"] == ROUNDS and section["batch"] == 2
+    for key in ("copy_bandwidth_gb_per_s", "single_over_copy_bandwidth",
+                "batch_fraction_of_its_bound", "batch_over_single_tokens_per_s",
+                "batch_bound_over_single"):
+        spread = section[key]
+        assert len(spread["rounds"]) == ROUNDS
+        assert min(spread["rounds"]) == spread["range"][0] > 0
+        assert spread["range"][0] <= spread["median"] <= spread["range"][1]
+
+
+def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None:
+    from colibri.benchmarks.interleaved_roofline import summarize
+    from colibri.benchmarks.reference_decode import touched_bytes
+
+    model_dir = fixture_model_dir("glm5-tiny")
+    cfg = json.loads((model_dir / "config.json").read_text())
+    sparse = [layer for layer in range(cfg["num_hidden_layers"])
+              if layer >= cfg["first_k_dense_replace"]]
+    one_step = [[layer, [0, 1]] for layer in sparse]  # two experts per sparse layer
+    two_rows = [[layer, [0, 1, 2, 3]] for layer in sparse]  # the rows' union: four
+    one_bytes = touched_bytes(model_dir, [[(int(l_), tuple(e)) for l_, e in one_step]])[0]
+    two_bytes = touched_bytes(model_dir, [[(int(l_), tuple(e)) for l_, e in two_rows]])[0]
+    assert two_bytes > one_bytes
+    raw = {"threads": 2, "copy_bps": [1e9, 2e9],
+           "single_s": [0.5, 0.5], "single_routes": [[one_step]] * 2,
+           "batch_s": [1.0, 2.0], "batch_routes": [[two_rows]] * 2}
+    got = summarize(raw, model_dir, batch=2)
+    # Round 1: one row streams one_bytes in 0.5 s against 1 GB/s; the batch its bytes in 1 s.
+    assert got["single_over_copy_bandwidth"]["rounds"] == [one_bytes / 0.5 / 1e9,
+                                                           one_bytes / 0.5 / 2e9]
+    assert got["batch_fraction_of_its_bound"]["rounds"] == [two_bytes / 1.0 / 1e9,
+                                                            two_bytes / 2.0 / 2e9]
+    assert got["batch_over_single_tokens_per_s"]["rounds"] == [(2 / 1.0) / (1 / 0.5),
+                                                               (2 / 2.0) / (1 / 0.5)]
+    bound = 2 * one_bytes / two_bytes
+    assert got["batch_bound_over_single"]["rounds"] == [bound, bound]

@@ -1,0 +1,161 @@
+"""Bench section ``accelerated-roofline``: decode GB/s against copy bandwidth measured beside it.
+
+``accelerated-decode`` measures the copy bandwidth once, then runs each engine in its own
+process; on a machine shared with other jobs the memory bandwidth itself moves by tens of
+percent from one second to the next, so a decode measured half a minute after the copy is
+held against a bandwidth the machine no longer has (or did not have then). Here one worker
+process alternates, for ``rounds`` rounds: the copy probe (``copy_bandwidth_bytes_per_s``, the
+same 256 MiB numpy copy, best of ``COPY_REPEATS``), ``tokens`` one-row greedy decode steps,
+and ``tokens // 2`` steps of ``batch`` rows. Each round gives
+
+* one row: achieved GB/s (the weight bytes each step reads, from its routes) ÷ that round's
+  copy bandwidth, the issue's "fraction of the roofline";
+* ``batch`` rows: achieved GB/s (shared weights + the union of the rows' experts, counted once
+  per step) ÷ the copy bandwidth, i.e. the batch's tok/s as a fraction of its own bandwidth
+  bound, with the bound as a multiple of one row's tok/s;
+
+and the report gives the median and range over the rounds. The weights are paged in and
+mapped before the first round (one untimed pass of single and batched steps), so the rounds
+measure steady-state decoding, as a running server does; ``accelerated-decode`` reports the
+first steps apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks.bench_model import ensure_bench_model
+from colibri.benchmarks.decode_steps import PROMPT, Route, median, run_worker, step_routes
+
+ROUNDS = 7
+#: Copies per probe: best of a few ~15 ms copies (the section-level probe takes 8).
+COPY_REPEATS = 4
+
+
+def _steps(model: Any, states: list[Any], tokens: list[int], n: int
+           ) -> tuple[float, list[list[Route]], list[int]]:
+    """``n`` greedy steps of every row together: seconds, each step's routes, next tokens."""
+    import numpy as np
+
+    routes: list[list[Route]] = []
+    seconds = 0.0
+    for _ in range(n):
+        t = time.perf_counter()
+        out, chosen = model.forward_rows(states, tokens, [True] * len(states))
+        seconds += time.perf_counter() - t
+        routes.append(step_routes(model, chosen))
+        tokens = [int(i) for i in np.argmax(out, axis=-1)]
+    return seconds, routes, tokens
+
+
+def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, Any]:
+    import numpy as np
+
+    from colibri.accelerated import load_model
+    from colibri.benchmarks.accelerated_decode import copy_bandwidth_bytes_per_s
+
+    model = load_model(model_dir)
+    single = [model.new_state()]
+    single_tokens = [int(np.argmax(model.prefill(single[0], PROMPT)[-1]))]
+    rows, row_tokens = [], []
+    for b in range(batch):  # rows that share the prompt and diverge by one token
+        s = model.new_state()
+        row_tokens.append(int(np.argmax(model.prefill(s, [*PROMPT, b + 2])[-1])))
+        rows.append(s)
+    # Page in and map what the rounds will read (the experts the first steps choose).
+    _, _, single_tokens = _steps(model, single, single_tokens, tokens)
+    _, _, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
+    out: dict[str, list[Any]] = {"copy_bps": [], "single_s": [], "single_routes": [],
+                                 "batch_s": [], "batch_routes": []}
+    for _ in range(rounds):
+        out["copy_bps"].append(copy_bandwidth_bytes_per_s(repeats=COPY_REPEATS))
+        seconds, routes, single_tokens = _steps(model, single, single_tokens, tokens)
+        out["single_s"].append(seconds)
+        out["single_routes"].append(routes)
+        seconds, routes, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
+        out["batch_s"].append(seconds)
+        out["batch_routes"].append(routes)
+    return {**out, "threads": model.kernels.threads}
+
+
+def _routes(raw: list[list[list[Any]]]) -> list[list[Route]]:
+    return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
+
+
+def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any]:
+    """Per-round ratios from the worker's timings and routes, with their medians and ranges."""
+    from colibri.benchmarks.reference_decode import touched_bytes
+
+    single_frac, batch_frac, bound_x, batch_x, single_gbps, batch_gbps = [], [], [], [], [], []
+    for copy_bps, s_s, s_routes, b_s, b_routes in zip(
+            raw["copy_bps"], raw["single_s"], raw["single_routes"], raw["batch_s"],
+            raw["batch_routes"], strict=True):
+        one_bytes = touched_bytes(model_dir, _routes(s_routes))
+        many_bytes = touched_bytes(model_dir, _routes(b_routes))
+        one, many = sum(one_bytes) / s_s, sum(many_bytes) / b_s  # bytes per second
+        single_gbps.append(one / 1e9)
+        batch_gbps.append(many / 1e9)
+        single_frac.append(one / copy_bps)
+        batch_frac.append(many / copy_bps)
+        one_tps, many_tps = len(s_routes) / s_s, batch * len(b_routes) / b_s
+        batch_x.append(many_tps / one_tps)
+        # The batch's bound as a multiple of one row's (both at the same bandwidth): rows per
+        # step x bytes of a one-row step / bytes of a batched step.
+        bound_x.append(batch * (sum(one_bytes) / len(one_bytes))
+                       / (sum(many_bytes) / len(many_bytes)))
+
+    def spread(values: list[float]) -> dict[str, Any]:
+        return {"median": median(values), "range": [min(values), max(values)],
+                "rounds": values}
+
+    return {
+        "model": str(model_dir), "threads": raw["threads"], "batch": batch,
+        "rounds": len(raw["copy_bps"]),
+        "copy_bandwidth_gb_per_s": spread([c / 1e9 for c in raw["copy_bps"]]),
+        "single_achieved_gb_per_s": spread(single_gbps),
+        "single_over_copy_bandwidth": spread(single_frac),
+        "batch_achieved_gb_per_s": spread(batch_gbps),
+        "batch_fraction_of_its_bound": spread(batch_frac),
+        "batch_over_single_tokens_per_s": spread(batch_x),
+        "batch_bound_over_single": spread(bound_x),
+    }
+
+
+def run(options: BenchOptions) -> dict[str, Any]:
+    model_dir = options.model or ensure_bench_model(options.cache_dir)
+    raw = run_worker([sys.executable, "-m", "colibri.benchmarks.interleaved_roofline",
+                      "--model", str(model_dir), "--tokens", str(options.tokens),
+                      "--batch", str(options.batch), "--rounds", str(ROUNDS)],
+                     "roofline worker")
+    if "error" in raw:
+        return raw
+    return summarize(raw, model_dir, options.batch)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="roofline bench worker (internal)")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args()
+    print(json.dumps(_worker(args.model, args.tokens, args.batch, args.rounds)))
+    return 0
+
+
+register(Section(
+    name="accelerated-roofline",
+    engines=("accelerated",),
+    description="accelerated decode GB/s (one row and a batch) against the copy bandwidth "
+                "measured in alternation with it, in one process",
+    run=run,
+))
+
+if __name__ == "__main__":
+    sys.exit(main())
