@@ -137,6 +137,28 @@ static const float *scale_row(const qlayout *L, int64_t o) {
     }
 }
 
+/* Columns [c, c + n) of a row's partial last block onto the 32 lane partials p: through the
+ * chunk-level register path `chunk` where one is given, the rest through the buffered decoder
+ * and lane dot -- the chunked path's operations on its lanes, whichever way the block goes. */
+static void finish_block(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
+                         float *p, q_fused_fn chunk) {
+    float buf[32];
+    int done = chunk != NULL ? chunk(row, c, n, x + c, p) : 0;
+    if (done < n) {
+        L->decode(row, c + done, n - done, buf);
+        coli_qi_lanes_dot(buf, x + c + done, n - done, c + done, p);
+    }
+}
+
+/* finish_block on lanes held in four 8-lane registers. */
+static void tail_block(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
+                       __m256 a[4], q_fused_fn chunk) {
+    float p[32];
+    for (int k = 0; k < 4; k++) _mm256_storeu_ps(p + 8 * k, a[k]);
+    finish_block(L, row, c, n, x, p, chunk);
+    for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(p + 8 * k);
+}
+
 /* Groups are multiples of 32 columns, so every group starts on lane 0 and only the row's last
  * group can end in a part of a 32-column block (handled by the chunk-level code). */
 #define Q_DEFINE_FUSED_ROW(NAME, DEC32, CHUNK)                                                \
@@ -158,21 +180,9 @@ static const float *scale_row(const qlayout *L, int64_t o) {
                 a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + c + 24), a3);                  \
             }                                                                                 \
             if (c < end) {                                                                    \
-                float p[32], buf[32];                                                         \
-                _mm256_storeu_ps(p, a0);                                                      \
-                _mm256_storeu_ps(p + 8, a1);                                                  \
-                _mm256_storeu_ps(p + 16, a2);                                                 \
-                _mm256_storeu_ps(p + 24, a3);                                                 \
-                int n = (int)(end - c);                                                       \
-                int done = CHUNK(row, c, n, x + c, p);                                        \
-                if (done < n) {                                                               \
-                    L->decode(row, c + done, n - done, buf);                                  \
-                    coli_qi_lanes_dot(buf, x + c + done, n - done, c + done, p);                    \
-                }                                                                             \
-                a0 = _mm256_loadu_ps(p);                                                      \
-                a1 = _mm256_loadu_ps(p + 8);                                                  \
-                a2 = _mm256_loadu_ps(p + 16);                                                 \
-                a3 = _mm256_loadu_ps(p + 24);                                                 \
+                __m256 a[4] = {a0, a1, a2, a3};                                               \
+                tail_block(L, row, c, (int)(end - c), x, a, CHUNK);                           \
+                a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];                                   \
             }                                                                                 \
             __m256 s = _mm256_set1_ps(srow[g]);                                               \
             t0 = _mm256_fmadd_ps(s, a0, t0);                                                  \
@@ -222,6 +232,17 @@ static inline void dec32z_fp8(const uint8_t *row, int64_t c, __m512 w[2]) {
     w[1] = dec16z_fp8(row, c + 16);
 }
 
+/* finish_block on lanes held in two 16-lane registers. */
+static void tail_block_z(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
+                         __m512 a[2], q_fused_fn chunk) {
+    float p[32];
+    _mm512_storeu_ps(p, a[0]);
+    _mm512_storeu_ps(p + 16, a[1]);
+    finish_block(L, row, c, n, x, p, chunk);
+    a[0] = _mm512_loadu_ps(p);
+    a[1] = _mm512_loadu_ps(p + 16);
+}
+
 /* Q_DEFINE_FUSED_ROW with 16-lane registers; a group's partial last block goes through the
  * same chunk-level code on the same lanes. */
 #define Q_DEFINE_FUSED_ROW_Z(NAME, DEC32Z, CHUNK)                                             \
@@ -241,17 +262,9 @@ static inline void dec32z_fp8(const uint8_t *row, int64_t c, __m512 w[2]) {
                 a1 = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + c + 16), a1);                  \
             }                                                                                 \
             if (c < end) {                                                                    \
-                float p[32], buf[32];                                                         \
-                _mm512_storeu_ps(p, a0);                                                      \
-                _mm512_storeu_ps(p + 16, a1);                                                 \
-                int n = (int)(end - c);                                                       \
-                int done = CHUNK(row, c, n, x + c, p);                                        \
-                if (done < n) {                                                               \
-                    L->decode(row, c + done, n - done, buf);                                  \
-                    coli_qi_lanes_dot(buf, x + c + done, n - done, c + done, p);              \
-                }                                                                             \
-                a0 = _mm512_loadu_ps(p);                                                      \
-                a1 = _mm512_loadu_ps(p + 16);                                                 \
+                __m512 a[2] = {a0, a1};                                                       \
+                tail_block_z(L, row, c, (int)(end - c), x, a, CHUNK);                         \
+                a0 = a[0], a1 = a[1];                                                         \
             }                                                                                 \
             __m512 s = _mm512_set1_ps(srow[g]);                                               \
             t0 = _mm512_fmadd_ps(s, a0, t0);                                                  \
@@ -290,17 +303,9 @@ Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
                 a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + c + 24), a3);                  \
             }                                                                                 \
             if (c < end) {                                                                    \
-                float p[32], buf[32];                                                         \
-                _mm256_storeu_ps(p, a0);                                                      \
-                _mm256_storeu_ps(p + 8, a1);                                                  \
-                _mm256_storeu_ps(p + 16, a2);                                                 \
-                _mm256_storeu_ps(p + 24, a3);                                                 \
-                L->decode(row, c, (int)(end - c), buf);                                       \
-                coli_qi_lanes_dot(buf, x + c, (int)(end - c), c, p);                                \
-                a0 = _mm256_loadu_ps(p);                                                      \
-                a1 = _mm256_loadu_ps(p + 8);                                                  \
-                a2 = _mm256_loadu_ps(p + 16);                                                 \
-                a3 = _mm256_loadu_ps(p + 24);                                                 \
+                __m256 a[4] = {a0, a1, a2, a3};                                               \
+                tail_block(L, row, c, (int)(end - c), x, a, NULL);                            \
+                a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];                                   \
             }                                                                                 \
             __m256 s = _mm256_set1_ps(srow[g]);                                               \
             t0 = _mm256_fmadd_ps(s, a0, t0);                                                  \
@@ -313,17 +318,6 @@ Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
 
 Q_DEFINE_BITS_ROW(fused_row_int2, dec32_int2)
 Q_DEFINE_BITS_ROW(fused_row_int3, dec32_int3)
-
-/* A row's last, partial 32-column block through the buffered decoder and lane dot: the same
- * operations on the same lanes as the chunked path. */
-static void tail_block(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
-                       __m256 a[4]) {
-    float p[32], buf[32];
-    for (int k = 0; k < 4; k++) _mm256_storeu_ps(p + 8 * k, a[k]);
-    L->decode(row, c, n, buf);
-    coli_qi_lanes_dot(buf, x + c, n, c, p);
-    for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(p + 8 * k);
-}
 
 static void scale_into(float s, const __m256 a[4], float *t) {
     __m256 sv = _mm256_set1_ps(s);
@@ -358,8 +352,8 @@ static void scale_into(float s, const __m256 a[4], float *t) {
             }                                                                                 \
             __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};                          \
             if (c < end) {                                                                    \
-                tail_block(L, row, c, (int)(end - c), x0, a);                                 \
-                tail_block(L, row, c, (int)(end - c), x1, b);                                 \
+                tail_block(L, row, c, (int)(end - c), x0, a, NULL);                           \
+                tail_block(L, row, c, (int)(end - c), x1, b, NULL);                           \
             }                                                                                 \
             scale_into(srow[g], a, t0);                                                       \
             scale_into(srow[g], b, t1);                                                       \
@@ -368,17 +362,6 @@ static void scale_into(float s, const __m256 a[4], float *t) {
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 /* Q_DEFINE_ROW2 with 16-lane registers (see Q_DEFINE_FUSED_ROW_Z). */
-static void tail_block_z(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
-                         __m512 a[2]) {
-    float p[32], buf[32];
-    _mm512_storeu_ps(p, a[0]);
-    _mm512_storeu_ps(p + 16, a[1]);
-    L->decode(row, c, n, buf);
-    coli_qi_lanes_dot(buf, x + c, n, c, p);
-    a[0] = _mm512_loadu_ps(p);
-    a[1] = _mm512_loadu_ps(p + 16);
-}
-
 static void scale_into_z(float s, const __m512 a[2], float *t) {
     __m512 sv = _mm512_set1_ps(s);
     _mm512_storeu_ps(t, _mm512_fmadd_ps(sv, a[0], _mm512_loadu_ps(t)));
@@ -405,8 +388,8 @@ static void scale_into_z(float s, const __m512 a[2], float *t) {
             }                                                                                 \
             __m512 a[2] = {a0, a1}, b[2] = {b0, b1};                                          \
             if (c < end) {                                                                    \
-                tail_block_z(L, row, c, (int)(end - c), x0, a);                               \
-                tail_block_z(L, row, c, (int)(end - c), x1, b);                               \
+                tail_block_z(L, row, c, (int)(end - c), x0, a, NULL);                         \
+                tail_block_z(L, row, c, (int)(end - c), x1, b, NULL);                         \
             }                                                                                 \
             scale_into_z(srow[g], a, t0);                                                     \
             scale_into_z(srow[g], b, t1);                                                     \
