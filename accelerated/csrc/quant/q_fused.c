@@ -150,54 +150,112 @@ static void finish_block(const qlayout *L, const uint8_t *row, int64_t c, int n,
     }
 }
 
-/* finish_block on lanes held in four 8-lane registers. */
-static void tail_block(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
-                       __m256 a[4], q_fused_fn chunk) {
-    float p[32];
-    for (int k = 0; k < 4; k++) _mm256_storeu_ps(p + 8 * k, a[k]);
-    finish_block(L, row, c, n, x, p, chunk);
-    for (int k = 0; k < 4; k++) a[k] = _mm256_loadu_ps(p + 8 * k);
-}
+/* The whole-row kernels below are written once for a 32-lane block held as QN_W registers of
+ * W lanes: W = 8 (avx2: four __m256) or W = 16 (the avx512 build: two __m512, lanes 0..15 and
+ * 16..31). Each lane gets the same multiply-adds in the same order either way, and QSUM_W
+ * hands coli_qi_sum_lanes the same four 8-lane quarters, so both widths give the same bytes;
+ * the wider one needs half the decode, convert and multiply-add instructions (the int4
+ * kernel is compute-bound at W = 8). */
+#define QV_8 __m256
+#define QN_8 4
+#define QZERO_8 _mm256_setzero_ps
+#define QLOAD_8 _mm256_loadu_ps
+#define QSTORE_8 _mm256_storeu_ps
+#define QFMA_8 _mm256_fmadd_ps
+#define QSET1_8 _mm256_set1_ps
+#define QSUM_8(t) coli_qi_sum_lanes(t[0], t[1], t[2], t[3])
 
-/* Groups are multiples of 32 columns, so every group starts on lane 0 and only the row's last
- * group can end in a part of a 32-column block (handled by the chunk-level code). */
-#define Q_DEFINE_FUSED_ROW(NAME, DEC32, CHUNK)                                                \
+/* finish_block on lanes held in registers; scale_into: t[l] += s * a[l]. */
+#define Q_DEFINE_LANE_HELPERS(W)                                                              \
+    static void tail_block_##W(const qlayout *L, const uint8_t *row, int64_t c, int n,        \
+                               const float *x, QV_##W a[QN_##W], q_fused_fn chunk) {          \
+        float p[32];                                                                          \
+        for (int k = 0; k < QN_##W; k++) QSTORE_##W(p + W * k, a[k]);                        \
+        finish_block(L, row, c, n, x, p, chunk);                                              \
+        for (int k = 0; k < QN_##W; k++) a[k] = QLOAD_##W(p + W * k);                        \
+    }                                                                                         \
+    static void scale_into_##W(float s, const QV_##W a[QN_##W], float *t) {                   \
+        QV_##W sv = QSET1_##W(s);                                                             \
+        for (int k = 0; k < QN_##W; k++)                                                      \
+            QSTORE_##W(t + W * k, QFMA_##W(sv, a[k], QLOAD_##W(t + W * k)));                  \
+    }
+
+/* One activation row against one weight row, a whole output element: each scale group's
+ * partials a (from zero), then t += scale * a, then the 32-lane sum. Groups are multiples of
+ * 32 columns, so every group starts on lane 0 and only the row's last group can end in a
+ * part of a 32-column block (tail_block: through CHUNK, or the buffered decoder if NULL). */
+#define Q_DEFINE_FUSED_ROW(NAME, DEC32, CHUNK, W)                                             \
     static float NAME(const qlayout *L, int64_t o, const float *x) {                          \
         const uint8_t *row = L->packed + o * L->row_bytes;                                    \
         const float *srow = scale_row(L, o);                                                  \
         const int64_t I = L->in_features, G = L->group;                                       \
-        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                           \
+        QV_##W t[QN_##W];                                                                     \
+        for (int k = 0; k < QN_##W; k++) t[k] = QZERO_##W();                                  \
         for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
             int64_t end = g0 + G < I ? g0 + G : I;                                            \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
+            QV_##W a[QN_##W];                                                                 \
+            for (int k = 0; k < QN_##W; k++) a[k] = QZERO_##W();                              \
             int64_t c = g0;                                                                   \
             for (; c + 32 <= end; c += 32) {                                                  \
-                __m256 w[4];                                                                  \
+                QV_##W w[QN_##W];                                                             \
                 DEC32(row, c, w);                                                             \
-                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + c), a0);                       \
-                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + c + 8), a1);                   \
-                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + c + 16), a2);                  \
-                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + c + 24), a3);                  \
+                for (int k = 0; k < QN_##W; k++)                                              \
+                    a[k] = QFMA_##W(w[k], QLOAD_##W(x + c + W * k), a[k]);                    \
             }                                                                                 \
-            if (c < end) {                                                                    \
-                __m256 a[4] = {a0, a1, a2, a3};                                               \
-                tail_block(L, row, c, (int)(end - c), x, a, CHUNK);                           \
-                a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];                                   \
+            if (c < end) { /* a copy, so `a` itself never has its address taken */          \
+                QV_##W tail[QN_##W];                                                          \
+                for (int k = 0; k < QN_##W; k++) tail[k] = a[k];                              \
+                tail_block_##W(L, row, c, (int)(end - c), x, tail, CHUNK);                    \
+                for (int k = 0; k < QN_##W; k++) a[k] = tail[k];                              \
             }                                                                                 \
-            __m256 s = _mm256_set1_ps(srow[g]);                                               \
-            t0 = _mm256_fmadd_ps(s, a0, t0);                                                  \
-            t1 = _mm256_fmadd_ps(s, a1, t1);                                                  \
-            t2 = _mm256_fmadd_ps(s, a2, t2);                                                  \
-            t3 = _mm256_fmadd_ps(s, a3, t3);                                                  \
+            QV_##W s = QSET1_##W(srow[g]);                                                    \
+            for (int k = 0; k < QN_##W; k++) t[k] = QFMA_##W(s, a[k], t[k]);                  \
         }                                                                                     \
-        return coli_qi_sum_lanes(t0, t1, t2, t3);                                             \
+        return QSUM_##W(t);                                                                   \
     }
 
+/* Two activation rows against one weight row: each 32-column block is decoded once and fed to
+ * both rows' accumulators (per row, the operations of the one-row path with the buffered
+ * tail); t0 and t1 get each row's scaled lanes. */
+#define Q_DEFINE_ROW2(NAME, DEC32, W)                                                         \
+    static void NAME(const qlayout *L, int64_t o, const float *x0, const float *x1,          \
+                     float *t0, float *t1) {                                                  \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
+            int64_t end = g0 + G < I ? g0 + G : I;                                            \
+            QV_##W a[QN_##W], b[QN_##W];                                                      \
+            for (int k = 0; k < QN_##W; k++) a[k] = b[k] = QZERO_##W();                       \
+            int64_t c = g0;                                                                   \
+            for (; c + 32 <= end; c += 32) {                                                  \
+                QV_##W w[QN_##W];                                                             \
+                DEC32(row, c, w);                                                             \
+                for (int k = 0; k < QN_##W; k++) {                                            \
+                    a[k] = QFMA_##W(w[k], QLOAD_##W(x0 + c + W * k), a[k]);                   \
+                    b[k] = QFMA_##W(w[k], QLOAD_##W(x1 + c + W * k), b[k]);                   \
+                }                                                                             \
+            }                                                                                 \
+            QV_##W ta[QN_##W], tb[QN_##W];                                                    \
+            for (int k = 0; k < QN_##W; k++) ta[k] = a[k], tb[k] = b[k];                      \
+            if (c < end) {                                                                    \
+                tail_block_##W(L, row, c, (int)(end - c), x0, ta, NULL);                      \
+                tail_block_##W(L, row, c, (int)(end - c), x1, tb, NULL);                      \
+            }                                                                                 \
+            scale_into_##W(srow[g], ta, t0);                                                  \
+            scale_into_##W(srow[g], tb, t1);                                                  \
+        }                                                                                     \
+    }
+
+Q_DEFINE_LANE_HELPERS(8)
+/* int2/int3 decode eight columns at a time in either build. */
+Q_DEFINE_FUSED_ROW(fused_row_int2, dec32_int2, NULL, 8)
+Q_DEFINE_FUSED_ROW(fused_row_int3, dec32_int3, NULL, 8)
+Q_DEFINE_ROW2(fused_row2_int2, dec32_int2, 8)
+Q_DEFINE_ROW2(fused_row2_int3, dec32_int3, 8)
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-/* The avx512 build: the same 32 lanes in two 16-lane registers (lanes 0..15, 16..31), every
- * lane fed the same FMAs in the same order, and the lanes summed by coli_qi_sum_lanes on
- * their four 8-lane halves, so the results are the avx2 build's bytes with half the decode,
- * convert and multiply-add instructions (the int4 kernel is compute-bound in avx2). */
+/* The avx512 build: the byte-aligned formats (int8-row, int4-row/grouped, fp8) at W = 16. */
 static inline __m256 lo8(__m512 v) { return _mm512_castps512_ps256(v); }
 static inline __m256 hi8(__m512 v) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -232,180 +290,31 @@ static inline void dec32z_fp8(const uint8_t *row, int64_t c, __m512 w[2]) {
     w[1] = dec16z_fp8(row, c + 16);
 }
 
-/* finish_block on lanes held in two 16-lane registers. */
-static void tail_block_z(const qlayout *L, const uint8_t *row, int64_t c, int n, const float *x,
-                         __m512 a[2], q_fused_fn chunk) {
-    float p[32];
-    _mm512_storeu_ps(p, a[0]);
-    _mm512_storeu_ps(p + 16, a[1]);
-    finish_block(L, row, c, n, x, p, chunk);
-    a[0] = _mm512_loadu_ps(p);
-    a[1] = _mm512_loadu_ps(p + 16);
-}
-
-/* Q_DEFINE_FUSED_ROW with 16-lane registers; a group's partial last block goes through the
- * same chunk-level code on the same lanes. */
-#define Q_DEFINE_FUSED_ROW_Z(NAME, DEC32Z, CHUNK)                                             \
-    static float NAME(const qlayout *L, int64_t o, const float *x) {                          \
-        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
-        const float *srow = scale_row(L, o);                                                  \
-        const int64_t I = L->in_features, G = L->group;                                       \
-        __m512 t0 = _mm512_setzero_ps(), t1 = t0;                                             \
-        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
-            int64_t end = g0 + G < I ? g0 + G : I;                                            \
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                         \
-            int64_t c = g0;                                                                   \
-            for (; c + 32 <= end; c += 32) {                                                  \
-                __m512 w[2];                                                                  \
-                DEC32Z(row, c, w);                                                            \
-                a0 = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x + c), a0);                       \
-                a1 = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + c + 16), a1);                  \
-            }                                                                                 \
-            if (c < end) {                                                                    \
-                __m512 a[2] = {a0, a1};                                                       \
-                tail_block_z(L, row, c, (int)(end - c), x, a, CHUNK);                         \
-                a0 = a[0], a1 = a[1];                                                         \
-            }                                                                                 \
-            __m512 s = _mm512_set1_ps(srow[g]);                                               \
-            t0 = _mm512_fmadd_ps(s, a0, t0);                                                  \
-            t1 = _mm512_fmadd_ps(s, a1, t1);                                                  \
-        }                                                                                     \
-        return coli_qi_sum_lanes(lo8(t0), hi8(t0), lo8(t1), hi8(t1));                         \
-    }
-
-Q_DEFINE_FUSED_ROW_Z(fused_row_int8, dec32z_int8, fused_int8)
-Q_DEFINE_FUSED_ROW_Z(fused_row_int4, dec32z_int4, fused_int4)
-Q_DEFINE_FUSED_ROW_Z(fused_row_fp8, dec32z_fp8, fused_fp8)
+#define QV_16 __m512
+#define QN_16 2
+#define QZERO_16 _mm512_setzero_ps
+#define QLOAD_16 _mm512_loadu_ps
+#define QSTORE_16 _mm512_storeu_ps
+#define QFMA_16 _mm512_fmadd_ps
+#define QSET1_16 _mm512_set1_ps
+#define QSUM_16(t) coli_qi_sum_lanes(lo8(t[0]), hi8(t[0]), lo8(t[1]), hi8(t[1]))
+Q_DEFINE_LANE_HELPERS(16)
+#define Q_WIDE 16
+#define Q_DEC32_WIDE(FMT) dec32z_##FMT
 #else
-Q_DEFINE_FUSED_ROW(fused_row_int8, dec32_int8, fused_int8)
-Q_DEFINE_FUSED_ROW(fused_row_int4, dec32_int4, fused_int4)
-Q_DEFINE_FUSED_ROW(fused_row_fp8, dec32_fp8, fused_fp8)
+#define Q_WIDE 8
+#define Q_DEC32_WIDE(FMT) dec32_##FMT
 #endif
 
-/* The int2/int3 row paths: groups are whole 32-column blocks except a row's short tail,
- * which goes through the buffered decoder exactly as in the chunked path. */
-#define Q_DEFINE_BITS_ROW(NAME, DEC32)                                                        \
-    static float NAME(const qlayout *L, int64_t o, const float *x) {                          \
-        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
-        const float *srow = scale_row(L, o);                                                  \
-        const int64_t I = L->in_features, G = L->group;                                       \
-        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                           \
-        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
-            int64_t end = g0 + G < I ? g0 + G : I;                                            \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
-            int64_t c = g0;                                                                   \
-            for (; c + 32 <= end; c += 32) {                                                  \
-                __m256 w[4];                                                                  \
-                DEC32(row, c, w);                                                             \
-                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + c), a0);                       \
-                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + c + 8), a1);                   \
-                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + c + 16), a2);                  \
-                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + c + 24), a3);                  \
-            }                                                                                 \
-            if (c < end) {                                                                    \
-                __m256 a[4] = {a0, a1, a2, a3};                                               \
-                tail_block(L, row, c, (int)(end - c), x, a, NULL);                            \
-                a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];                                   \
-            }                                                                                 \
-            __m256 s = _mm256_set1_ps(srow[g]);                                               \
-            t0 = _mm256_fmadd_ps(s, a0, t0);                                                  \
-            t1 = _mm256_fmadd_ps(s, a1, t1);                                                  \
-            t2 = _mm256_fmadd_ps(s, a2, t2);                                                  \
-            t3 = _mm256_fmadd_ps(s, a3, t3);                                                  \
-        }                                                                                     \
-        return coli_qi_sum_lanes(t0, t1, t2, t3);                                             \
-    }
-
-Q_DEFINE_BITS_ROW(fused_row_int2, dec32_int2)
-Q_DEFINE_BITS_ROW(fused_row_int3, dec32_int3)
-
-static void scale_into(float s, const __m256 a[4], float *t) {
-    __m256 sv = _mm256_set1_ps(s);
-    for (int k = 0; k < 4; k++)
-        _mm256_storeu_ps(t + 8 * k, _mm256_fmadd_ps(sv, a[k], _mm256_loadu_ps(t + 8 * k)));
-}
-
-/* Two activation rows against one weight row: each 32-column block is decoded once and fed to
- * both rows' accumulators (per row, the operations of the one-row path). */
-#define Q_DEFINE_ROW2(NAME, DEC32)                                                            \
-    static void NAME(const qlayout *L, int64_t o, const float *x0, const float *x1,          \
-                     float *t0, float *t1) {                                                  \
-        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
-        const float *srow = scale_row(L, o);                                                  \
-        const int64_t I = L->in_features, G = L->group;                                       \
-        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
-            int64_t end = g0 + G < I ? g0 + G : I;                                            \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                       \
-            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                                        \
-            int64_t c = g0;                                                                   \
-            for (; c + 32 <= end; c += 32) {                                                  \
-                __m256 w[4];                                                                  \
-                DEC32(row, c, w);                                                             \
-                a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x0 + c), a0);                      \
-                b0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x1 + c), b0);                      \
-                a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x0 + c + 8), a1);                  \
-                b1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x1 + c + 8), b1);                  \
-                a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x0 + c + 16), a2);                 \
-                b2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x1 + c + 16), b2);                 \
-                a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x0 + c + 24), a3);                 \
-                b3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x1 + c + 24), b3);                 \
-            }                                                                                 \
-            __m256 a[4] = {a0, a1, a2, a3}, b[4] = {b0, b1, b2, b3};                          \
-            if (c < end) {                                                                    \
-                tail_block(L, row, c, (int)(end - c), x0, a, NULL);                           \
-                tail_block(L, row, c, (int)(end - c), x1, b, NULL);                           \
-            }                                                                                 \
-            scale_into(srow[g], a, t0);                                                       \
-            scale_into(srow[g], b, t1);                                                       \
-        }                                                                                     \
-    }
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-/* Q_DEFINE_ROW2 with 16-lane registers (see Q_DEFINE_FUSED_ROW_Z). */
-static void scale_into_z(float s, const __m512 a[2], float *t) {
-    __m512 sv = _mm512_set1_ps(s);
-    _mm512_storeu_ps(t, _mm512_fmadd_ps(sv, a[0], _mm512_loadu_ps(t)));
-    _mm512_storeu_ps(t + 16, _mm512_fmadd_ps(sv, a[1], _mm512_loadu_ps(t + 16)));
-}
-
-#define Q_DEFINE_ROW2_Z(NAME, DEC32Z)                                                         \
-    static void NAME(const qlayout *L, int64_t o, const float *x0, const float *x1,          \
-                     float *t0, float *t1) {                                                  \
-        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
-        const float *srow = scale_row(L, o);                                                  \
-        const int64_t I = L->in_features, G = L->group;                                       \
-        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                                   \
-            int64_t end = g0 + G < I ? g0 + G : I;                                            \
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;                       \
-            int64_t c = g0;                                                                   \
-            for (; c + 32 <= end; c += 32) {                                                  \
-                __m512 w[2];                                                                  \
-                DEC32Z(row, c, w);                                                            \
-                a0 = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x0 + c), a0);                      \
-                b0 = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x1 + c), b0);                      \
-                a1 = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x0 + c + 16), a1);                 \
-                b1 = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x1 + c + 16), b1);                 \
-            }                                                                                 \
-            __m512 a[2] = {a0, a1}, b[2] = {b0, b1};                                          \
-            if (c < end) {                                                                    \
-                tail_block_z(L, row, c, (int)(end - c), x0, a, NULL);                         \
-                tail_block_z(L, row, c, (int)(end - c), x1, b, NULL);                         \
-            }                                                                                 \
-            scale_into_z(srow[g], a, t0);                                                     \
-            scale_into_z(srow[g], b, t1);                                                     \
-        }                                                                                     \
-    }
-
-Q_DEFINE_ROW2_Z(fused_row2_int8, dec32z_int8)
-Q_DEFINE_ROW2_Z(fused_row2_int4, dec32z_int4)
-Q_DEFINE_ROW2_Z(fused_row2_fp8, dec32z_fp8)
-#else
-Q_DEFINE_ROW2(fused_row2_int8, dec32_int8)
-Q_DEFINE_ROW2(fused_row2_int4, dec32_int4)
-Q_DEFINE_ROW2(fused_row2_fp8, dec32_fp8)
-#endif
-Q_DEFINE_ROW2(fused_row2_int2, dec32_int2)
-Q_DEFINE_ROW2(fused_row2_int3, dec32_int3)
+/* Q_DEFINE_* with the width and decoder of this build (macro arguments are expanded first). */
+#define Q_FUSED_ROW_AT(NAME, DEC32, CHUNK, W) Q_DEFINE_FUSED_ROW(NAME, DEC32, CHUNK, W)
+#define Q_ROW2_AT(NAME, DEC32, W) Q_DEFINE_ROW2(NAME, DEC32, W)
+Q_FUSED_ROW_AT(fused_row_int8, Q_DEC32_WIDE(int8), fused_int8, Q_WIDE)
+Q_FUSED_ROW_AT(fused_row_int4, Q_DEC32_WIDE(int4), fused_int4, Q_WIDE)
+Q_FUSED_ROW_AT(fused_row_fp8, Q_DEC32_WIDE(fp8), fused_fp8, Q_WIDE)
+Q_ROW2_AT(fused_row2_int8, Q_DEC32_WIDE(int8), Q_WIDE)
+Q_ROW2_AT(fused_row2_int4, Q_DEC32_WIDE(int4), Q_WIDE)
+Q_ROW2_AT(fused_row2_fp8, Q_DEC32_WIDE(fp8), Q_WIDE)
 
 static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
                           float *t0, float *t1);
