@@ -11,7 +11,12 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-/* Starts with "avx2": the same multiply-add bits as the avx2 build (cuda_model reads it). */
+/* The avx512 build runs these float kernels as the avx2 build does (8-lane registers): in the
+ * engine, 16-lane versions of them (one pass per weight row for 2-8 rows, prefetching the
+ * next 4 KiB) were faster alone on 256 MiB of weights but 1.2x slower in an 8-row bench
+ * decode step, and no faster in a one-row step (issue 13's closing note). Its quantized
+ * kernels are the 16-lane ones (quant/q_fused.c). "avx2" first: the same multiply-add bits
+ * as the avx2 build (cuda_model reads it). */
 #define COL_ISA "avx2+fma+avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -35,13 +40,6 @@ const char *col_strerror(int code) {
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
-/* The avx512 build keeps col_dot_f32's 32 lanes in two 16-lane registers, lanes 0..15 and
- * 16..31, each lane fed the same multiply-adds in the same order; reduce_z's first add is
- * reduce_regs' first two (a0 + a2, a1 + a3), so it gives the avx2 build's bytes. */
-#define COL_AVX512 1
-#endif
-
 static float reduce32(float *l) {
     for (size_t s = 16; s >= 1; s /= 2)
         for (size_t j = 0; j < s; j++) l[j] += l[j + s];
@@ -61,32 +59,10 @@ static inline float reduce_regs(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 }
 #endif
 
-#ifdef COL_AVX512
-/* reduce_regs on [a0 | a1] and [a2 | a3]. */
-static inline float reduce_z(__m512 lo, __m512 hi) {
-    __m512 s = _mm512_add_ps(lo, hi); /* [a0 + a2 | a1 + a3] */
-    __m256 t = _mm256_add_ps(_mm512_castps512_ps256(s),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    return _mm_cvtss_f32(h);
-}
-#endif
-
 float col_dot_f32(const float *a, const float *b, size_t k) {
     float lanes[32];
     size_t i = 0;
-#ifdef COL_AVX512
-    __m512 z0 = _mm512_setzero_ps(), z1 = z0;
-    for (; i + 32 <= k; i += 32) {
-        z0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), z0);
-        z1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), z1);
-    }
-    if (i == k) return reduce_z(z0, z1);
-    _mm512_storeu_ps(lanes, z0);
-    _mm512_storeu_ps(lanes + 16, z1);
-#elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__)
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (; i + 32 <= k; i += 32) {
         a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
@@ -276,117 +252,13 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
  * one col_dot_f32): the row streams once, with no software prefetch (as for one row: on
  * expert-shaped products at 2-3 rows, 14.7-15.2 vs 12.5-14.1 GB/s with the next row
  * prefetched). */
-#ifdef COL_AVX512
-/* col_dot_f32 of one weight row with R (1..3) activation rows in one pass over the row:
- * dot_1x2 / dot_1x3 with 16-lane registers. */
-static inline __attribute__((always_inline)) void dot_1xr_z(const float *w, size_t k,
-                                                             const float *x, size_t ldx,
-                                                             float *out, size_t ldo, size_t R) {
-    __m512 lo[8], hi[8];
-    for (size_t r = 0; r < R; r++) lo[r] = hi[r] = _mm512_setzero_ps();
-    for (size_t i = 0; i < k; i += 32) {
-        __m512 u0 = _mm512_loadu_ps(w + i), u1 = _mm512_loadu_ps(w + i + 16);
-        for (size_t r = 0; r < R; r++) {
-            lo[r] = _mm512_fmadd_ps(u0, _mm512_loadu_ps(x + r * ldx + i), lo[r]);
-            hi[r] = _mm512_fmadd_ps(u1, _mm512_loadu_ps(x + r * ldx + i + 16), hi[r]);
-        }
-    }
-    for (size_t r = 0; r < R; r++) out[r * ldo] = reduce_z(lo[r], hi[r]);
-}
-
-/* col_dot_f32 of J (2..3) weight rows with M (4..8) activation rows, bit for bit: one 16-lane
- * half of the 32 lanes per pass over k, J M accumulators (at most 18 of the 32 registers, so
- * none spills: a 3 x 8 tile did, and streamed slower than 3 x 6), so a pass loads J + M
- * vectors per J M multiply-adds; the halves meet in reduce_z. The tile's rows (12 KiB at
- * k = 1024) stay in L1 between the two passes; the next tile's `pf_lines` cache lines are
- * prefetched, up to four per inner step. */
-static inline __attribute__((always_inline)) void tile_jxm_z(const float *w, size_t k,
-                                                              const float *x, size_t ldx,
-                                                              float *out, size_t ldo, size_t J,
-                                                              size_t M, const char *pf,
-                                                              size_t pf_lines) {
-    __m512 part[2][3][8];
-    size_t done = 0;
-    for (size_t h = 0; h < 2; h++) {
-        __m512 acc[3][8];
-        for (size_t j = 0; j < J; j++)
-            for (size_t r = 0; r < M; r++) acc[j][r] = _mm512_setzero_ps();
-        for (size_t i = 16 * h; i < k; i += 32) {
-            for (size_t q = 0; q < 4 && done < pf_lines; q++)
-                _mm_prefetch(pf + 64 * done++, _MM_HINT_T0);
-            __m512 u[3];
-            for (size_t j = 0; j < J; j++) u[j] = _mm512_loadu_ps(w + j * k + i);
-            for (size_t r = 0; r < M; r++) {
-                __m512 y = _mm512_loadu_ps(x + r * ldx + i);
-                for (size_t j = 0; j < J; j++) acc[j][r] = _mm512_fmadd_ps(u[j], y, acc[j][r]);
-            }
-        }
-        for (size_t j = 0; j < J; j++)
-            for (size_t r = 0; r < M; r++) part[h][j][r] = acc[j][r];
-    }
-    for (size_t j = 0; j < J; j++)
-        for (size_t r = 0; r < M; r++) out[r * ldo + j] = reduce_z(part[0][j][r], part[1][j][r]);
-}
-
-/* Weight rows [n, n1) against M (4..8) activation rows, J at a time through tile_jxm_z, the
- * last few alone through dot_1xr_z. */
-static inline __attribute__((always_inline)) void rows_jxm_z(const float *w, size_t n,
-                                                              size_t n1, size_t k,
-                                                              const float *x, size_t ldx,
-                                                              float *out, size_t ldo, size_t J,
-                                                              size_t M) {
-    for (size_t pf_lines = J * k * sizeof(float) / 64; n + J <= n1; n += J) {
-        const float *wn = w + n * k;
-        tile_jxm_z(wn, k, x, ldx, out + n, ldo, J, M, (const char *)(wn + J * k),
-                   n + 2 * J <= n1 ? pf_lines : 0); /* no prefetch past the block */
-    }
-    for (; n < n1; n++)
-        for (size_t r = 0; r < M; r += 3)
-            dot_1xr_z(w + n * k, k, x + r * ldx, ldx, out + r * ldo + n, ldo,
-                      M - r < 3 ? M - r : 3);
-}
-
-#ifndef COL_J78
-#define COL_J78 2
-#endif
-#define COL_ROWS_Z(M, J)                                                                     \
-    static void rows_m##M##_z(const float *w, size_t n, size_t n1, size_t k, const float *x,  \
-                              size_t ldx, float *out, size_t ldo) {                           \
-        rows_jxm_z(w, n, n1, k, x, ldx, out, ldo, J, M);                                      \
-    }
-COL_ROWS_Z(4, 3)
-COL_ROWS_Z(5, 3)
-COL_ROWS_Z(6, 3)
-COL_ROWS_Z(7, COL_J78)
-COL_ROWS_Z(8, COL_J78)
-
-static void dot_1x1_z(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                      size_t ldo) {
-    dot_1xr_z(w, k, x, ldx, out, ldo, 1);
-}
-static void dot_1x2_z(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                      size_t ldo) {
-    dot_1xr_z(w, k, x, ldx, out, ldo, 2);
-}
-static void dot_1x3_z(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                      size_t ldo) {
-    dot_1xr_z(w, k, x, ldx, out, ldo, 3);
-}
-#endif
-
 static void row_major(const float *wn, size_t k, const float *x, size_t ldx, size_t r0,
                       size_t m, float *out, size_t ldo) {
     size_t r = r0;
-#ifdef COL_AVX512
-    for (; r < m; r += 3)
-        (m - r >= 3 ? dot_1x3_z : m - r == 2 ? dot_1x2_z : dot_1x1_z)(
-            wn, k, x + r * ldx, ldx, out + r * ldo, ldo);
-#else
     for (; m - r >= 2; r += m - r == 3 || m - r == 5 ? 3 : 2)
         (m - r == 3 || m - r == 5 ? dot_1x3 : dot_1x2)(wn, k, x + r * ldx, ldx, out + r * ldo,
                                                       ldo, 0);
     if (r < m) out[r * ldo] = col_dot_f32(wn, x + r * ldx, k);
-#endif
 }
 #endif
 
@@ -408,21 +280,6 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
         return;
     }
 #if defined(__AVX2__) && defined(__FMA__)
-#ifdef COL_AVX512
-    if (m <= DOT_ROW_MAJOR && k % 32 == 0) {
-        /* Four to eight rows in one register tile per three weight rows (tile_3xm_z), fewer
-         * through row_major. */
-        static void (*const by_rows[9])(const float *, size_t, size_t, size_t, const float *,
-                                        size_t, float *, size_t) = {
-            NULL, NULL, NULL, NULL, rows_m4_z, rows_m5_z, rows_m6_z, rows_m7_z, rows_m8_z};
-        if (m >= 4) {
-            by_rows[m](w, n, n1, k, x, ldx, out, ldo);
-            return;
-        }
-        for (; n < n1; n++) row_major(w + n * k, k, x, ldx, 0, m, out + n, ldo);
-        return;
-    }
-#endif
     if (m <= DOT_ROW_MAJOR && k % 32 == 0) {
         /* Four to eight rows (a decode batch): tiles of three weight rows meet the activations
          * four rows at a time in registers (tile_3x4), the rest of the rows two or three at a
