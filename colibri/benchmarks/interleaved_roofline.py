@@ -5,7 +5,7 @@ process; on a machine shared with other jobs the memory bandwidth itself moves b
 percent from one second to the next, so a decode measured half a minute after the copy is
 held against a bandwidth the machine no longer has (or did not have then). Here one worker
 process alternates, for ``rounds`` rounds: the copy probe (``copy_bandwidth_bytes_per_s``, the
-same 256 MiB numpy copy, best of ``COPY_REPEATS``), ``tokens`` one-row greedy decode steps,
+same 256 MiB numpy copy, best of ``COPY_REPEATS`` = 8), ``tokens`` one-row greedy decode steps,
 and ``tokens // 2`` steps of ``batch`` rows. Each round gives
 
 * one row: achieved GB/s (the weight bytes each step reads, from its routes) ÷ that round's
@@ -34,8 +34,8 @@ from colibri.benchmarks.bench_model import ensure_bench_model
 from colibri.benchmarks.decode_steps import PROMPT, Route, median, run_worker, step_routes
 
 ROUNDS = 7
-#: Copies per probe: best of a few ~15 ms copies (the section-level probe takes 8).
-COPY_REPEATS = 4
+#: Copies per probe: best of 8, as issue 13 defines the copy bandwidth (about 0.15 s a round).
+COPY_REPEATS = 8
 
 
 def _steps(model: Any, states: list[Any], tokens: list[int], n: int
