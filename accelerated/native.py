@@ -15,7 +15,7 @@ import platform
 from functools import cache
 from pathlib import Path
 
-from colibri.accelerated.native_build import DEFAULT_OUT, LIBRARY_NAME, variants
+from colibri.accelerated.native_build import AVX512_FLAGS, DEFAULT_OUT, LIBRARY_NAME, variants
 
 
 class LibraryNotBuilt(RuntimeError):
@@ -39,7 +39,8 @@ def supported_variants() -> list[str]:
     names = ["generic"]
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= cpu_flags():
         names.append("avx2")
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= cpu_flags():
+        # /proc/cpuinfo names each subset as the flag that enables it, without "-m".
+        if {flag.removeprefix("-m") for flag in AVX512_FLAGS} <= cpu_flags():
             names.append("avx512")
     return [v.name for v in variants() if v.name in names]
 

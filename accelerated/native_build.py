@@ -5,9 +5,10 @@
 
 - ``generic``: ``-O3``, no ISA flags: runs on any CPU of the architecture;
 - ``avx2``: ``-O3 -mavx2 -mfma`` (x86-64 only);
-- ``avx512``: the avx2 flags plus AVX-512 F/BW/VL/DQ (x86-64 only). Its kernels keep the
-  avx2 build's 32 lanes in 16-lane registers with the same multiply-adds in the same order,
-  so the two give the same bytes (tested where the CPU runs both).
+- ``avx512``: the avx2 flags plus AVX-512 F/BW/VL/DQ (x86-64 only). Its quantized kernels
+  keep the avx2 build's 32 lanes in 16-lane registers with the same multiply-adds in the same
+  order, its float kernels are the avx2 ones, so the two give the same bytes (tested where the
+  CPU runs both).
 
 The loader (``colibri.accelerated.native``) picks the best variant the running CPU supports,
 so a library built on one machine never executes an illegal instruction on an older one.

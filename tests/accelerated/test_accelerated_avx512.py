@@ -1,9 +1,10 @@
 """The avx512 library variant gives the avx2 variant's bytes.
 
-Its kernels hold the same 32 lanes in 16-lane registers and feed each lane the same
-multiply-adds in the same order (accelerated/native_build.py), so every product, and hence
-every logit, must be bit-identical to avx2's: any difference is a bug in a lane, a reduction
-or a path choice, not rounding. Runs where the CPU has AVX-512 F/BW/VL/DQ; elsewhere the
+Its quantized kernels hold the same 32 lanes in 16-lane registers and feed each lane the same
+multiply-adds in the same order, and its float kernels are the avx2 ones compiled with the
+wider ISA (accelerated/native_build.py), so every product, and hence every logit, must be
+bit-identical to avx2's: any difference is a bug in a lane, a reduction or a path choice (or
+the compiler contracting differently), not rounding. Runs where the CPU has AVX-512 F/BW/VL/DQ; elsewhere the
 variant is built but cannot execute, and the loader never picks it.
 """
 
