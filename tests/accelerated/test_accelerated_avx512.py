@@ -4,8 +4,8 @@ Its quantized kernels hold the same 32 lanes in 16-lane registers and feed each 
 multiply-adds in the same order, and its float kernels are the avx2 ones compiled with the
 wider ISA (accelerated/native_build.py), so every product, and hence every logit, must be
 bit-identical to avx2's: any difference is a bug in a lane, a reduction or a path choice (or
-the compiler contracting differently), not rounding. Runs where the CPU has AVX-512 F/BW/VL/DQ; elsewhere the
-variant is built but cannot execute, and the loader never picks it.
+the compiler contracting differently), not rounding. Runs where the CPU has AVX-512
+F/BW/VL/DQ; elsewhere the variant is built but cannot execute, and the loader never picks it.
 """
 
 from __future__ import annotations
