@@ -207,11 +207,12 @@ static void dot_1x3(const float *w, size_t k, const float *x, size_t ldx, float 
  * loads 7 vectors per 12 multiply-adds (dot_1x2 loads 3 per 2); the four groups meet in
  * reduce_regs as col_dot_f32's do. The three rows (12 KiB at k = 1024) stay in L1 across the
  * passes, so memory sees each of them once; `pf` .. `pf + pf_lines` cache lines (the next
- * tile) are prefetched one per inner step, spread over every pass, so the memory stream keeps
- * going while the tile is computed from L1. `*pf_done` carries the count across the calls
- * that share one tile. */
+ * tile) are prefetched `per_step` per inner step, spread over every pass, so the memory stream
+ * keeps going while the tile is computed from L1. `*pf_done` carries the count across the
+ * calls that share one tile. */
 static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                     size_t ldo, const char *pf, size_t pf_lines, size_t *pf_done) {
+                     size_t ldo, const char *pf, size_t pf_lines, size_t per_step,
+                     size_t *pf_done) {
     __m256 part[4][3][4];
     const float *w0 = w, *w1 = w + k, *w2 = w + 2 * k;
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
@@ -220,7 +221,8 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
         for (size_t i = 8 * g; i < k; i += 32) {
-            if (done < pf_lines) _mm_prefetch(pf + 64 * done++, _MM_HINT_T0);
+            for (size_t q = 0; q < per_step && done < pf_lines; q++)
+                _mm_prefetch(pf + 64 * done++, _MM_HINT_T0);
             __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i);
             __m256 t = _mm256_loadu_ps(w2 + i);
             __m256 y = _mm256_loadu_ps(x0 + i);
@@ -287,13 +289,18 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
          * starves on the activations' loads). Fewer rows (an expert's share of a batch):
          * each weight row streams from memory once, in order (row_major). */
         size_t quads = m >= 4 ? m / 4 : 0;
-        for (size_t pf_lines = 3 * k * sizeof(float) / 64; quads && n + 3 <= n1; n += 3) {
+        /* The next tile's lines over this tile's quads x 4 passes x k / 32 inner steps: one
+         * per step covers them with two quads (8 rows), not with one (4-7 rows: two thirds,
+         * the rest then missed on demand; measured 17-20 GB/s at 4-7 rows against 26 at 8). */
+        size_t pf_lines = 3 * k * sizeof(float) / 64, steps = quads * k / 8;
+        size_t per_step = steps ? (pf_lines + steps - 1) / steps : 0;
+        for (; quads && n + 3 <= n1; n += 3) {
             const float *wn = w + n * k;
             const char *next = (const char *)(wn + 3 * k);
             size_t done = n + 6 <= n1 ? 0 : pf_lines; /* no prefetch past the block */
             for (size_t q = 0; q < quads; q++)
                 tile_3x4(wn, k, x + 4 * q * ldx, ldx, out + 4 * q * ldo + n, ldo, next,
-                         pf_lines, &done);
+                         pf_lines, per_step, &done);
             for (size_t j = 0; j < 3 && 4 * quads < m; j++)
                 row_major(wn + j * k, k, x, ldx, 4 * quads, m, out + n + j, ldo);
         }
