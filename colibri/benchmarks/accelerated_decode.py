@@ -29,9 +29,9 @@ from colibri.benchmarks.bench_model import ensure_bench_model
 from colibri.benchmarks.decode_steps import (
     PREFILL_TOKENS,
     PROMPT,
-    Route,
     median,
     prefill_summary,
+    routes_from_json,
     run_worker,
 )
 from colibri.benchmarks.llama_cpp_peer import FTYPES, gguf_path, run_peer
@@ -82,10 +82,6 @@ QUANT_EXPERTS, QUANT_DENSE, QUANT_IO = "int4g64", "int8", "int8"
 QUANT_LABEL = f"{QUANT_EXPERTS}_{QUANT_DENSE}_io_{QUANT_IO}"
 
 
-def _routes(raw: list[list[list[Any]]]) -> list[list[Route]]:
-    return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
-
-
 def _engine_result(engine: str, model_dir: Path, options: BenchOptions,
                    copy_bps: float) -> dict[str, Any]:
     """One engine's worker on ``model_dir``: decode alone and batched against the roofline,
@@ -94,8 +90,8 @@ def _engine_result(engine: str, model_dir: Path, options: BenchOptions,
     if "error" in raw:
         return raw
     size = checkpoint_bytes(model_dir)
-    touched = touched_bytes(model_dir, _routes(raw["routes"]))
-    batch_touched = touched_bytes(model_dir, _routes(raw["batch_routes"]))
+    touched = touched_bytes(model_dir, routes_from_json(raw["routes"]))
+    batch_touched = touched_bytes(model_dir, routes_from_json(raw["batch_routes"]))
     out: dict[str, Any] = {
         "load_s": raw["load_s"],
         "rss_after_load_bytes": raw["rss_after_load_bytes"],

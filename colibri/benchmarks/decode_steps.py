@@ -29,6 +29,12 @@ def prefill_prompt(vocab_size: int) -> list[int]:
 Route = tuple[int, tuple[int, ...]]
 
 
+def routes_from_json(raw: list[list[list[Any]]]) -> list[list[Route]]:
+    """Steps of routes as a worker's JSON carries them ([[layer, [ids]], ...] per step) back as
+    (layer, expert ids) tuples."""
+    return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
+
+
 def step_routes(model: Model, routes: Any) -> list[Route]:
     """A step's routes array ([rows, sparse layers, k]) as (layer, expert ids) pairs, row by row."""
     cfg = model.config

@@ -31,7 +31,14 @@ from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
-from colibri.benchmarks.decode_steps import PROMPT, Route, median, run_worker, step_routes
+from colibri.benchmarks.decode_steps import (
+    PROMPT,
+    Route,
+    median,
+    routes_from_json,
+    run_worker,
+    step_routes,
+)
 
 ROUNDS = 7
 #: Copies per probe: best of 8, as issue 13 defines the copy bandwidth (about 0.15 s a round).
@@ -84,10 +91,6 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     return {**out, "threads": model.kernels.threads}
 
 
-def _routes(raw: list[list[list[Any]]]) -> list[list[Route]]:
-    return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
-
-
 def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any]:
     """Per-round ratios from the worker's timings and routes, with their medians and ranges."""
     from colibri.benchmarks.reference_decode import touched_bytes
@@ -96,8 +99,8 @@ def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any
     for copy_bps, s_s, s_routes, b_s, b_routes in zip(
             raw["copy_bps"], raw["single_s"], raw["single_routes"], raw["batch_s"],
             raw["batch_routes"], strict=True):
-        one_bytes = touched_bytes(model_dir, _routes(s_routes))
-        many_bytes = touched_bytes(model_dir, _routes(b_routes))
+        one_bytes = touched_bytes(model_dir, routes_from_json(s_routes))
+        many_bytes = touched_bytes(model_dir, routes_from_json(b_routes))
         one, many = sum(one_bytes) / s_s, sum(many_bytes) / b_s  # bytes per second
         single_gbps.append(one / 1e9)
         batch_gbps.append(many / 1e9)

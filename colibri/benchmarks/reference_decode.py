@@ -37,6 +37,7 @@ from colibri.benchmarks.decode_steps import (
     median,
     prefill_prompt,
     prefill_summary,
+    routes_from_json,
     run_worker,
     step_bytes,
     step_routes,
@@ -165,11 +166,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
         result["reference"] = ref
         return result
 
-    def routes_of(raw: list[list[list[Any]]]) -> list[list[Route]]:
-        return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
-
-    touched = touched_bytes(model_dir, routes_of(ref["routes"]))
-    batch_touched = touched_bytes(model_dir, routes_of(ref["batch_routes"]))
+    touched = touched_bytes(model_dir, routes_from_json(ref["routes"]))
+    batch_touched = touched_bytes(model_dir, routes_from_json(ref["batch_routes"]))
     loaded = ref["rss_after_load_bytes"] - ref["rss_before_load_bytes"]
     result["reference"] = {
         "load_s": ref["load_s"],

@@ -58,7 +58,7 @@ def test_float_products_are_the_avx2_bytes_for_every_batch_path(k: int) -> None:
     rng = np.random.default_rng(k)
     kernels = {v: Kernels(2, ctypes.CDLL(str(library(v)))) for v in VARIANTS}
     try:
-        # 1..12 rows: one row, 2-3 rows in one pass, 4-8 rows in 3 x M tiles, tiled batches;
+        # 1..12 rows: one row, 2-3 rows in one pass, 4-8 rows in 3 x 4 tiles, tiled batches;
         # 1..301 weight rows: whole tiles of three, one or two left over, pool chunks.
         for n in (1, 2, 4, 7, 301):
             w = Weight(rng.standard_normal((n, k), dtype=np.float32), 0)
