@@ -57,6 +57,18 @@ void col_dot_rows(const float *w, const float *x, size_t m, size_t ldx, size_t k
 void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t m, size_t ldx,
                    size_t k, float *out, size_t ldo);
 int col_row_to_f32(const void *w, int dtype, size_t index, size_t k, float *out);
+/* Whether col_dot_block's fastest kernel for m activation rows wants them 64-byte aligned
+ * (rows at a 64-byte-aligned address, ldx a multiple of 16): the avx512 build's 4-8-row
+ * tiles. Unaligned rows still give the same bytes, through the avx2 tiles. */
+int col_dot_wants_aligned(size_t m);
+/* Activation buffers (aligned.c): n floats on a 64-byte boundary (free() them), n rounded up
+ * to a whole number of 64-byte lines, and whether rows at x, ldx floats apart, are aligned. */
+float *col_alloc_floats(size_t n);
+size_t col_pad_floats(size_t n);
+int col_rows_aligned(const float *x, size_t ldx);
+/* Where col_dot_wants_aligned(m) and x's m rows of k are not aligned: copy them to a new
+ * aligned buffer (*copy, for the caller to free) and point *x / *ldx at it; else *copy NULL. */
+int col_align_rows(const float **x, size_t m, size_t k, size_t *ldx, float **copy);
 float col_f16_to_f32(uint16_t h);
 
 /* out[r, n] = x[r, :] . w[n, :] for r < m, n < rows; w is [rows, k] in `dtype`.

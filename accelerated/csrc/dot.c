@@ -11,12 +11,11 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-/* The avx512 build runs these float kernels as the avx2 build does (8-lane registers): in the
- * engine, 16-lane versions of them (one pass per weight row for 2-8 rows, prefetching the
- * next 4 KiB) were faster alone on 256 MiB of weights but 1.2x slower in an 8-row bench
- * decode step, and no faster in a one-row step (issue 13's closing note). Its quantized
- * kernels are the 16-lane ones (quant/q_fused.c). "avx2" first: the same multiply-add bits
- * as the avx2 build (cuda_model reads it). */
+/* The avx512 build runs 4-8 activation rows through 16-lane tiles (tile16, below) and every
+ * other float product through the avx2 kernels (8-lane registers: for 1-3 rows, memory-bound
+ * streams, 16-lane versions measured no faster in the engine); its quantized kernels are the
+ * 16-lane ones (quant/q_fused.c). All give the avx2 build's bytes. "avx2" first: the same
+ * multiply-add bits as the avx2 build (cuda_model reads it). */
 #define COL_ISA "avx2+fma+avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -50,12 +49,27 @@ static float reduce32(float *l) {
 /* reduce32 on the four lane registers, in registers: the same pairwise adds in the same
  * order (j += j + 16, + 8, + 4, + 2, + 1), so the same bits as storing them and calling
  * reduce32. */
-static inline float reduce_regs(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+/* The tree's last three levels (j += j + 4, + 2, + 1) on the eight lanes it has left. */
+static inline float reduce_last8(__m256 s) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
     return _mm_cvtss_f32(h);
+}
+
+static inline float reduce_regs(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    return reduce_last8(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)));
+}
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* reduce32 on two 16-lane registers, lo = lanes 0-15 and hi = lanes 16-31: lo + hi is
+ * reduce_regs's (a0 + a2 | a1 + a3), its two halves added are its first 8-lane sum, so the
+ * same bits. */
+static inline float reduce_halves(__m512 lo, __m512 hi) {
+    __m512 s = _mm512_add_ps(lo, hi);
+    return reduce_last8(_mm256_add_ps(_mm512_castps512_ps256(s),
+                                      _mm512_extractf32x8_ps(s, 1)));
 }
 #endif
 
@@ -250,6 +264,98 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
     reduce_parts(part, 3, out, ldo);
 }
 
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* col_dot_f32 of R weight rows (R <= 3) with M activation rows (M <= 8), bit for bit, in
+ * 16-lane registers: one half of every 32-lane block (lanes 16 h .. 16 h + 15, which hold
+ * col_dot_f32's a0 | a1 for h = 0 and a2 | a3 for h = 1) per pass over k, R x M accumulators
+ * (at most 24 of the 32 registers); each lane accumulates the same products in the same order
+ * and reduce_halves finishes with col_dot_f32's tree. Why 16 lanes: with 8 rows an 8-lane
+ * kernel issues one multiply-add per weight float, and this machine's two threads share one
+ * core's two FMA pipes (7.4 G FMA instructions/s for one thread or two), which caps it near
+ * 30 GB/s of weights, below what memory delivers; 16 lanes halve the instructions. The next
+ * tile's `pf_lines` lines at `pf` are prefetched `per_step` per inner step, as tile_3x4 does.
+ * Inlined into one function per (R, M), so the loops over them unroll into registers.
+ * x's rows must start on 64-byte lines (col_rows_aligned): a 16-lane load off a line touches
+ * two, and the activations' loads are 8 of a step's 11 (8 rows on 256 MiB of weights: 21.6
+ * GB/s with rows 16 bytes off, 33.0 aligned); col_dot_block sends other rows to the avx2
+ * tiles, and the products align theirs first (col_align_rows). */
+static inline __attribute__((always_inline)) void tile16(
+    size_t R, size_t M, const float *w, size_t k, const float *x, size_t ldx, float *out,
+    size_t ldo, const char *pf, size_t pf_lines, size_t per_step) {
+    __m512 part[2][3][8];
+    size_t done = 0;
+    for (size_t h = 0; h < 2; h++) {
+        __m512 acc[3][8];
+#pragma GCC unroll 3
+        for (size_t j = 0; j < R; j++)
+#pragma GCC unroll 8
+            for (size_t r = 0; r < M; r++) acc[j][r] = _mm512_setzero_ps();
+        for (size_t i = 16 * h; i < k; i += 32) {
+            for (size_t q = 0; q < per_step && done < pf_lines; q++)
+                _mm_prefetch(pf + 64 * done++, _MM_HINT_T0);
+            __m512 u[3];
+#pragma GCC unroll 3
+            for (size_t j = 0; j < R; j++) u[j] = _mm512_loadu_ps(w + j * k + i);
+#pragma GCC unroll 8
+            for (size_t r = 0; r < M; r++) {
+                __m512 y = _mm512_loadu_ps(x + r * ldx + i);
+#pragma GCC unroll 3
+                for (size_t j = 0; j < R; j++) acc[j][r] = _mm512_fmadd_ps(u[j], y, acc[j][r]);
+            }
+        }
+#pragma GCC unroll 3
+        for (size_t j = 0; j < R; j++)
+#pragma GCC unroll 8
+            for (size_t r = 0; r < M; r++) part[h][j][r] = acc[j][r];
+    }
+    for (size_t j = 0; j < R; j++)
+        for (size_t r = 0; r < M; r++)
+            out[r * ldo + j] = reduce_halves(part[0][j][r], part[1][j][r]);
+}
+
+typedef void (*tile16_fn)(const float *, size_t, const float *, size_t, float *, size_t,
+                          const char *, size_t, size_t);
+#define TILE16_FN(R, M)                                                                     \
+    static void tile16_##R##x##M(const float *w, size_t k, const float *x, size_t ldx,       \
+                                 float *out, size_t ldo, const char *pf, size_t pf_lines,    \
+                                 size_t per_step) {                                          \
+        tile16(R, M, w, k, x, ldx, out, ldo, pf, pf_lines, per_step);                        \
+    }
+#define TILE16_ROWS(R)                                                                      \
+    TILE16_FN(R, 2) TILE16_FN(R, 3) TILE16_FN(R, 4) TILE16_FN(R, 5) TILE16_FN(R, 6)          \
+    TILE16_FN(R, 7) TILE16_FN(R, 8)
+TILE16_ROWS(1)
+TILE16_ROWS(2)
+TILE16_ROWS(3)
+#define TILE16_ENTRY(R) \
+    {NULL, NULL, tile16_##R##x2, tile16_##R##x3, tile16_##R##x4, tile16_##R##x5, \
+     tile16_##R##x6, tile16_##R##x7, tile16_##R##x8}
+/* [R][M]: the kernel for R weight rows and M activation rows. */
+static const tile16_fn TILE16[4][9] = {{NULL}, TILE16_ENTRY(1), TILE16_ENTRY(2),
+                                       TILE16_ENTRY(3)};
+
+/* Fewest activation rows the 16-lane tiles take (fewer stream one weight row at a time, as
+ * in the avx2 build: 16-lane tiles from 2 or 3 rows measured 0.99-1.01x in the engine). */
+#define TILE16_MIN_ROWS 4
+
+/* Weight rows n0 .. n1 against m activation rows (TILE16_MIN_ROWS <= m <= 8, k % 32 == 0),
+ * three weight rows at a time, each tile prefetching the next. */
+static void dot_block16(const float *w, size_t n0, size_t n1, const float *x, size_t m,
+                        size_t ldx, size_t k, float *out, size_t ldo) {
+    /* The next tile's lines over this tile's 2 passes x k / 32 inner steps. */
+    size_t pf_lines = 3 * k * sizeof(float) / 64, steps = k / 16;
+    size_t per_step = (pf_lines + steps - 1) / steps;
+    for (size_t n = n0; n < n1;) {
+        size_t rows = n1 - n < 3 ? n1 - n : 3;
+        const float *wn = w + n * k;
+        size_t lines = n + rows + 3 <= n1 ? pf_lines : 0; /* no prefetch past the block */
+        TILE16[rows][m](wn, k, x, ldx, out + n, ldo, (const char *)(wn + rows * k), lines,
+                        per_step);
+        n += rows;
+    }
+}
+#endif
+
 /* Rows r0 .. m of x against weight row wn, two or three at a time (dot_1x2 / dot_1x3, then
  * one col_dot_f32): the row streams once, with no software prefetch (as for one row: on
  * expert-shaped products at 2-3 rows, 14.7-15.2 vs 12.5-14.1 GB/s with the next row
@@ -270,6 +376,15 @@ static void row_major(const float *wn, size_t k, const float *x, size_t ldx, siz
 /* Up to this many activation rows col_dot_block walks weight rows one at a time. */
 #define DOT_ROW_MAJOR 8
 
+int col_dot_wants_aligned(size_t m) {
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+    return m >= TILE16_MIN_ROWS && m <= DOT_ROW_MAJOR;
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
 void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t m, size_t ldx,
                    size_t k, float *out, size_t ldo) {
     size_t n = n0;
@@ -281,6 +396,12 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
         for (; n < n1; n++) out[n] = col_dot_f32(w + n * k, x, k);
         return;
     }
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+    if (col_dot_wants_aligned(m) && k % 32 == 0 && col_rows_aligned(x, ldx)) {
+        dot_block16(w, n0, n1, x, m, ldx, k, out, ldo);
+        return;
+    }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (m <= DOT_ROW_MAJOR && k % 32 == 0) {
         /* Four to eight rows (a decode batch): tiles of three weight rows meet the activations

@@ -74,11 +74,11 @@ int col_attention_block(col_pool *pool, const col_layer *L, size_t m, float *x, 
                        m * heads * (size_t)L->vdim, /* attention's output */
                        m * d};                 /* o's output */
     size_t total = 0, offs[8];
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 8; i++) { /* each buffer on a 64-byte line: products read them */
         offs[i] = total;
-        total += sizes[i];
+        total += col_pad_floats(sizes[i]);
     }
-    float *work = malloc(total * sizeof(float));
+    float *work = col_alloc_floats(total);
     size_t *seen = malloc(m * sizeof(size_t));
     const int64_t **keep = calloc(m, sizeof(*keep));
     size_t *n_keep = calloc(m, sizeof(size_t));

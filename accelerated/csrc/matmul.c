@@ -41,6 +41,8 @@ int col_matmul(col_pool *pool, const float *x, size_t m, size_t k, size_t ldx, c
     if (dtype != COL_F32 && dtype != COL_BF16 && dtype != COL_F16) return COL_EDTYPE;
     if (m == 0 || rows == 0) return COL_OK;
     if (x == NULL || w == NULL || out == NULL || k == 0 || ldx < k || ldo < rows) return COL_EINVAL;
+    float *copy;
+    if (col_align_rows(&x, m, k, &ldx, &copy)) return COL_ENOMEM;
     mm_ctx c = {x, m, k, ldx, w, dtype, out, ldo, COL_OK};
     /* A small product costs less than waking the pool: the caller computes it alone (which
      * thread computes an element never changes its value). */
@@ -48,5 +50,6 @@ int col_matmul(col_pool *pool, const float *x, size_t m, size_t k, size_t ldx, c
         mm_task(&c, 0, rows);
     else
         col_pool_run(pool, rows, mm_task, &c);
+    free(copy);
     return c.status;
 }

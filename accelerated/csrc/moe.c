@@ -181,12 +181,14 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
     for (size_t e = 0; e < n_experts; e++) {
         size_t m = mats[3 * e].rows, n = (size_t)(start[e + 1] - start[e]);
         gu_items[e + 1] = gu_items[e] + 2 * m;
-        gu_off[e + 1] = gu_off[e] + n * 2 * m;
-        h_off[e + 1] = h_off[e] + n * m;
+        /* Each expert's blocks start on a 64-byte line (aligned.c): its rows are the
+         * activations of its products. */
+        gu_off[e + 1] = gu_off[e] + col_pad_floats(n * 2 * m);
+        h_off[e + 1] = h_off[e] + col_pad_floats(n * m);
     }
-    float *xs = malloc(total * d * sizeof(float));
-    float *gu = malloc(gu_off[n_experts] * sizeof(float));
-    float *h = malloc(h_off[n_experts] * sizeof(float));
+    float *xs = col_alloc_floats(total * d);
+    float *gu = col_alloc_floats(gu_off[n_experts]);
+    float *h = col_alloc_floats(h_off[n_experts]);
     if (xs == NULL || gu == NULL || h == NULL) {
         free(xs);
         free(gu);
@@ -250,8 +252,11 @@ int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, s
     if (m == 0 || w->rows == 0) return COL_OK;
     mat_ctx c = {w, x, m, ldx, out, ldo, COL_OK};
     float *xr = NULL;
+    if (w->fmt == 0 && w->dtype == COL_F32 &&
+        col_align_rows(&c.x, m, w->cols, &c.ldx, &xr))
+        return COL_ENOMEM;
     if (is_e8(w)) { /* rotate once, not once per thread's share */
-        xr = malloc(m * w->cols * sizeof(float));
+        xr = col_alloc_floats(m * w->cols);
         if (xr == NULL) return COL_ENOMEM;
         int rc = coli_q_rotate(x, (int64_t)m, (int64_t)ldx, (int64_t)w->cols, xr,
                                (int64_t)w->cols);
@@ -308,7 +313,7 @@ int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x,
     if (ws == NULL || x == NULL || outs == NULL || n > 64) return COL_EINVAL;
     size_t first[65], widest = 1;
     first[0] = 0;
-    int any_e8 = 0;
+    int any_e8 = 0, any_f32 = 0;
     for (size_t i = 0; i < n; i++) {
         const col_mat *w = &ws[i];
         if (w->data == NULL || outs[i] == NULL || ldx < w->cols || w->cols != ws[0].cols)
@@ -318,11 +323,13 @@ int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x,
         first[i + 1] = first[i] + w->rows;
         if (w->cols > widest) widest = w->cols;
         any_e8 |= is_e8(w);
+        any_f32 |= w->fmt == 0 && w->dtype == COL_F32;
     }
     mats_ctx c = {n, ws, first, x, NULL, m, ldx, outs, widest, COL_OK};
-    float *xr = NULL;
+    float *xr = NULL, *copy = NULL;
+    if (any_f32 && col_align_rows(&c.x, m, ws[0].cols, &c.ldx, &copy)) return COL_ENOMEM;
     if (any_e8) { /* rotate once for every e8 weight */
-        xr = malloc(m * ws[0].cols * sizeof(float));
+        xr = col_alloc_floats(m * ws[0].cols);
         if (xr == NULL) return COL_ENOMEM;
         int rc = coli_q_rotate(x, (int64_t)m, (int64_t)ldx, (int64_t)ws[0].cols, xr,
                                (int64_t)ws[0].cols);

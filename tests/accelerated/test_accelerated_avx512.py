@@ -1,9 +1,9 @@
 """The avx512 library variant gives the avx2 variant's bytes.
 
-Its quantized kernels hold the same 32 lanes in 16-lane registers and feed each lane the same
-multiply-adds in the same order, and its float kernels are the avx2 ones compiled with the
-wider ISA (accelerated/native_build.py), so every product, and hence every logit, must be
-bit-identical to avx2's: any difference is a bug in a lane, a reduction or a path choice (or
+Its quantized kernels, and its float kernels for 4-8 activation rows, hold the same 32 lanes
+in 16-lane registers and feed each lane the same multiply-adds in the same order (its other
+float kernels are the avx2 ones compiled with the wider ISA), so every product, and hence
+every logit, must be bit-identical to avx2's: any difference is a bug in a lane, a reduction or a path choice (or
 the compiler contracting differently), not rounding. Runs where the CPU has AVX-512
 F/BW/VL/DQ; elsewhere the variant is built but cannot execute, and the loader never picks it.
 """
@@ -58,14 +58,46 @@ def test_float_products_are_the_avx2_bytes_for_every_batch_path(k: int) -> None:
     rng = np.random.default_rng(k)
     kernels = {v: Kernels(2, ctypes.CDLL(str(library(v)))) for v in VARIANTS}
     try:
-        # 1..12 rows: one row, 2-3 rows in one pass, 4-8 rows in 3 x 4 tiles, tiled batches;
-        # 1..301 weight rows: whole tiles of three, one or two left over, pool chunks.
+        # 1..12 rows: one row, 2-3 rows in one pass, 4-8 rows in 16-lane 3 x M tiles (avx2:
+        # 3 x 4), tiled batches; 1..301 weight rows: whole tiles of three, one or two left
+        # over, pool chunks.
         for n in (1, 2, 4, 7, 301):
             w = Weight(rng.standard_normal((n, k), dtype=np.float32), 0)
             for m in range(1, 13):
                 x = rng.standard_normal((m, k), dtype=np.float32)
                 got = {v: kern.matmul(x, w).tobytes() for v, kern in kernels.items()}
                 assert got["avx512"] == got["avx2"], (n, m)
+    finally:
+        for kern in kernels.values():
+            kern.close()
+
+
+def _rows_at(offset: int, m: int, k: int, seed: int) -> np.ndarray:
+    """A C-contiguous [m, k] float32 array whose data starts `offset` bytes past a 64-byte
+    boundary (a view into a larger buffer)."""
+    buf = np.empty(m * k + 32, np.float32)
+    skip = ((offset - buf.ctypes.data) % 64) // 4
+    x = buf[skip : skip + m * k].reshape(m, k)
+    x[...] = np.random.default_rng(seed).standard_normal((m, k), dtype=np.float32)
+    assert x.ctypes.data % 64 == offset
+    return x
+
+
+@pytest.mark.parametrize("offset", [0, 16, 24, 48])
+def test_float_products_are_the_same_bytes_at_any_activation_alignment(offset: int) -> None:
+    """The 16-lane tiles want activation rows on 64-byte lines: products copy other rows to an
+    aligned buffer (aligned.c) first. The bytes must not depend on where the rows were."""
+    from colibri.accelerated.kernels import Kernels, Weight
+
+    kernels = {v: Kernels(2, ctypes.CDLL(str(library(v)))) for v in VARIANTS}
+    try:
+        for k in (64, 1024):
+            w = Weight(np.random.default_rng(k).standard_normal((37, k), dtype=np.float32), 0)
+            for m in range(1, 10):
+                x = _rows_at(offset, m, k, seed=m)
+                got = {v: kern.matmul(x, w).tobytes() for v, kern in kernels.items()}
+                assert got["avx512"] == got["avx2"], (k, m)
+                assert kernels["avx512"].matmul(np.array(x), w).tobytes() == got["avx512"]
     finally:
         for kern in kernels.values():
             kern.close()
@@ -122,6 +154,11 @@ for name in json.loads(sys.argv[1]):
     for i, s in enumerate(states):
         m.prefill(s, ids[: 4 + 3 * i])
     out[name + "/batch"] = np.stack(m.decode_batch(states, [7, 8, 9]))
+    # 8 rows: the layers' 4-8-row products (dense weights, experts several rows chose).
+    states = [m.new_state() for _ in range(8)]
+    for i, s in enumerate(states):
+        m.prefill(s, ids[: 2 + i])
+    out[name + "/batch8"] = np.stack(m.decode_batch(states, list(range(3, 11))))
 np.savez(sys.argv[2], **out)
 """
 
