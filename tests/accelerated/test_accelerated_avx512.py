@@ -3,9 +3,10 @@
 Its quantized kernels, and its float kernels for 4-8 activation rows, hold the same 32 lanes
 in 16-lane registers and feed each lane the same multiply-adds in the same order (its other
 float kernels are the avx2 ones compiled with the wider ISA), so every product, and hence
-every logit, must be bit-identical to avx2's: any difference is a bug in a lane, a reduction or a path choice (or
-the compiler contracting differently), not rounding. Runs where the CPU has AVX-512
-F/BW/VL/DQ; elsewhere the variant is built but cannot execute, and the loader never picks it.
+every logit, must be bit-identical to avx2's: any difference is a bug in a lane, a reduction
+or a path choice (or the compiler contracting differently), not rounding. Runs where the CPU
+has AVX-512 F/BW/VL/DQ; elsewhere the variant is built but cannot execute, and the loader
+never picks it.
 """
 
 from __future__ import annotations
