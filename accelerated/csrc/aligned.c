@@ -1,8 +1,8 @@
 /* Activation buffers on 64-byte boundaries (one cache line, one 16-lane load).
  *
- * Why: the avx512 build's float tiles for 4-8 activation rows load each activation vector
- * once per three weight rows, so those loads are a third of the tile's; a 64-byte load that
- * starts off a line boundary touches two lines. With activations 16 bytes off (what malloc
+ * Why: in the avx512 build's float tiles for 4-8 activation rows (dot.c tile16) the
+ * activations' loads are 8 of a step's 11, and a 64-byte load that starts off a line
+ * boundary touches two lines. With activations 16 bytes off (what malloc
  * and numpy give) an 8-row product on 256 MiB of weights read 21.6 GB/s against 33.0 aligned
  * (issue 13's closing note). Only the activations matter: the weights sit wherever the file
  * put them (a safetensors header is 8-byte aligned), and their loads are 3 in 11. */

@@ -330,12 +330,13 @@ int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x,
     if (any_f32 && col_align_rows(&c.x, m, ws[0].cols, &c.ldx, &copy)) return COL_ENOMEM;
     if (any_e8) { /* rotate once for every e8 weight */
         xr = col_alloc_floats(m * ws[0].cols);
-        if (xr == NULL) return COL_ENOMEM;
-        int rc = coli_q_rotate(x, (int64_t)m, (int64_t)ldx, (int64_t)ws[0].cols, xr,
-                               (int64_t)ws[0].cols);
+        int rc = xr == NULL ? COL_ENOMEM
+                            : coli_q_rotate(x, (int64_t)m, (int64_t)ldx, (int64_t)ws[0].cols,
+                                            xr, (int64_t)ws[0].cols);
         if (rc) {
             free(xr);
-            return COL_EQUANT_BASE + rc;
+            free(copy);
+            return xr == NULL ? rc : COL_EQUANT_BASE + rc;
         }
         c.xr = xr;
     }
@@ -346,5 +347,6 @@ int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x,
     else
         col_pool_run(pool, first[n], mats_task, &c);
     free(xr);
+    free(copy);
     return c.status;
 }
