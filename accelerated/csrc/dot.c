@@ -265,7 +265,7 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
 }
 
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-/* col_dot_f32 of R weight rows (R <= 3) with M activation rows (M <= 8), bit for bit, in
+/* col_dot_f32 of R weight rows (R <= 3) with M activation rows (4 <= M <= 8), bit for bit, in
  * 16-lane registers: one half of every 32-lane block (lanes 16 h .. 16 h + 15, which hold
  * col_dot_f32's a0 | a1 for h = 0 and a2 | a3 for h = 1) per pass over k, R x M accumulators
  * (at most 24 of the 32 registers); each lane accumulates the same products in the same order
@@ -321,21 +321,21 @@ typedef void (*tile16_fn)(const float *, size_t, const float *, size_t, float *,
                                  size_t per_step) {                                          \
         tile16(R, M, w, k, x, ldx, out, ldo, pf, pf_lines, per_step);                        \
     }
-#define TILE16_ROWS(R)                                                                      \
-    TILE16_FN(R, 2) TILE16_FN(R, 3) TILE16_FN(R, 4) TILE16_FN(R, 5) TILE16_FN(R, 6)          \
-    TILE16_FN(R, 7) TILE16_FN(R, 8)
+#define TILE16_ROWS(R) \
+    TILE16_FN(R, 4) TILE16_FN(R, 5) TILE16_FN(R, 6) TILE16_FN(R, 7) TILE16_FN(R, 8)
 TILE16_ROWS(1)
 TILE16_ROWS(2)
 TILE16_ROWS(3)
 #define TILE16_ENTRY(R) \
-    {NULL, NULL, tile16_##R##x2, tile16_##R##x3, tile16_##R##x4, tile16_##R##x5, \
-     tile16_##R##x6, tile16_##R##x7, tile16_##R##x8}
+    {NULL, NULL, NULL, NULL, tile16_##R##x4, tile16_##R##x5, tile16_##R##x6, tile16_##R##x7, \
+     tile16_##R##x8}
 /* [R][M]: the kernel for R weight rows and M activation rows. */
 static const tile16_fn TILE16[4][9] = {{NULL}, TILE16_ENTRY(1), TILE16_ENTRY(2),
                                        TILE16_ENTRY(3)};
 
-/* Fewest activation rows the 16-lane tiles take (fewer stream one weight row at a time, as
- * in the avx2 build: 16-lane tiles from 2 or 3 rows measured 0.99-1.01x in the engine). */
+/* Fewest activation rows the 16-lane tiles take (TILE16 has kernels from 4): fewer stream
+ * one weight row at a time, as in the avx2 build (16-lane tiles from 2 or 3 rows measured
+ * 0.99-1.01x in the engine). */
 #define TILE16_MIN_ROWS 4
 
 /* Weight rows n0 .. n1 against m activation rows (TILE16_MIN_ROWS <= m <= 8, k % 32 == 0),
