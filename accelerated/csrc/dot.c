@@ -222,8 +222,10 @@ static void dot_1x3(const float *w, size_t k, const float *x, size_t ldx, float 
  * reduce_regs as col_dot_f32's do. The three rows (12 KiB at k = 1024) stay in L1 across the
  * passes, so memory sees each of them once; `pf` .. `pf + pf_lines` cache lines (the next
  * tile) are prefetched `per_step` per inner step, spread over every pass, so the memory stream
- * keeps going while the tile is computed from L1. `*pf_done` carries the count across the
- * calls that share one tile. */
+ * keeps going while the tile is computed from L1. The prefetch goes to L2, not L1: with a
+ * 32 KiB L1 (Zen 4) the next tile's 12 KiB evicted the activations the passes reuse (2-core
+ * EPYC Zen 4, 4-8 rows of k 1024 from memory, paired: 1.19-1.32x the GB/s of an L1 prefetch).
+ * `*pf_done` carries the count across the calls that share one tile. */
 static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float *out,
                      size_t ldo, const char *pf, size_t pf_lines, size_t per_step,
                      size_t *pf_done) {
@@ -236,7 +238,7 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
         __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
         for (size_t i = 8 * g; i < k; i += 32) {
             for (size_t q = 0; q < per_step && done < pf_lines; q++)
-                _mm_prefetch(pf + 64 * done++, _MM_HINT_T0);
+                _mm_prefetch(pf + 64 * done++, _MM_HINT_T1);
             __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i);
             __m256 t = _mm256_loadu_ps(w2 + i);
             __m256 y = _mm256_loadu_ps(x0 + i);
@@ -270,10 +272,12 @@ static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float
  * col_dot_f32's a0 | a1 for h = 0 and a2 | a3 for h = 1) per pass over k, R x M accumulators
  * (at most 24 of the 32 registers); each lane accumulates the same products in the same order
  * and reduce_halves finishes with col_dot_f32's tree. Why 16 lanes: with 8 rows an 8-lane
- * kernel issues one multiply-add per weight float, and this machine's two threads share one
- * core's two FMA pipes (7.4 G FMA instructions/s for one thread or two), which caps it near
- * 30 GB/s of weights, below what memory delivers; 16 lanes halve the instructions. The next
- * tile's `pf_lines` lines at `pf` are prefetched `per_step` per inner step, as tile_3x4 does.
+ * kernel issues one multiply-add per weight float, and on a 2-vCPU Zen 5 EPYC whose two
+ * threads share one core's two FMA pipes (7.4 G FMA instructions/s for one thread or two) that
+ * caps it near 30 GB/s of weights, below what memory delivers; 16 lanes halve the
+ * instructions. The next tile's `pf_lines` lines at `pf` are prefetched into L2 `per_step` per
+ * inner step, as tile_3x4 does (on Zen 4, 4-8 rows: 1.6x / 1.28x the GB/s of an L1 prefetch
+ * at 4 / 8 rows; the engine's 8-row step 1.15x).
  * Inlined into one function per (R, M), so the loops over them unroll into registers.
  * x's rows must start on 64-byte lines (col_rows_aligned): a 16-lane load off a line touches
  * two, and the activations' loads are 8 of a step's 11 (8 rows on 256 MiB of weights: 21.6
@@ -292,7 +296,7 @@ static inline __attribute__((always_inline)) void tile16(
             for (size_t r = 0; r < M; r++) acc[j][r] = _mm512_setzero_ps();
         for (size_t i = 16 * h; i < k; i += 32) {
             for (size_t q = 0; q < per_step && done < pf_lines; q++)
-                _mm_prefetch(pf + 64 * done++, _MM_HINT_T0);
+                _mm_prefetch(pf + 64 * done++, _MM_HINT_T1);
             __m512 u[3];
 #pragma GCC unroll 3
             for (size_t j = 0; j < R; j++) u[j] = _mm512_loadu_ps(w + j * k + i);
