@@ -9,11 +9,23 @@ entropy is turn_routes.py's.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 U32_MAX = (1 << 32) - 1
+
+
+def add_selections(counts: npt.NDArray[Any], rows: npt.NDArray[np.intp],
+                   experts: npt.NDArray[Any]) -> None:
+    """``counts[rows[j], e] += 1`` for every expert ``e`` of ``experts[..., j, :]``, repeats
+    counted, in one bincount over the flattened table: ``np.add.at`` per layer cost 5-7 µs a
+    call here, with one call per routed layer every decode step (75 on GLM-5)."""
+    width = counts.shape[1]
+    flat = (rows[:, None] * width + experts.astype(np.intp)).reshape(-1)
+    tally = np.bincount(flat, minlength=counts.size).reshape(counts.shape)
+    counts += tally.astype(counts.dtype, copy=False)
 
 
 def heat(count: int) -> int:
@@ -35,19 +47,36 @@ class ExpertUsage:
         self._row_of = {layer: i for i, layer in enumerate(self.rows)}
         self.counts: npt.NDArray[np.uint64] = np.zeros((n_layers + 1, n_experts), np.uint64)
         self._hits = np.zeros((len(self.rows), n_experts), np.bool_)
+        self._index_cache: dict[
+            tuple[int, ...], tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[int]]] = {}
 
     def observe(self, layer: int, experts: Sequence[int] | npt.NDArray[np.int32]) -> None:
-        row = self._row_of.get(layer)
-        if row is None:
-            return
-        ids = np.asarray(experts, dtype=np.intp)
-        np.add.at(self.counts[layer], ids, 1)
-        self._hits[row, ids] = True
+        """``experts`` were chosen at ``layer`` (one selection each)."""
+        ids = np.asarray(experts, dtype=np.intp).reshape(1, 1, -1)
+        self.observe_routes([layer], ids)
 
-    def observe_routes(self, layers: Sequence[int], routes: npt.NDArray[np.int32]) -> None:
-        """Every row of ``routes`` ([rows, len(layers), k]) chose its experts at ``layers``."""
-        for j, layer in enumerate(layers):
-            self.observe(layer, routes[:, j, :].reshape(-1))
+    def observe_routes(self, layers: Sequence[int], routes: npt.NDArray[np.integer[Any]]
+                       ) -> None:
+        """Every row of ``routes`` ([rows, len(layers), k]) chose its experts at ``layers``;
+        layers without an EMAP row are not counted."""
+        layer_index, row_index, keep = self._indices(tuple(layers))
+        if not keep:
+            return
+        chosen = routes if len(keep) == len(layers) else routes[:, keep, :]
+        add_selections(self.counts, layer_index, chosen)
+        self._hits[row_index[None, :, None], chosen] = True
+
+    def _indices(self, layers: tuple[int, ...]
+                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp], list[int]]:
+        """For ``layers``: their counts rows, their EMAP rows, and which of them have one
+        (cached: a runtime passes the same routed layers every step)."""
+        cached = self._index_cache.get(layers)
+        if cached is None:
+            keep = [j for j, layer in enumerate(layers) if layer in self._row_of]
+            cached = (np.asarray([layers[j] for j in keep], np.intp),
+                      np.asarray([self._row_of[layers[j]] for j in keep], np.intp), keep)
+            self._index_cache[layers] = cached
+        return cached
 
     def add_history(self, history: npt.NDArray[np.uint64]) -> None:
         """Add loaded counts (history accumulates across runs)."""

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from colibri.engine.backend import Routes
+from colibri.engine.expert_usage import add_selections
 
 
 class TurnRoutes:
@@ -33,8 +34,7 @@ class TurnRoutes:
         if counts is None:
             counts = np.zeros((self.n_rows, self.n_experts), np.int64)
             self._turns[owner] = counts
-        for j, row in enumerate(self._row_index):
-            np.add.at(counts[row], routes[j].astype(np.intp), 1)
+        add_selections(counts, self._row_index, routes)
 
     def take_entropy(self, owner: int) -> list[float]:
         """Per routed layer: entropy (bits) of the owner's selections; forgets them."""
