@@ -53,6 +53,11 @@ def _as_row(logits: npt.ArrayLike) -> FloatRow:
 def argmax(logits: npt.ArrayLike) -> int:
     """The first maximum, skipping NaN; 0 when no value beats -inf."""
     row = _as_row(logits)
+    # np.argmax answers the first NaN where there is one, so a non-NaN answer means the row
+    # has none and is the answer (one pass over the row instead of three on every greedy step).
+    best = int(np.argmax(row))
+    if not np.isnan(row[best]):
+        return best
     # NaN never wins; with every value -inf (or NaN) colibri answers 0, and so does
     # np.argmax over an all -inf row.
     return int(np.argmax(np.where(np.isnan(row), np.float32(-np.inf), row)))
