@@ -23,6 +23,10 @@ def add_selections(counts: npt.NDArray[Any], rows: npt.NDArray[np.intp],
     counted, in one bincount over the flattened table: ``np.add.at`` per layer cost 5-7 µs a
     call here, with one call per routed layer every decode step (75 on GLM-5)."""
     width = counts.shape[1]
+    if experts.size and not (0 <= int(experts.min()) and int(experts.max()) < width):
+        # A flat index past the row would land in the next layer's counts: refuse first.
+        raise IndexError(f"expert ids {int(experts.min())}..{int(experts.max())} outside "
+                         f"0..{width - 1}")
     flat = (rows[:, None] * width + experts.astype(np.intp)).reshape(-1)
     tally = np.bincount(flat, minlength=counts.size).reshape(counts.shape)
     counts += tally.astype(counts.dtype, copy=False)

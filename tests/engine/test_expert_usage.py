@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -97,3 +98,11 @@ def test_add_selections_broadcasts_rows_over_batches() -> None:
     routes = np.asarray([[[4, 4], [0, 1]], [[2, 4], [1, 1]]], np.int32)  # [rows, layers, k]
     add_selections(counts, np.asarray([2, 0], np.intp), routes)
     assert counts.tolist() == [[1, 3, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 1, 0, 3]]
+
+
+@pytest.mark.parametrize("bad", [4, -1])
+def test_an_expert_id_out_of_range_is_refused_before_counting(bad: int) -> None:
+    usage = ExpertUsage(1, 4, [0, 1])
+    with pytest.raises(IndexError, match="outside 0..3"):
+        usage.observe_routes([0, 1], np.asarray([[[1], [bad]]], np.int32))
+    assert int(usage.counts.sum()) == 0
