@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colibri.engine.expert_usage import ExpertUsage, add_selections
-from colibri.engine.turn_routes import TurnRoutes
+from colibri.engine.turn_routes import FOLD_ROWS, TurnRoutes
 
 
 @st.composite
@@ -106,3 +106,25 @@ def test_an_expert_id_out_of_range_is_refused_before_counting(bad: int) -> None:
     with pytest.raises(IndexError, match="outside 0..3"):
         usage.observe_routes([0, 1], np.asarray([[[1], [bad]]], np.int32))
     assert int(usage.counts.sum()) == 0
+
+
+def test_turn_entropy_over_more_rows_than_one_fold() -> None:
+    """Rows are tallied FOLD_ROWS at a time: a turn longer than that (and not a multiple of
+    it) must count every row once, and forgetting an owner drops its buffered rows."""
+    rng = np.random.default_rng(5)
+    n_experts, rows = 6, [0, 1, 2]
+    turns = TurnRoutes(rows, [1, 2], n_experts)
+    every = rng.integers(0, n_experts, (2 * FOLD_ROWS + 7, 2, 3)).astype(np.int32)
+    for routes in every:
+        turns.credit(3, routes)
+        turns.credit(4, routes)
+    turns.forget(4)
+    assert turns.take_entropy(4) == [0.0] * 3
+    got = turns.take_entropy(3)
+    tally = np.zeros((3, n_experts), np.int64)
+    for j, row in enumerate([1, 2]):
+        for e in every[:, j, :].reshape(-1):
+            tally[row, e] += 1
+    probs = [r[r > 0] / r.sum() for r in tally[1:]]
+    assert got[0] == 0.0
+    assert got[1:] == pytest.approx([float(-(p * np.log2(p)).sum()) for p in probs], abs=1e-12)
