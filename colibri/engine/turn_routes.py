@@ -29,34 +29,34 @@ class TurnRoutes:
         self._row_index = np.asarray([row_of[layer] for layer in routed_layers], np.intp)
         self.n_rows = len(rows)
         self.n_experts = n_experts
-        self._turns: dict[int, npt.NDArray[np.int64]] = {}
-        #: Rows credited since the owner's last fold: tallied FOLD_ROWS at a time, so a decode
-        #: step pays a list append per row rather than a bincount (~13 µs) per row.
-        self._pending: dict[int, list[Routes]] = {}
+        #: owner -> (counts [rows, experts], rows credited since the last fold). Rows are
+        #: tallied FOLD_ROWS at a time, so a decode step pays a list append per row rather
+        #: than a bincount (~13 µs) per row.
+        self._turns: dict[int, tuple[npt.NDArray[np.int64], list[Routes]]] = {}
 
     def credit(self, owner: int, routes: Routes) -> None:
         """Add one row's routing ([routed layers, k]) to the owner's turn."""
-        if owner not in self._turns:
-            self._turns[owner] = np.zeros((self.n_rows, self.n_experts), np.int64)
-            self._pending[owner] = []
-        pending = self._pending[owner]
+        turn = self._turns.get(owner)
+        if turn is None:
+            turn = (np.zeros((self.n_rows, self.n_experts), np.int64), [])
+            self._turns[owner] = turn
+        counts, pending = turn
         pending.append(np.array(routes, np.int32))  # a copy: the step's buffer may be reused
         if len(pending) >= FOLD_ROWS:
-            self._fold(owner)
+            self._fold(counts, pending)
 
-    def _fold(self, owner: int) -> None:
-        pending = self._pending[owner]
+    def _fold(self, counts: npt.NDArray[np.int64], pending: list[Routes]) -> None:
         if pending:
-            add_selections(self._turns[owner], self._row_index, np.stack(pending))
+            add_selections(counts, self._row_index, np.stack(pending))
             pending.clear()
 
     def take_entropy(self, owner: int) -> list[float]:
         """Per routed layer: entropy (bits) of the owner's selections; forgets them."""
-        if owner not in self._turns:
+        turn = self._turns.pop(owner, None)
+        if turn is None:
             return [0.0] * self.n_rows
-        self._fold(owner)
-        counts = self._turns.pop(owner)
-        del self._pending[owner]
+        counts, pending = turn
+        self._fold(counts, pending)
         out = []
         for row in counts:
             total = int(row.sum())
@@ -70,4 +70,3 @@ class TurnRoutes:
 
     def forget(self, owner: int) -> None:
         self._turns.pop(owner, None)
-        self._pending.pop(owner, None)
