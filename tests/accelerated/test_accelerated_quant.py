@@ -123,6 +123,29 @@ def test_batch_of_seven_is_byte_identical_to_each_row_alone(case):
     assert batched.tobytes() == alone.tobytes()
 
 
+@pytest.mark.parametrize("gs", [32, 64, 128])
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_whole_group_rows_give_the_general_group_loops_bytes(gs, batch):
+    # Rows of whole 32/64/128-column groups take unrolled group loops (q_fused.c Q_UNROLLED),
+    # rows ending in a part group the general loop. Padding the same weights and activations
+    # with half a group of zeros sends them down the general loop while adding only +0 to
+    # each lane partial, so the two must give the same bytes (one-row and two-row paths).
+    rng = np.random.default_rng(gs + batch)
+    rows, cols = 13, 4 * gs
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    x = rng.standard_normal((batch, cols)).astype(np.float32)
+    pad = gs // 2
+    wide = np.concatenate([w, np.zeros((rows, pad), np.float32)], axis=1)
+    xw = np.concatenate([x, np.zeros((batch, pad), np.float32)], axis=1)
+    results = []
+    for weights, acts in ((w, x), (wide, xw)):
+        payload, scales = quantize("int4-grouped", weights, group_size=gs)
+        m = qk.quant_matrix("int4-grouped", payload, scales, weights.shape, group_size=gs)
+        results.append(qk.qmatmul(m, acts))
+    assert np.all(np.isfinite(results[0]))
+    assert results[0].tobytes() == results[1].tobytes()
+
+
 @pytest.mark.parametrize("fmt", ["int4-grouped", "e8-iq3-lattice", "int8-row"])
 def test_batches_past_one_tile_and_output_splits_are_byte_identical(fmt):
     case = next(c for c in CASES if c[0] == fmt)
