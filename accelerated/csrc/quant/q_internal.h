@@ -37,10 +37,18 @@ typedef float (*q_fused_row_fn)(const qlayout *L, int64_t o, const float *x);
 typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, const float *x1,
                                 float *t0, float *t1);
 
+/* Four activation rows x, x + ldx, x + 2 ldx, x + 3 ldx against one weight row, each
+ * 32-column block's 8-column vectors decoded once for the four: t[r * 32 + l] gets row r's
+ * lane l exactly as the one-row path leaves it (every lane's multiply-adds in the same
+ * order). Only for rows of whole groups of 32-column multiples. */
+typedef void (*q_fused_row4_fn)(const qlayout *L, int64_t o, const float *x, int64_t ldx,
+                                float *t);
+
 /* The fused paths of a format in this build, or NULL (q_fused.c). */
 q_fused_fn coli_qi_fused_for(int fmt);
 q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group);
 q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group);
+q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features);
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -72,6 +80,7 @@ struct qlayout {
     q_fused_fn fused;
     q_fused_row_fn fused_row;
     q_fused_row2_fn fused_row2;
+    q_fused_row4_fn fused_row4;
 };
 
 /* Checks sizes and fills *L (q_layout.c). */

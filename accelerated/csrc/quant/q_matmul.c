@@ -120,14 +120,16 @@ static void run_rows(const qlayout *L, const float *x, int64_t n_rows, int64_t x
             int nr = (int)(n_rows - r0 < COLI_Q_ROW_TILE ? n_rows - r0 : COLI_Q_ROW_TILE);
             const float *xr = x + r0 * x_stride;
             int r = 0;
-            if (L->fused_row2 != NULL && nr >= 2) {
-                int pairs = nr / 2 * 2;
-                memset(t, 0, (size_t)pairs * sizeof t[0]); /* row2 accumulates into t */
-                for (; r + 2 <= nr; r += 2)
+            if (L->fused_row4 != NULL) /* quads of rows first: each writes its four rows' lanes */
+                for (; r + 4 <= nr; r += 4) L->fused_row4(L, o, xr + r * x_stride, x_stride, t[r]);
+            if (L->fused_row2 != NULL && nr - r >= 2) {
+                int end = r + (nr - r) / 2 * 2;
+                memset(t[r], 0, (size_t)(end - r) * sizeof t[0]); /* row2 accumulates into t */
+                for (; r < end; r += 2)
                     L->fused_row2(L, o, xr + r * x_stride, xr + (r + 1) * x_stride, t[r],
                                   t[r + 1]);
-                for (int q = 0; q < pairs; q++) y[(r0 + q) * y_stride + o] = lanes_sum(t[q]);
             }
+            for (int q = 0; q < r; q++) y[(r0 + q) * y_stride + o] = lanes_sum(t[q]);
             for (; r < nr; r++) y[(r0 + r) * y_stride + o] = L->fused_row(L, o, xr + r * x_stride);
         }
     }
