@@ -470,7 +470,6 @@ static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const fl
     }
 }
 
-
 #if !defined(__AVX512F__)
 /* q_fused_row4_fn, one lane group g (the 8 lanes of columns 8g .. 8g + 7 mod 32) per pass:
  * four activation rows' partials and scaled lanes in eight registers, each 8-column vector
@@ -516,11 +515,6 @@ q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_featur
     if (group % 32 != 0 || in_features % group != 0) return NULL;
     return fmt == COLI_Q_INT4_ROW || fmt == COLI_Q_INT4_GROUPED ? fused_row4_int4 : NULL;
 }
-#else
-q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features) {
-    (void)fmt, (void)group, (void)in_features;
-    return NULL;
-}
 #endif
 
 q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group) {
@@ -563,7 +557,10 @@ q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group) {
     (void)group;
     return NULL;
 }
+#endif
 
+#if !(defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
+/* No four-row path: the generic build, and the avx512 build's 16-lane pairs. */
 q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features) {
     (void)fmt, (void)group, (void)in_features;
     return NULL;
