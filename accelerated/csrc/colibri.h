@@ -66,8 +66,12 @@ int col_dot_wants_aligned(size_t m);
 float *col_alloc_floats(size_t n);
 size_t col_pad_floats(size_t n);
 int col_rows_aligned(const float *x, size_t ldx);
-/* Where col_dot_wants_aligned(m) and x's m rows of k are not aligned: copy them to a new
- * aligned buffer (*copy, for the caller to free) and point *x / *ldx at it; else *copy NULL. */
+/* The leading dimension for activation rows of k floats: whole lines, an odd number of them,
+ * so the rows' lines spread over the L1's sets (aligned.c). */
+size_t col_spread_ld(size_t k);
+/* Where col_dot_wants_aligned(m) and x's m rows of k are not aligned, or not spread (an even
+ * number of lines apart): copy them to a new buffer, col_spread_ld(k) floats a row (*copy, for
+ * the caller to free), and point *x / *ldx at it; else *copy NULL. */
 int col_align_rows(const float **x, size_t m, size_t k, size_t *ldx, float **copy);
 float col_f16_to_f32(uint16_t h);
 

@@ -7,6 +7,8 @@
  *   2. gate and up of every expert: items = n_experts * 2M output columns;
  *   3. h = silu(g) * u (e8: rotate h, once for down);
  *   4. down of every expert: items = n_experts * D output columns.
+ * The gathered rows and h are col_spread_ld rows apart (aligned.c): they are the activations
+ * of the products, and rows a whole even number of lines apart slow the 4-8-row tiles.
  * A thread's chunk of items covers consecutive (expert, column) pairs; it calls the product
  * kernel on each expert's share as an output range. Every output element is one dot product
  * in the order its kernel's source fixes (col_dot_f32 for float rows, coli_quant.h's lanes for
@@ -27,9 +29,10 @@ typedef struct {
     const int64_t *start; /* [n_experts + 1] block offsets in rows */
     const int64_t *rows;  /* [start[n]] source rows of x */
     const float *x;
-    float *xs; /* [total, d] gathered (rotated for e8) */
-    float *gu; /* per expert [rows, 2 m_e]: gate | up per row */
-    float *h;  /* per expert [rows, m_e] */
+    size_t ldxs; /* col_spread_ld(d): xs's row stride */
+    float *xs;   /* [total, ldxs] gathered (rotated for e8) */
+    float *gu;   /* per expert [rows, 2 m_e]: gate | up per row */
+    float *h;    /* per expert [rows, col_spread_ld(m_e)] */
     float *out; /* [total, d] */
     int status;
 } moe_ctx;
@@ -65,10 +68,12 @@ static void gather_task(void *raw, size_t begin, size_t end) {
     for (size_t e = begin; e < end; e++) {
         size_t r0 = (size_t)c->start[e], r1 = (size_t)c->start[e + 1];
         for (size_t r = r0; r < r1; r++)
-            memcpy(c->xs + r * c->d, c->x + (size_t)c->rows[r] * c->d, c->d * sizeof(float));
+            memcpy(c->xs + r * c->ldxs, c->x + (size_t)c->rows[r] * c->d,
+                   c->d * sizeof(float));
         if (r1 > r0 && is_e8(&c->mats[3 * e])) {
-            int rc = coli_q_rotate(c->xs + r0 * c->d, (int64_t)(r1 - r0), (int64_t)c->d,
-                                   (int64_t)c->d, c->xs + r0 * c->d, (int64_t)c->d);
+            float *xs = c->xs + r0 * c->ldxs;
+            int rc = coli_q_rotate(xs, (int64_t)(r1 - r0), (int64_t)c->ldxs, (int64_t)c->d, xs,
+                                   (int64_t)c->ldxs);
             if (rc) fail(c, COL_EQUANT_BASE + rc);
         }
     }
@@ -89,16 +94,16 @@ static void gate_up_task(void *raw, size_t begin, size_t end) {
         size_t o0 = i - c->gu_items[e];
         size_t o1 = per < o0 + (end - i) ? per : o0 + (end - i);
         size_t r0 = (size_t)c->start[e], n = (size_t)c->start[e + 1] - r0;
-        const float *xs = c->xs + r0 * c->d;
+        const float *xs = c->xs + r0 * c->ldxs;
         float *y = c->gu + c->gu_off[e];
         if (n) {
             if (o0 < m) { /* gate columns [o0, min(o1, m)) */
                 size_t a1 = o1 < m ? o1 : m;
-                fail(c, mat_rows(&c->mats[3 * e], xs, n, c->d, y, per, o0, a1, scratch));
+                fail(c, mat_rows(&c->mats[3 * e], xs, n, c->ldxs, y, per, o0, a1, scratch));
             }
             if (o1 > m) { /* up columns, written after the gate's m */
                 size_t b0 = o0 > m ? o0 - m : 0;
-                fail(c, mat_rows(&c->mats[3 * e + 1], xs, n, c->d, y + m, per, b0, o1 - m,
+                fail(c, mat_rows(&c->mats[3 * e + 1], xs, n, c->ldxs, y + m, per, b0, o1 - m,
                                  scratch));
             }
         }
@@ -111,13 +116,13 @@ static void act_task(void *raw, size_t begin, size_t end) {
     moe_ctx *c = raw;
     for (size_t e = begin; e < end; e++) {
         size_t r0 = (size_t)c->start[e], r1 = (size_t)c->start[e + 1];
-        size_t m = c->mats[3 * e].rows;
+        size_t m = c->mats[3 * e].rows, ldh = col_spread_ld(m);
         float *gu = c->gu + c->gu_off[e], *h = c->h + c->h_off[e];
         for (size_t r = 0; r < r1 - r0; r++)
-            col_silu_mul(gu + r * 2 * m, gu + r * 2 * m + m, m, h + r * m);
+            col_silu_mul(gu + r * 2 * m, gu + r * 2 * m + m, m, h + r * ldh);
         if (r1 > r0 && is_e8(&c->mats[3 * e + 2])) {
-            int rc = coli_q_rotate(h, (int64_t)(r1 - r0), (int64_t)m, (int64_t)m, h,
-                                   (int64_t)m);
+            int rc = coli_q_rotate(h, (int64_t)(r1 - r0), (int64_t)ldh, (int64_t)m, h,
+                                   (int64_t)ldh);
             if (rc) fail(c, COL_EQUANT_BASE + rc);
         }
     }
@@ -140,7 +145,7 @@ static void down_task(void *raw, size_t begin, size_t end) {
         size_t r0 = (size_t)c->start[e], n = (size_t)c->start[e + 1] - r0;
         size_t m = c->mats[3 * e].rows;
         if (n)
-            fail(c, mat_rows(&c->mats[3 * e + 2], c->h + c->h_off[e], n, m,
+            fail(c, mat_rows(&c->mats[3 * e + 2], c->h + c->h_off[e], n, col_spread_ld(m),
                              c->out + r0 * c->d, c->d, o0, o1, scratch));
         i += o1 - o0;
     }
@@ -184,9 +189,10 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
         /* Each expert's blocks start on a 64-byte line (aligned.c): its rows are the
          * activations of its products. */
         gu_off[e + 1] = gu_off[e] + col_pad_floats(n * 2 * m);
-        h_off[e + 1] = h_off[e] + col_pad_floats(n * m);
+        h_off[e + 1] = h_off[e] + n * col_spread_ld(m);
     }
-    float *xs = col_alloc_floats(total * d);
+    size_t ldxs = col_spread_ld(d);
+    float *xs = col_alloc_floats(total * ldxs);
     float *gu = col_alloc_floats(gu_off[n_experts]);
     float *h = col_alloc_floats(h_off[n_experts]);
     if (xs == NULL || gu == NULL || h == NULL) {
@@ -196,8 +202,8 @@ int col_moe(col_pool *pool, size_t n_experts, const col_mat *mats, const int64_t
         free(offs);
         return COL_ENOMEM;
     }
-    moe_ctx c = {mats, n_experts, d, gu_items, gu_off, h_off, start, rows, x, xs, gu, h, out,
-                 COL_OK};
+    moe_ctx c = {mats, n_experts, d, gu_items, gu_off, h_off, start, rows, x, ldxs, xs, gu, h,
+                 out, COL_OK};
     /* Gathering rows and SwiGLU's activation are light next to the products: the caller does
      * them alone unless the batch is large, so a layer costs two pool wake-ups. */
     int light = h_off[n_experts] < COL_INLINE_WORK / 4 &&
