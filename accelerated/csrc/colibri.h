@@ -58,8 +58,8 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
                    size_t k, float *out, size_t ldo);
 int col_row_to_f32(const void *w, int dtype, size_t index, size_t k, float *out);
 /* Whether col_dot_block's fastest kernel for m activation rows wants them 64-byte aligned
- * (rows at a 64-byte-aligned address, ldx a multiple of 16): the avx512 build's 4-8-row
- * tiles. Unaligned rows still give the same bytes, through the avx2 tiles. */
+ * (rows at a 64-byte-aligned address, ldx a multiple of 16): the avx512 build's 16-lane
+ * tiles, from 4 rows (more than 8 meet them in blocks of 8). Unaligned rows still give the same bytes, through the avx2 tiles. */
 int col_dot_wants_aligned(size_t m);
 /* Activation buffers (aligned.c): n floats on a 64-byte boundary (free() them), n rounded up
  * to a whole number of 64-byte lines, and whether rows at x, ldx floats apart, are aligned. */

@@ -98,13 +98,6 @@ float col_dot_f32(const float *a, const float *b, size_t k) {
     return reduce32(lanes);
 }
 
-/* out[r * ldo + j] = col_dot_f32(w + j * k, x + r * ldx, k) for j < 2, r < 4, bit for bit,
- * with k a multiple of 32: a 2 x 4 register block. col_dot_f32 keeps four 8-lane
- * accumulators (lanes i mod 32) and adds them with reduce_regs; here each of the four lane
- * groups is one pass over k with eight accumulators (two weight rows by four activation
- * rows), so a pass loads 6 vectors per 8 multiply-adds where col_dot4_f32 loads 5 per 4.
- * Every lane still accumulates the same products in the same order, and the four groups
- * meet in the same reduce_regs tree. */
 #if defined(__AVX2__) && defined(__FMA__)
 /* out[r * ldo + j] for the j < rows weight rows and r < 4 activation rows of a register
  * tile whose lane group g left its accumulators in part[g][j][r]: col_dot_f32's reduce_regs
@@ -116,56 +109,18 @@ static void reduce_parts(__m256 part[4][3][4], size_t rows, float *out, size_t l
                                            part[3][j][r]);
 }
 
-/* Prefetch the two weight rows `ahead` floats on (the next pair) for the 32 floats at i. */
-static inline void prefetch2(const float *w0, const float *w1, size_t ahead, size_t i) {
-    const char *p0 = (const char *)(w0 + ahead + i), *p1 = (const char *)(w1 + ahead + i);
-    _mm_prefetch(p0, _MM_HINT_T0);
-    _mm_prefetch(p0 + 64, _MM_HINT_T0);
-    _mm_prefetch(p1, _MM_HINT_T0);
-    _mm_prefetch(p1 + 64, _MM_HINT_T0);
-}
-
-static void dot_2x4(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                    size_t ldo, size_t ahead) {
-    __m256 part[4][3][4];
-    const float *w0 = w, *w1 = w + k;
-    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-    for (size_t g = 0; g < 4; g++) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (size_t i = 8 * g; i < k; i += 32) {
-            if (g == 0 && ahead) prefetch2(w0, w1, ahead, i);
-            __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i);
-            __m256 y = _mm256_loadu_ps(x0 + i);
-            a0 = _mm256_fmadd_ps(u, y, a0);
-            b0 = _mm256_fmadd_ps(v, y, b0);
-            y = _mm256_loadu_ps(x1 + i);
-            a1 = _mm256_fmadd_ps(u, y, a1);
-            b1 = _mm256_fmadd_ps(v, y, b1);
-            y = _mm256_loadu_ps(x2 + i);
-            a2 = _mm256_fmadd_ps(u, y, a2);
-            b2 = _mm256_fmadd_ps(v, y, b2);
-            y = _mm256_loadu_ps(x3 + i);
-            a3 = _mm256_fmadd_ps(u, y, a3);
-            b3 = _mm256_fmadd_ps(v, y, b3);
-        }
-        part[g][0][0] = a0, part[g][0][1] = a1, part[g][0][2] = a2, part[g][0][3] = a3;
-        part[g][1][0] = b0, part[g][1][1] = b1, part[g][1][2] = b2, part[g][1][3] = b3;
-    }
-    reduce_parts(part, 2, out, ldo);
-}
-
 /* col_dot_f32 of one weight row with two or three activation rows in one pass over the row
  * (each lane group's accumulator per activation row, the same lanes and tree): the row
- * streams from memory once, in order, with the row `ahead` floats on prefetched. A two-row
- * block (like dot_2x4) reads each row in four strided passes, which measured slower for the
- * 2-3 rows an expert gets in a batched step. */
+ * streams from memory once, in order. A two-row block reading each row in four strided
+ * passes measured slower for the 2-3 rows an expert gets in a batched step. Each step
+ * prefetches the two lines it is about to load: without, 0.95-0.99x the GB/s at 2, 3 and 5
+ * rows on one thread (2-core EPYC Zen 4, paired), 0.98-1.04x on two. */
 static void dot_1x2(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                    size_t ldo, size_t ahead) {
+                    size_t ldo) {
     const float *x0 = x, *x1 = x + ldx;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    const char *p = (const char *)(w + ahead);
+    const char *p = (const char *)w;
     for (size_t i = 0; i < k; i += 32) {
         _mm_prefetch(p + 4 * i, _MM_HINT_T0);
         _mm_prefetch(p + 4 * i + 64, _MM_HINT_T0);
@@ -185,12 +140,12 @@ static void dot_1x2(const float *w, size_t k, const float *x, size_t ldx, float 
 }
 
 static void dot_1x3(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                    size_t ldo, size_t ahead) {
+                    size_t ldo) {
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-    const char *p = (const char *)(w + ahead);
+    const char *p = (const char *)w;
     for (size_t i = 0; i < k; i += 32) {
         _mm_prefetch(p + 4 * i, _MM_HINT_T0);
         _mm_prefetch(p + 4 * i + 64, _MM_HINT_T0);
@@ -375,95 +330,121 @@ static void row_major(const float *wn, size_t k, const float *x, size_t ldx, siz
     size_t r = r0;
     for (; m - r >= 2; r += m - r == 3 || m - r == 5 ? 3 : 2)
         (m - r == 3 || m - r == 5 ? dot_1x3 : dot_1x2)(wn, k, x + r * ldx, ldx, out + r * ldo,
-                                                      ldo, 0);
+                                                      ldo);
     if (r < m) out[r * ldo] = col_dot_f32(wn, x + r * ldx, k);
 }
 #endif
 
-/* Weight rows per tile of col_dot_block: a tile stays in L2 while every group of four
- * activation rows passes over it. */
+/* Weight rows per tile of col_dot_block: a tile stays in L2 while every block of activation
+ * rows passes over it. */
 #define DOT_TILE_BYTES ((size_t)256 << 10)
 /* Up to this many activation rows col_dot_block walks weight rows one at a time. */
 #define DOT_ROW_MAJOR 8
+/* Activation rows per block when more than DOT_ROW_MAJOR meet one weight tile (a prefill):
+ * as many as one 16-lane tile takes, or one 3 x 4 tile's four, whose 16 KiB (k = 1024) stay
+ * in a 32 KiB L1 across the weight tile. Measured on a 2-core EPYC Zen 4, k 1024, one thread
+ * from memory, paired: the avx2 build 1.53x / 1.26x the old 2 x 4 blocks at 16 / 64 rows in
+ * blocks of 4, 1.27x / 1.01x in blocks of 8; the avx512 build 1.69x / 1.17x in blocks of 8,
+ * 1.62x / 1.10x in blocks of 4. */
+#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define DOT_BLOCK_ROWS 8
+#else
+#define DOT_BLOCK_ROWS 4
+#endif
 
 int col_dot_wants_aligned(size_t m) {
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-    return m >= TILE16_MIN_ROWS && m <= DOT_ROW_MAJOR;
+    return m >= TILE16_MIN_ROWS;
 #else
     (void)m;
     return 0;
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Weight rows n0 .. n1 against 2 <= m <= DOT_ROW_MAJOR activation rows (k % 32 == 0): a
+ * decode batch, or one block of a larger product's rows. `from_memory`: the weights are not
+ * in cache yet, so each 3 x 4 tile prefetches the next; a block after a tile's first meets
+ * weights already in L2, and those prefetches then only cost issue slots (avx2 build, 2-core
+ * EPYC Zen 4, k 1024, one thread, paired: 0.66-0.76x the GB/s at 16-64 rows with them). The
+ * 16-lane tiles prefetch either way (1.02-1.07x with them there). */
+static void dot_block_few(const float *w, size_t n0, size_t n1, const float *x, size_t m,
+                          size_t ldx, size_t k, float *out, size_t ldo, int from_memory) {
+    size_t n = n0;
+#if defined(__AVX512F__)
+    if (col_dot_wants_aligned(m) && col_rows_aligned(x, ldx)) {
+        dot_block16(w, n0, n1, x, m, ldx, k, out, ldo);
+        return;
+    }
+#endif
+    /* Four to eight rows: tiles of three weight rows meet the activations four rows at a
+     * time in registers (tile_3x4), the rest of the rows two or three at a time; measured
+     * 13.8 vs 11.7 GB/s at 8 rows (dot_1x2 four times per weight row starves on the
+     * activations' loads). Fewer rows (an expert's share of a batch): each weight row
+     * streams from memory once, in order (row_major). */
+    size_t quads = m >= 4 ? m / 4 : 0;
+    /* The next tile's lines over this tile's quads x 4 passes x k / 32 inner steps: one per
+     * step covers them with two quads (8 rows), not with one (4-7 rows: two thirds, the rest
+     * then missed on demand; measured 17-20 GB/s at 4-7 rows against 26 at 8). */
+    size_t pf_lines = 3 * k * sizeof(float) / 64, steps = quads * k / 8;
+    size_t per_step = steps ? (pf_lines + steps - 1) / steps : 0;
+    for (; quads && n + 3 <= n1; n += 3) {
+        const float *wn = w + n * k;
+        const char *next = (const char *)(wn + 3 * k);
+        /* no prefetch past the block, nor of weights already in cache */
+        size_t done = from_memory && n + 6 <= n1 ? 0 : pf_lines;
+        for (size_t q = 0; q < quads; q++)
+            tile_3x4(wn, k, x + 4 * q * ldx, ldx, out + 4 * q * ldo + n, ldo, next, pf_lines,
+                     per_step, &done);
+        for (size_t j = 0; j < 3 && 4 * quads < m; j++)
+            row_major(wn + j * k, k, x, ldx, 4 * quads, m, out + n + j, ldo);
+    }
+    for (; n < n1; n++) row_major(w + n * k, k, x, ldx, 0, m, out + n, ldo);
+}
+#endif
+
 void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t m, size_t ldx,
                    size_t k, float *out, size_t ldo) {
-    size_t n = n0;
     if (m == 1) {
         /* One row at a time, no software prefetch: a single sequential stream per thread is
          * what the hardware prefetcher follows best. Measured against two rows in flight with
          * the next pair prefetched (the previous kernel) on a 2-core EPYC: 19 vs 17 GB/s on
          * 2048 x 1024 weights, a decode step of the bench model 29.5 vs 32.4 ms. */
-        for (; n < n1; n++) out[n] = col_dot_f32(w + n * k, x, k);
+        for (size_t n = n0; n < n1; n++) out[n] = col_dot_f32(w + n * k, x, k);
         return;
     }
-#if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
-    if (col_dot_wants_aligned(m) && k % 32 == 0 && col_rows_aligned(x, ldx)) {
-        dot_block16(w, n0, n1, x, m, ldx, k, out, ldo);
-        return;
-    }
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-    if (m <= DOT_ROW_MAJOR && k % 32 == 0) {
-        /* Four to eight rows (a decode batch): tiles of three weight rows meet the activations
-         * four rows at a time in registers (tile_3x4), the rest of the rows two or three at a
-         * time; measured 13.8 vs 11.7 GB/s at 8 rows (dot_1x2 four times per weight row
-         * starves on the activations' loads). Fewer rows (an expert's share of a batch):
-         * each weight row streams from memory once, in order (row_major). */
-        size_t quads = m >= 4 ? m / 4 : 0;
-        /* The next tile's lines over this tile's quads x 4 passes x k / 32 inner steps: one
-         * per step covers them with two quads (8 rows), not with one (4-7 rows: two thirds,
-         * the rest then missed on demand; measured 17-20 GB/s at 4-7 rows against 26 at 8). */
-        size_t pf_lines = 3 * k * sizeof(float) / 64, steps = quads * k / 8;
-        size_t per_step = steps ? (pf_lines + steps - 1) / steps : 0;
-        for (; quads && n + 3 <= n1; n += 3) {
-            const float *wn = w + n * k;
-            const char *next = (const char *)(wn + 3 * k);
-            size_t done = n + 6 <= n1 ? 0 : pf_lines; /* no prefetch past the block */
-            for (size_t q = 0; q < quads; q++)
-                tile_3x4(wn, k, x + 4 * q * ldx, ldx, out + 4 * q * ldo + n, ldo, next,
-                         pf_lines, per_step, &done);
-            for (size_t j = 0; j < 3 && 4 * quads < m; j++)
-                row_major(wn + j * k, k, x, ldx, 4 * quads, m, out + n + j, ldo);
-        }
-        for (; n < n1; n++) row_major(w + n * k, k, x, ldx, 0, m, out + n, ldo);
-        return;
-    }
-#endif
-    /* Many activation rows (a prefill, a batch): a tile of weight rows, read from memory
-     * once, meets the activations four rows at a time, so those four stay in L1 while the
-     * tile's rows stream from L2 (rather than every activation row streaming from L2 for
-     * each weight row). Only the loop order changes: each element is still one
-     * col_dot_f32, four rows grouped as col_dot_rows groups them. */
+    /* Many activation rows (a prefill, a large batch): a tile of weight rows, read from memory
+     * once, stays in L2 while the activations meet it DOT_BLOCK_ROWS rows at a time through a
+     * decode batch's kernels (the 16-lane or 3 x 4 register tiles), rather than every
+     * activation row streaming from L2 for each weight row. Only the loop order changes:
+     * each element is still one col_dot_f32. */
     size_t tile = DOT_TILE_BYTES / (k * sizeof(float));
     if (tile == 0) tile = 1;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (k % 32 == 0) {
+        if (m <= DOT_ROW_MAJOR) {
+            dot_block_few(w, n0, n1, x, m, ldx, k, out, ldo, 1);
+            return;
+        }
+        for (size_t t0 = n0; t0 < n1; t0 += tile) {
+            size_t t1 = n1 - t0 < tile ? n1 : t0 + tile;
+            for (size_t r = 0; r < m; r += DOT_BLOCK_ROWS) {
+                size_t nr = m - r < DOT_BLOCK_ROWS ? m - r : DOT_BLOCK_ROWS;
+                if (nr == 1)
+                    for (size_t n = t0; n < t1; n++)
+                        out[r * ldo + n] = col_dot_f32(w + n * k, x + r * ldx, k);
+                else
+                    dot_block_few(w, t0, t1, x + r * ldx, nr, ldx, k, out + r * ldo, ldo, r == 0);
+            }
+        }
+        return;
+    }
+#endif
     for (size_t t0 = n0; t0 < n1; t0 += tile) {
         size_t t1 = n1 - t0 < tile ? n1 : t0 + tile;
         for (size_t r = 0; r < m; r += 4) {
             size_t nr = m - r < 4 ? m - r : 4;
-            n = t0;
-#if defined(__AVX2__) && defined(__FMA__)
-            /* The first group of rows meets the tile's weights from memory: prefetch the
-             * next pair of rows (the rest find them in L2). */
-            size_t ahead = r == 0 ? 2 * k : 0;
-            if (k % 32 == 0 && nr == 4)
-                for (; n + 2 <= t1; n += 2)
-                    dot_2x4(w + n * k, k, x + r * ldx, ldx, out + r * ldo + n, ldo, ahead);
-            if (k % 32 == 0 && (nr == 2 || nr == 3))
-                for (; n < t1; n++)
-                    (nr == 2 ? dot_1x2 : dot_1x3)(w + n * k, k, x + r * ldx, ldx,
-                                                  out + r * ldo + n, ldo, ahead / 2);
-#endif
-            for (; n < t1; n++)
+            for (size_t n = t0; n < t1; n++)
                 col_dot_rows(w + n * k, x + r * ldx, nr, ldx, k, out + r * ldo + n, ldo);
         }
     }

@@ -1,7 +1,8 @@
 """Float products (csrc/dot.c) over many activation rows: a row's outputs are the same bytes
 as that row's product alone (sameness kind (c), spec/model.md §15), whichever path a batch
-takes: weight tiles, 2 x 4 register blocks, one-pass blocks of 2 or 3 rows, leftover rows
-and columns, widths that are not a multiple of 32."""
+takes: weight tiles met by blocks of 4 or 8 activation rows (and a last block of 1-7), 3 x 4
+and 16-lane register tiles, one-pass blocks of 2 or 3 rows, leftover rows and columns, widths
+that are not a multiple of 32."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_each_row_of_a_batch_is_its_product_alone(k: int, threads: int) -> None:
     kernels = Kernels(threads)
     try:
         alone = np.concatenate([kernels.matmul(x[r : r + 1], w) for r in range(x.shape[0])])
-        for m in (2, 3, 4, 5, 6, 7, 8, 11):
+        for m in (2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 16, 17, 23):
             assert kernels.matmul(x[:m], w).tobytes() == alone[:m].tobytes()
     finally:
         kernels.close()
