@@ -112,6 +112,7 @@ QUANT_CASES: list[tuple[str, dict[str, int], tuple[int, int]]] = [
     *[("int4-grouped", {"group_size": gs}, (11, 301)) for gs in (16, 32, 48, 64, 128)],
     *[("int4-grouped", {"group_size": gs}, (64, 1024)) for gs in (64, 128)],
     ("fp8-e4m3-b128", {}, (130, 300)),
+    ("fp8-e4m3-b128", {}, (130, 256)),
     ("int2-row", {}, (37, 77)),
     ("int3-g64", {}, (6, 333)),
     ("e8-iq3-lattice", {}, (5, 512)),
@@ -130,7 +131,7 @@ def test_quantized_products_are_the_avx2_bytes(
     payload, scales = quantize(fmt, w, **kw)
     m = qk.quant_matrix(fmt, payload, scales, shape, group_size=kw.get("group_size"))
     libs = {v: qk.QuantKernels.from_path(library(v)) for v in VARIANTS}
-    for rows in (1, 2, 3, 4, 7, 9):  # one-row, two-row and buffered paths
+    for rows in (1, 2, 3, 4, 7, 9, 13, 37):  # one-row, two-row, buffered and prefill paths
         x = np.random.default_rng(rows).standard_normal((rows, shape[1])).astype(np.float32)
         got = {v: lib.matmul(m, x).tobytes() for v, lib in libs.items()}
         assert got["avx512"] == got["avx2"], rows

@@ -161,6 +161,32 @@ def test_batches_past_one_tile_and_output_splits_are_byte_identical(fmt):
     assert split.tobytes() == full.tobytes()
 
 
+PREFILL_CASES: list[tuple[str, dict[str, int], tuple[int, int]]] = [
+    ("int8-row", {}, (14, 256)),
+    ("int4-row", {}, (13, 512)),
+    *[("int4-grouped", {"group_size": gs}, (16, 384)) for gs in (32, 64, 128)],
+    ("fp8-e4m3-b128", {}, (130, 256)),
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
+def test_prefill_batches_are_each_row_alone(case):
+    # Rows of whole 32-column groups: more than 8 activation rows take the avx512 build's
+    # prefill tiles (three weight rows decoded once, activations four at a time) with the
+    # rows past the last four and the weight rows past the last three on the row path;
+    # output splits start tiles off the multiples of three.
+    m, _ = make(case)
+    x = activations(37, m.in_features)
+    alone = np.stack([qk.qmatmul(m, x[r]) for r in range(37)])
+    for n in (9, 12, 13, 37):
+        assert qk.qmatmul(m, x[:n]).tobytes() == alone[:n].tobytes(), n
+    split = np.full_like(alone, np.nan)
+    cuts = [0, 1, 5, m.out_features]
+    for o0, o1 in zip(cuts, cuts[1:], strict=False):
+        qk.qmatmul(m, x, out=split, o_range=(o0, o1))
+    assert split.tobytes() == alone.tobytes()
+
+
 @pytest.mark.parametrize("fmt", ["int4-grouped", "e8-iq3-lattice", "fp8-e4m3-b128"])
 def test_threads_splitting_by_output_give_the_same_bytes(fmt):
     from concurrent.futures import ThreadPoolExecutor

@@ -44,11 +44,18 @@ typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, co
 typedef void (*q_fused_row4_fn)(const qlayout *L, int64_t o, const float *x, int64_t ldx,
                                 float *t);
 
+/* Output rows o, o + 1, o + 2 for the first n_x activation rows (a multiple of 4), each
+ * element exactly the one-row path's, the three weight rows decoded once onto wd (3 x
+ * in_features floats) for all n_x. Only for rows of whole groups of 32-column multiples. */
+typedef void (*q_fused_tile_fn)(const qlayout *L, int64_t o, const float *x, int64_t ldx,
+                                int64_t n_x, float *y, int64_t ldy, float *wd);
+
 /* The fused paths of a format in this build, or NULL (q_fused.c). */
 q_fused_fn coli_qi_fused_for(int fmt);
 q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group);
 q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group);
 q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features);
+q_fused_tile_fn coli_qi_fused_tile_for(int fmt, int64_t group, int64_t in_features);
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -81,6 +88,7 @@ struct qlayout {
     q_fused_row_fn fused_row;
     q_fused_row2_fn fused_row2;
     q_fused_row4_fn fused_row4;
+    q_fused_tile_fn fused_tile;
 };
 
 /* Checks sizes and fills *L (q_layout.c). */

@@ -231,11 +231,37 @@ static void run_buffered(const qlayout *L, const float *x, int64_t n_rows, int64
     }
 }
 
+/* More activation rows than a decode batch (DOT_ROW_MAJOR in dot.c) take the prefill tiles
+ * where the build has them; decode batches keep run_rows. */
+#define TILE_MIN_ROWS 9
+
+/* A prefill's rows: output rows three at a time through the tile (each weight row decoded
+ * once for all the activation rows, L->fused_tile), activation rows four at a time; the
+ * activation rows past the last four and the output rows past the last three go through
+ * run_rows. Without the buffer's memory the whole call does (the same bytes either way). */
+static void run_tiles(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride,
+                      float *y, int64_t y_stride, int64_t o0, int64_t o1) {
+    float *wd = malloc(3 * (size_t)L->in_features * sizeof(float));
+    if (wd == NULL) {
+        run_rows(L, x, n_rows, x_stride, y, y_stride, o0, o1);
+        return;
+    }
+    int64_t quads = n_rows / 4 * 4, o = o0;
+    for (; o + 3 <= o1; o += 3) L->fused_tile(L, o, x, x_stride, quads, y, y_stride, wd);
+    free(wd);
+    if (quads < n_rows)
+        run_rows(L, x + quads * x_stride, n_rows - quads, x_stride, y + quads * y_stride,
+                 y_stride, o0, o);
+    if (o < o1) run_rows(L, x, n_rows, x_stride, y, y_stride, o, o1);
+}
+
 /* Which path a call takes depends on the build, the format and the batch size, never on
  * the values: every path performs the same operations per output element. */
 static void run(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride, float *y,
                 int64_t y_stride, int64_t o0, int64_t o1) {
-    if (L->fused_row != NULL)
+    if (L->fused_tile != NULL && n_rows >= TILE_MIN_ROWS)
+        run_tiles(L, x, n_rows, x_stride, y, y_stride, o0, o1);
+    else if (L->fused_row != NULL)
         run_rows(L, x, n_rows, x_stride, y, y_stride, o0, o1);
     else if (L->fused != NULL && n_rows <= FUSED_MAX_ROWS)
         run_small(L, x, n_rows, x_stride, y, y_stride, o0, o1);
