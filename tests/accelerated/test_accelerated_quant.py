@@ -170,7 +170,9 @@ PREFILL_CASES: list[tuple[str, dict[str, int], tuple[int, int]]] = [
 
 
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
-def test_prefill_batches_are_each_row_alone(case):
+def test_prefill_batches_are_each_row_alone(
+    case: tuple[str, dict[str, int], tuple[int, int]],
+) -> None:
     # Rows of whole 32-column groups: more than 8 activation rows take the avx512 build's
     # prefill tiles (three weight rows decoded once, activations four at a time) with the
     # rows past the last four and the weight rows past the last three on the row path;
