@@ -345,7 +345,8 @@ static void row_major(const float *wn, size_t k, const float *x, size_t ldx, siz
  * in a 32 KiB L1 across the weight tile. Measured on a 2-core EPYC Zen 4, k 1024, one thread
  * from memory, paired: the avx2 build 1.53x / 1.26x the old 2 x 4 blocks at 16 / 64 rows in
  * blocks of 4, 1.27x / 1.01x in blocks of 8; the avx512 build 1.69x / 1.17x in blocks of 8,
- * 1.62x / 1.10x in blocks of 4. */
+ * 1.62x / 1.10x in blocks of 4 (both builds compared without the later blocks' prefetch,
+ * which the avx512 build then kept: 1.02-1.07x). */
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define DOT_BLOCK_ROWS 8
 #else

@@ -380,7 +380,6 @@ Q_ROW2_AT(fused_row2_int8, Q_DEC32_WIDE(int8), Q_WIDE)
 Q_ROW2_AT(fused_row2_int4, Q_DEC32_WIDE(int4), Q_WIDE)
 Q_ROW2_AT(fused_row2_fp8, Q_DEC32_WIDE(fp8), Q_WIDE)
 
-
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 /* Prefills (the avx512 build): three weight rows decoded once onto a buffer, then met by the
  * activations four rows at a time in a 3 x 4 register tile per 16-lane half -- the float
@@ -431,7 +430,7 @@ static void qtile_3x4(const float *wd, int64_t I, int64_t G, const float *const 
                      * folds it into each multiply-add as a memory operand, 15 loads a step
                      * for 12 multiply-adds (2-core EPYC Zen 4, the int4g64 container's
                      * 64-token prefill 1.17-1.18x this way; the float tile16 has the weights
-                     * from memory and measured 0.61-0.86x so). */
+                     * from memory and measured 0.61-0.97x so). */
                     __asm__("" : "+v"(v));
 #pragma GCC unroll 3
                     for (int j = 0; j < 3; j++) a[j][r] = _mm512_fmadd_ps(u[j], v, a[j][r]);
