@@ -170,17 +170,18 @@ PREFILL_CASES: list[tuple[str, dict[str, int], tuple[int, int]]] = [
 
 
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
-def test_prefill_batches_are_each_row_alone(
+def test_decode_batches_and_prefills_are_each_row_alone(
     case: tuple[str, dict[str, int], tuple[int, int]],
 ) -> None:
-    # Rows of whole 32-column groups: more than 8 activation rows take the avx512 build's
-    # prefill tiles (three weight rows decoded once, activations four at a time) with the
-    # rows past the last four and the weight rows past the last three on the row path;
+    # Rows of whole 32-column groups: 3-7 activation rows take the paths that decode each
+    # block once for three or four rows (with pairs and a last row alone around them); 8 or
+    # more the tiles (three weight rows decoded once, activations four or two at a time) with
+    # the rows past the last block and the weight rows past the last three on the row path;
     # output splits start tiles off the multiples of three.
     m, _ = make(case)
     x = activations(37, m.in_features)
     alone = np.stack([qk.qmatmul(m, x[r]) for r in range(37)])
-    for n in (9, 12, 13, 37):
+    for n in (*range(2, 10), 12, 13, 37):
         assert qk.qmatmul(m, x[:n]).tobytes() == alone[:n].tobytes(), n
     split = np.full_like(alone, np.nan)
     cuts = [0, 1, 5, m.out_features]

@@ -380,30 +380,111 @@ Q_ROW2_AT(fused_row2_int8, Q_DEC32_WIDE(int8), Q_WIDE)
 Q_ROW2_AT(fused_row2_int4, Q_DEC32_WIDE(int4), Q_WIDE)
 Q_ROW2_AT(fused_row2_fp8, Q_DEC32_WIDE(fp8), Q_WIDE)
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-/* Prefills (the avx512 build): three weight rows decoded once onto a buffer, then met by the
- * activations four rows at a time in a 3 x 4 register tile per 16-lane half -- the float
- * products' tile16 shape. The pair path decodes every block again for each pair of rows,
- * which made decoding most of a 64-row prefill's work. Per output element the operations are
- * the one-row path's: each scale group's partials a from zero over its 32-column blocks in
- * order (half h: lanes 16 h .. 16 h + 15, which Q_BLOCK_FMA holds in a[h]), t = fma(s, a, t)
- * at the group's end, then QSUM_16's 32-lane sum; the decoded values are DEC32's. */
-#define Q_DEFINE_DECODE_ROW(NAME, DEC32)                                                      \
+/* Prefills and full decode batches: three weight rows decoded once onto a buffer, then met by
+ * the activations a few rows at a time in a register tile. The pair and four-row paths decode
+ * every block again for each pair or four of rows, which made decoding most of a 64-row
+ * prefill's work. Per output element the operations are the one-row path's: each scale
+ * group's partials a from zero over its 32-column blocks in order (one lane group or half of
+ * every block per pass, as Q_BLOCK_FMA holds them in a[k]), t = fma(s, a, t) at the group's
+ * end, then QSUM_W's 32-lane sum; the decoded values are DEC32's. */
+#define Q_DEFINE_DECODE_ROW(NAME, DEC32, W)                                                   \
     static void NAME(const qlayout *L, int64_t o, float *wd) {                                \
         const uint8_t *row = L->packed + o * L->row_bytes;                                    \
         for (int64_t c = 0; c < L->in_features; c += 32) {                                    \
-            __m512 w_[2];                                                                     \
+            QV_##W w_[QN_##W];                                                                \
             DEC32(row, c, w_);                                                                \
-            _mm512_storeu_ps(wd + c, w_[0]);                                                  \
-            _mm512_storeu_ps(wd + c + 16, w_[1]);                                             \
+            for (int k = 0; k < QN_##W; k++) QSTORE_##W(wd + c + W * k, w_[k]);              \
         }                                                                                     \
     }
-Q_DEFINE_DECODE_ROW(decode_row_int8, dec32z_int8)
-Q_DEFINE_DECODE_ROW(decode_row_int4, dec32z_int4)
-Q_DEFINE_DECODE_ROW(decode_row_fp8, dec32z_fp8)
+#define Q_DECODE_ROW_AT(NAME, DEC32, W) Q_DEFINE_DECODE_ROW(NAME, DEC32, W)
+Q_DECODE_ROW_AT(decode_row_int8, Q_DEC32_WIDE(int8), Q_WIDE)
+Q_DECODE_ROW_AT(decode_row_int4, Q_DEC32_WIDE(int4), Q_WIDE)
+Q_DECODE_ROW_AT(decode_row_fp8, Q_DEC32_WIDE(fp8), Q_WIDE)
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* Three or four activation rows x, x + ldx, ... against one weight row, each 32-column block
+ * decoded once for all of them (the avx512 build, where up to 8 partials and 8 scaled sums
+ * fit in registers): tout[r * 32 + l] gets row r's lane l as the one-row path leaves it. Why:
+ * a decode batch's experts mostly get 1-4 of its rows, and pairs decoded every block once per
+ * pair, an odd last row alone once more (the int4g64 + int8 container's decode step, paired,
+ * 2-core EPYC Zen 4: three rows at once 1.07x at 8 rows, 1.05x at 4). N_ROWS, a constant of
+ * each function, is how many. */
+#define Q_BLOCKN_FMA(DEC32, W, c)                                                             \
+    do {                                                                                      \
+        QV_##W w_[QN_##W];                                                                    \
+        DEC32(row, (c), w_);                                                                  \
+        for (int k = 0; k < QN_##W; k++)                                                      \
+            for (int r = 0; r < N_ROWS; r++)                                                  \
+                a[r][k] = QFMA_##W(w_[k], QLOAD_##W(x + r * ldx + (c) + W * k), a[r][k]);     \
+    } while (0)
+#define Q_GROUPN_START(W)                                                                     \
+    for (int r = 0; r < N_ROWS; r++)                                                          \
+        for (int k = 0; k < QN_##W; k++) a[r][k] = QZERO_##W()
+#define Q_GROUPN_END(W, g)                                                                    \
+    do {                                                                                      \
+        QV_##W s_ = QSET1_##W(srow[g]);                                                       \
+        for (int r = 0; r < N_ROWS; r++)                                                      \
+            for (int k = 0; k < QN_##W; k++) t[r][k] = QFMA_##W(s_, a[r][k], t[r][k]);        \
+    } while (0)
+#define Q_GROUPSN_OF(DEC32, W, NB)                                                            \
+    for (int64_t g0 = 0, g = 0; g0 < I; g0 += 32 * (NB), g++) {                               \
+        Q_GROUPN_START(W);                                                                    \
+        for (int b = 0; b < (NB); b++) Q_BLOCKN_FMA(DEC32, W, g0 + 32 * b);                   \
+        Q_GROUPN_END(W, g);                                                                   \
+    }
+#define Q_DEFINE_ROWN(NAME, DEC32, W, N)                                                      \
+    static void NAME(const qlayout *L, int64_t o, const float *x, int64_t ldx, float *tout) { \
+        enum { N_ROWS = N };                                                                  \
+        const uint8_t *row = L->packed + o * L->row_bytes;                                    \
+        const float *srow = scale_row(L, o);                                                  \
+        const int64_t I = L->in_features, G = L->group;                                       \
+        QV_##W t[N_ROWS][QN_##W], a[N_ROWS][QN_##W];                                          \
+        for (int r = 0; r < N_ROWS; r++)                                                      \
+            for (int k = 0; k < QN_##W; k++) t[r][k] = QZERO_##W();                           \
+        if (Q_WHOLE_GROUPS(I, G)) {                                                           \
+            Q_UNROLLED(Q_GROUPSN_OF, DEC32, W, G);                                            \
+        } else {                                                                              \
+            for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {                               \
+                Q_GROUPN_START(W);                                                            \
+                for (int64_t c = g0; c < g0 + G; c += 32) Q_BLOCKN_FMA(DEC32, W, c);          \
+                Q_GROUPN_END(W, g);                                                           \
+            }                                                                                 \
+        }                                                                                     \
+        for (int r = 0; r < N_ROWS; r++)                                                      \
+            for (int k = 0; k < QN_##W; k++) QSTORE_##W(tout + 32 * r + W * k, t[r][k]);      \
+    }
+Q_DEFINE_ROWN(fused_row3_int8, dec32z_int8, 16, 3)
+Q_DEFINE_ROWN(fused_row3_int4, dec32z_int4, 16, 3)
+Q_DEFINE_ROWN(fused_row3_fp8, dec32z_fp8, 16, 3)
+Q_DEFINE_ROWN(fused_row4_int8, dec32z_int8, 16, 4)
+Q_DEFINE_ROWN(fused_row4_int4, dec32z_int4, 16, 4)
+Q_DEFINE_ROWN(fused_row4_fp8, dec32z_fp8, 16, 4)
+
+q_fused_row3_fn coli_qi_fused_row3_for(int fmt, int64_t group, int64_t in_features) {
+    if (group % 32 != 0 || in_features % group != 0) return NULL;
+    switch (fmt) {
+    case COLI_Q_INT8_ROW: return fused_row3_int8;
+    case COLI_Q_INT4_ROW:
+    case COLI_Q_INT4_GROUPED: return fused_row3_int4;
+    case COLI_Q_FP8_E4M3_B128: return fused_row3_fp8;
+    default: return NULL;
+    }
+}
+
+q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features) {
+    if (group % 32 != 0 || in_features % group != 0) return NULL;
+    switch (fmt) {
+    case COLI_Q_INT8_ROW: return fused_row4_int8;
+    case COLI_Q_INT4_ROW:
+    case COLI_Q_INT4_GROUPED: return fused_row4_int4;
+    case COLI_Q_FP8_E4M3_B128: return fused_row4_fp8;
+    default: return NULL;
+    }
+}
 
 /* Decoded rows wd[0..2] (row stride I) with scales srow[j] against x's four rows: y[r * ldy
- * + j]. 28 of the 32 registers: 12 partials, 12 scaled sums, 3 weights, 1 activation. */
+ * + j], one 16-lane half of every block per pass (the float products' tile16 shape). 28 of
+ * the 32 registers: 12 partials, 12 scaled sums, 3 weights, 1 activation. */
 static void qtile_3x4(const float *wd, int64_t I, int64_t G, const float *const srow[3],
                       const float *x, int64_t ldx, float *y, int64_t ldy) {
     __m512 part[2][3][4];
@@ -455,17 +536,104 @@ static void qtile_3x4(const float *wd, int64_t I, int64_t G, const float *const 
         }
 }
 
+/* The activation rows in fours. */
+static int64_t tile_rows(const float *wd, int64_t I, int64_t G, const float *const srow[3],
+                         const float *x, int64_t ldx, int64_t n_x, float *y, int64_t ldy) {
+    int64_t r = 0;
+    for (; r + 4 <= n_x; r += 4) qtile_3x4(wd, I, G, srow, x + r * ldx, ldx, y + r * ldy, ldy);
+    return r;
+}
+#else
+/* The avx2 build's tile: decoded rows wd[0..2] (row stride I) with scales srow[j] against
+ * M of x's rows, one 8-lane group of every block per pass (lanes 8 g .. 8 g + 7, a[g] of
+ * Q_BLOCK_FMA), as the float tile_3x4 walks its weights. 16 registers hold 3 weights, 1
+ * activation and the 3 x M partials, and the 3 x M scaled sums where a row has several scale
+ * groups: M = 4 for rows of one group (int8-row, int4-row: t = fma(s, a, 0) once, after the
+ * row), M = 2 for several (int4-grouped, fp8). */
+static inline __attribute__((always_inline)) void qtile8(int M, int one_group,
+                                                         const float *wd, int64_t I, int64_t G,
+                                                         const float *const srow[3],
+                                                         const float *x, int64_t ldx, float *y,
+                                                         int64_t ldy) {
+    __m256 part[4][3][4];
+    for (int g = 0; g < 4; g++) {
+        __m256 t[3][4];
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++)
+#pragma GCC unroll 4
+            for (int r = 0; r < M; r++) t[j][r] = _mm256_setzero_ps();
+        for (int64_t g0 = 0, gi = 0; g0 < I; g0 += G, gi++) {
+            __m256 a[3][4];
+#pragma GCC unroll 3
+            for (int j = 0; j < 3; j++)
+#pragma GCC unroll 4
+                for (int r = 0; r < M; r++) a[j][r] = _mm256_setzero_ps();
+            for (int64_t c = g0 + 8 * g; c < g0 + G; c += 32) {
+                __m256 u[3];
+#pragma GCC unroll 3
+                for (int j = 0; j < 3; j++) u[j] = _mm256_loadu_ps(wd + j * I + c);
+#pragma GCC unroll 4
+                for (int r = 0; r < M; r++) {
+                    __m256 v = _mm256_loadu_ps(x + r * ldx + c);
+                    __asm__("" : "+x"(v)); /* one load for three multiply-adds (qtile_3x4) */
+#pragma GCC unroll 3
+                    for (int j = 0; j < 3; j++) a[j][r] = _mm256_fmadd_ps(u[j], v, a[j][r]);
+                }
+            }
+#pragma GCC unroll 3
+            for (int j = 0; j < 3; j++) {
+                __m256 sv = _mm256_set1_ps(srow[j][gi]);
+#pragma GCC unroll 4
+                for (int r = 0; r < M; r++)
+                    t[j][r] = _mm256_fmadd_ps(sv, a[j][r],
+                                              one_group ? _mm256_setzero_ps() : t[j][r]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++)
+#pragma GCC unroll 4
+            for (int r = 0; r < M; r++) part[g][j][r] = t[j][r];
+    }
+    for (int j = 0; j < 3; j++)
+        for (int r = 0; r < M; r++)
+            y[r * ldy + j] = coli_qi_sum_lanes(part[0][j][r], part[1][j][r], part[2][j][r],
+                                               part[3][j][r]);
+}
+
+static void qtile8_3x4(const float *wd, int64_t I, int64_t G, const float *const srow[3],
+                       const float *x, int64_t ldx, float *y, int64_t ldy) {
+    qtile8(4, 1, wd, I, G, srow, x, ldx, y, ldy);
+}
+
+static void qtile8_3x2(const float *wd, int64_t I, int64_t G, const float *const srow[3],
+                       const float *x, int64_t ldx, float *y, int64_t ldy) {
+    qtile8(2, 0, wd, I, G, srow, x, ldx, y, ldy);
+}
+
+/* The activation rows in fours (one scale group per row) or pairs. */
+static int64_t tile_rows(const float *wd, int64_t I, int64_t G, const float *const srow[3],
+                         const float *x, int64_t ldx, int64_t n_x, float *y, int64_t ldy) {
+    int64_t r = 0;
+    if (G == I)
+        for (; r + 4 <= n_x; r += 4)
+            qtile8_3x4(wd, I, G, srow, x + r * ldx, ldx, y + r * ldy, ldy);
+    else
+        for (; r + 2 <= n_x; r += 2)
+            qtile8_3x2(wd, I, G, srow, x + r * ldx, ldx, y + r * ldy, ldy);
+    return r;
+}
+#endif
+
 #define Q_DEFINE_TILE(NAME, DECODE_ROW)                                                       \
-    static void NAME(const qlayout *L, int64_t o, const float *x, int64_t ldx, int64_t n_x,  \
-                     float *y, int64_t ldy, float *wd) {                                      \
+    static int64_t NAME(const qlayout *L, int64_t o, const float *x, int64_t ldx,            \
+                        int64_t n_x, float *y, int64_t ldy, float *wd) {                      \
         const int64_t I = L->in_features;                                                     \
         const float *srow[3];                                                                 \
         for (int j = 0; j < 3; j++) {                                                         \
             DECODE_ROW(L, o + j, wd + j * I);                                                 \
             srow[j] = scale_row(L, o + j);                                                    \
         }                                                                                     \
-        for (int64_t r = 0; r + 4 <= n_x; r += 4)                                             \
-            qtile_3x4(wd, I, L->group, srow, x + r * ldx, ldx, y + r * ldy + o, ldy);        \
+        return tile_rows(wd, I, L->group, srow, x, ldx, n_x, y + o, ldy);                    \
     }
 Q_DEFINE_TILE(fused_tile_int8, decode_row_int8)
 Q_DEFINE_TILE(fused_tile_int4, decode_row_int4)
@@ -481,7 +649,6 @@ q_fused_tile_fn coli_qi_fused_tile_for(int fmt, int64_t group, int64_t in_featur
     default: return NULL;
     }
 }
-#endif
 
 static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
                           float *t0, float *t1);
@@ -582,41 +749,40 @@ static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const fl
  * every block again (Zen 3, avx2, int4-grouped-64 rows of 1024, one thread, 4-8 activation
  * rows: 1.28-1.41x the GB/s of pairs; int4-row 1.11x; for int8 rows, whose decode is cheap,
  * 0.91-1.00x, so int8 keeps pairs). The avx512 build keeps its 16-lane pairs (unmeasured). */
-#define Q_DEFINE_ROW4(NAME, DEC8)                                                             \
+#define Q_DEFINE_ROW4(NAME, DEC8, N)                                                          \
     static void NAME(const qlayout *L, int64_t o, const float *x, int64_t ldx, float *t) {  \
         const uint8_t *row = L->packed + o * L->row_bytes;                                    \
         const float *srow = scale_row(L, o);                                                  \
         const int64_t I = L->in_features, G = L->group;                                       \
-        const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;             \
         for (int g = 0; g < 4; g++) {                                                         \
-            __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;                       \
+            __m256 tr[N];                                                                     \
+            for (int r = 0; r < (N); r++) tr[r] = _mm256_setzero_ps();                        \
             for (int64_t g0 = 0, gi = 0; g0 < I; g0 += G, gi++) {                             \
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
+                __m256 a[N];                                                                  \
+                for (int r = 0; r < (N); r++) a[r] = _mm256_setzero_ps();                     \
                 for (int64_t c = g0 + 8 * g; c < g0 + G; c += 32) {                           \
                     __m256 w = DEC8(row, c);                                                  \
-                    a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + c), a0);                     \
-                    a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x1 + c), a1);                     \
-                    a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x2 + c), a2);                     \
-                    a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x3 + c), a3);                     \
+                    for (int r = 0; r < (N); r++)                                             \
+                        a[r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + r * ldx + c), a[r]);    \
                 }                                                                             \
                 __m256 s = _mm256_set1_ps(srow[gi]);                                          \
-                t0 = _mm256_fmadd_ps(s, a0, t0);                                              \
-                t1 = _mm256_fmadd_ps(s, a1, t1);                                              \
-                t2 = _mm256_fmadd_ps(s, a2, t2);                                              \
-                t3 = _mm256_fmadd_ps(s, a3, t3);                                              \
+                for (int r = 0; r < (N); r++) tr[r] = _mm256_fmadd_ps(s, a[r], tr[r]);        \
             }                                                                                 \
-            _mm256_storeu_ps(t + 8 * g, t0);                                                  \
-            _mm256_storeu_ps(t + 32 + 8 * g, t1);                                             \
-            _mm256_storeu_ps(t + 64 + 8 * g, t2);                                             \
-            _mm256_storeu_ps(t + 96 + 8 * g, t3);                                             \
+            for (int r = 0; r < (N); r++) _mm256_storeu_ps(t + 32 * r + 8 * g, tr[r]);        \
         }                                                                                     \
     }
 
-Q_DEFINE_ROW4(fused_row4_int4, dec8_int4)
+Q_DEFINE_ROW4(fused_row4_int4, dec8_int4, 4)
+Q_DEFINE_ROW4(fused_row3_int4, dec8_int4, 3)
 
 q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features) {
     if (group % 32 != 0 || in_features % group != 0) return NULL;
     return fmt == COLI_Q_INT4_ROW || fmt == COLI_Q_INT4_GROUPED ? fused_row4_int4 : NULL;
+}
+
+q_fused_row3_fn coli_qi_fused_row3_for(int fmt, int64_t group, int64_t in_features) {
+    if (group % 32 != 0 || in_features % group != 0) return NULL;
+    return fmt == COLI_Q_INT4_ROW || fmt == COLI_Q_INT4_GROUPED ? fused_row3_int4 : NULL;
 }
 #endif
 
@@ -662,16 +828,21 @@ q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group) {
 }
 #endif
 
-#if !(defined(__AVX512F__) && defined(__AVX512BW__))
-/* No prefill tiles outside the avx512 build. */
+#if !(defined(__AVX2__) && defined(__FMA__))
+/* No three-row path or tiles in the generic build. */
+q_fused_row3_fn coli_qi_fused_row3_for(int fmt, int64_t group, int64_t in_features) {
+    (void)fmt, (void)group, (void)in_features;
+    return NULL;
+}
+
 q_fused_tile_fn coli_qi_fused_tile_for(int fmt, int64_t group, int64_t in_features) {
     (void)fmt, (void)group, (void)in_features;
     return NULL;
 }
 #endif
 
-#if !(defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
-/* No four-row path: the generic build, and the avx512 build's 16-lane pairs. */
+#if !(defined(__AVX2__) && defined(__FMA__))
+/* No four-row path in the generic build. */
 q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features) {
     (void)fmt, (void)group, (void)in_features;
     return NULL;

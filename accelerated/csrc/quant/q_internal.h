@@ -44,16 +44,22 @@ typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, co
 typedef void (*q_fused_row4_fn)(const qlayout *L, int64_t o, const float *x, int64_t ldx,
                                 float *t);
 
-/* Output rows o, o + 1, o + 2 for the first n_x activation rows (a multiple of 4), each
- * element exactly the one-row path's, the three weight rows decoded once onto wd (3 x
- * in_features floats) for all n_x. Only for rows of whole groups of 32-column multiples. */
-typedef void (*q_fused_tile_fn)(const qlayout *L, int64_t o, const float *x, int64_t ldx,
-                                int64_t n_x, float *y, int64_t ldy, float *wd);
+/* q_fused_row4_fn's contract for three activation rows (t[r * 32 + l], r < 3). */
+typedef q_fused_row4_fn q_fused_row3_fn;
+
+/* Output rows o, o + 1, o + 2 for the first activation rows of x in whole blocks of the
+ * build's register tile (4 rows, or 2 in the avx2 build for rows of several scale groups),
+ * each element exactly the one-row path's, the three weight rows decoded once onto wd (3 x
+ * in_features floats) for all of them; returns how many of the n_x rows it covered (the same
+ * for every o of a layout). Only for rows of whole groups of 32-column multiples. */
+typedef int64_t (*q_fused_tile_fn)(const qlayout *L, int64_t o, const float *x, int64_t ldx,
+                                   int64_t n_x, float *y, int64_t ldy, float *wd);
 
 /* The fused paths of a format in this build, or NULL (q_fused.c). */
 q_fused_fn coli_qi_fused_for(int fmt);
 q_fused_row_fn coli_qi_fused_row_for(int fmt, int64_t group);
 q_fused_row2_fn coli_qi_fused_row2_for(int fmt, int64_t group);
+q_fused_row3_fn coli_qi_fused_row3_for(int fmt, int64_t group, int64_t in_features);
 q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features);
 q_fused_tile_fn coli_qi_fused_tile_for(int fmt, int64_t group, int64_t in_features);
 
@@ -87,6 +93,7 @@ struct qlayout {
     q_fused_fn fused;
     q_fused_row_fn fused_row;
     q_fused_row2_fn fused_row2;
+    q_fused_row3_fn fused_row3;
     q_fused_row4_fn fused_row4;
     q_fused_tile_fn fused_tile;
 };

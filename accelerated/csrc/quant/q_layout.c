@@ -226,6 +226,7 @@ int coli_qi_layout_init(qlayout *L, int fmt, int group_size, const uint8_t *pack
     L->fused = coli_qi_fused_for(fmt);
     L->fused_row = coli_qi_fused_row_for(fmt, L->group);
     L->fused_row2 = coli_qi_fused_row2_for(fmt, L->group);
+    L->fused_row3 = coli_qi_fused_row3_for(fmt, L->group, in_features);
     L->fused_row4 = coli_qi_fused_row4_for(fmt, L->group, in_features);
     L->fused_tile = coli_qi_fused_tile_for(fmt, L->group, in_features);
     return COLI_Q_OK;

@@ -137,6 +137,10 @@ static void run_rows(const qlayout *L, const float *x, int64_t n_rows, int64_t x
             int r = 0;
             if (L->fused_row4 != NULL) /* quads of rows first: each writes its four rows' lanes */
                 for (; r + 4 <= nr; r += 4) L->fused_row4(L, o, xr + r * x_stride, x_stride, t[r]);
+            if (L->fused_row3 != NULL && nr - r >= 3 && (nr - r) % 2 == 1) { /* an odd three */
+                L->fused_row3(L, o, xr + r * x_stride, x_stride, t[r]);
+                r += 3;
+            }
             if (L->fused_row2 != NULL && nr - r >= 2) {
                 int end = r + (nr - r) / 2 * 2;
                 memset(t[r], 0, (size_t)(end - r) * sizeof t[0]); /* row2 accumulates into t */
@@ -231,14 +235,16 @@ static void run_buffered(const qlayout *L, const float *x, int64_t n_rows, int64
     }
 }
 
-/* More activation rows than a decode batch (DOT_ROW_MAJOR in dot.c) take the prefill tiles
- * where the build has them; decode batches keep run_rows. */
-#define TILE_MIN_ROWS 9
+/* Activation rows from which products take the tiles where the build has them (fewer keep
+ * run_rows): a full decode batch (DOT_ROW_MAJOR in dot.c) and prefills. At 4-7 rows the tile
+ * reuses each decoded row for too few of them (the avx512 build, the int4g64 + int8
+ * container's decode step, paired: 0.91x at 4 rows, 0.94-0.96x at 5-7, 1.04x at 8). */
+#define TILE_MIN_ROWS 8
 
-/* A prefill's rows: output rows three at a time through the tile (each weight row decoded
- * once for all the activation rows, L->fused_tile), activation rows four at a time; the
- * activation rows past the last four and the output rows past the last three go through
- * run_rows. Without the buffer's memory the whole call does (the same bytes either way). */
+/* Output rows three at a time through the tile (each weight row decoded once for all the
+ * activation rows it covers, L->fused_tile); the activation rows past its last block and the
+ * output rows past the last three go through run_rows. Without the buffer's memory the whole
+ * call does (the same bytes either way). */
 static void run_tiles(const qlayout *L, const float *x, int64_t n_rows, int64_t x_stride,
                       float *y, int64_t y_stride, int64_t o0, int64_t o1) {
     float *wd = malloc(3 * (size_t)L->in_features * sizeof(float));
@@ -246,11 +252,11 @@ static void run_tiles(const qlayout *L, const float *x, int64_t n_rows, int64_t 
         run_rows(L, x, n_rows, x_stride, y, y_stride, o0, o1);
         return;
     }
-    int64_t quads = n_rows / 4 * 4, o = o0;
-    for (; o + 3 <= o1; o += 3) L->fused_tile(L, o, x, x_stride, quads, y, y_stride, wd);
+    int64_t covered = 0, o = o0;
+    for (; o + 3 <= o1; o += 3) covered = L->fused_tile(L, o, x, x_stride, n_rows, y, y_stride, wd);
     free(wd);
-    if (quads < n_rows)
-        run_rows(L, x + quads * x_stride, n_rows - quads, x_stride, y + quads * y_stride,
+    if (covered < n_rows)
+        run_rows(L, x + covered * x_stride, n_rows - covered, x_stride, y + covered * y_stride,
                  y_stride, o0, o);
     if (o < o1) run_rows(L, x, n_rows, x_stride, y, y_stride, o, o1);
 }
