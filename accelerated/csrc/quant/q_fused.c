@@ -481,145 +481,102 @@ q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_featur
     default: return NULL;
     }
 }
+#endif
 
-/* Decoded rows wd[0..2] (row stride I) with scales srow[j] against x's four rows: y[r * ldy
- * + j], one 16-lane half of every block per pass (the float products' tile16 shape). 28 of
- * the 32 registers: 12 partials, 12 scaled sums, 3 weights, 1 activation. */
-static void qtile_3x4(const float *wd, int64_t I, int64_t G, const float *const srow[3],
-                      const float *x, int64_t ldx, float *y, int64_t ldy) {
-    __m512 part[2][3][4];
-    for (int h = 0; h < 2; h++) {
-        __m512 t[3][4];
-#pragma GCC unroll 3
-        for (int j = 0; j < 3; j++)
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) t[j][r] = _mm512_setzero_ps();
-        for (int64_t g0 = 0, g = 0; g0 < I; g0 += G, g++) {
-            __m512 a[3][4];
-#pragma GCC unroll 3
-            for (int j = 0; j < 3; j++)
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) a[j][r] = _mm512_setzero_ps();
-            for (int64_t c = g0 + 16 * h; c < g0 + G; c += 32) {
-                __m512 u[3];
-#pragma GCC unroll 3
-                for (int j = 0; j < 3; j++) u[j] = _mm512_loadu_ps(wd + j * I + c);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
-                    __m512 v = _mm512_loadu_ps(x + r * ldx + c);
-                    /* One load into a register for the three weight rows: left alone, gcc
-                     * folds it into each multiply-add as a memory operand, 15 loads a step
-                     * for 12 multiply-adds (2-core EPYC Zen 4, the int4g64 container's
-                     * 64-token prefill 1.17-1.18x this way; the float tile16 has the weights
-                     * from memory and measured 0.61-0.97x so). */
-                    __asm__("" : "+v"(v));
-#pragma GCC unroll 3
-                    for (int j = 0; j < 3; j++) a[j][r] = _mm512_fmadd_ps(u[j], v, a[j][r]);
-                }
-            }
-#pragma GCC unroll 3
-            for (int j = 0; j < 3; j++) {
-                __m512 sv = _mm512_set1_ps(srow[j][g]);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) t[j][r] = _mm512_fmadd_ps(sv, a[j][r], t[j][r]);
-            }
-        }
-#pragma GCC unroll 3
-        for (int j = 0; j < 3; j++)
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) part[h][j][r] = t[j][r];
+/* Decoded rows wd[0..2] (row stride I) with scales srow[j] against M of x's rows: y[r * ldy
+ * + j]. One W-lane part of every 32-column block per pass (part h: lanes W h .. W h + W - 1,
+ * a[h] of Q_BLOCK_FMA), as the float tiles walk their weights, with 3 weights, 1 activation,
+ * the 3 x M partials and, where a row has several scale groups, the 3 x M scaled sums in
+ * registers: rows of one group (int8-row, int4-row) need no scaled sums during the row (t =
+ * fma(s, a, 0) once, after it), so they can take more activation rows. The shapes: W = 8
+ * (16 ymm registers) 3 x 4 for one group, 3 x 2 for several; W = 16 (32 zmm) 3 x 4 either
+ * way (3 x 8 for one group measured 0.98-0.99x in the int4g64 + int8 container's 8-row
+ * decode step, 2-core EPYC Zen 4, paired). One definition for both widths: against an avx2
+ * tile written apart, the avx2 build's 64-token prefill measured 0.99-1.10x (the host's
+ * noise), the avx512 build's 8-row step 1.00x. */
+#define Q_DEFINE_QTILE(W, PIN)                                                                \
+    static inline __attribute__((always_inline)) void qtile_##W(                              \
+        int M, int one_group, const float *wd, int64_t I, int64_t G,                          \
+        const float *const srow[3], const float *x, int64_t ldx, float *y, int64_t ldy) {     \
+        QV_##W part[3][4][QN_##W];                                                            \
+        for (int h = 0; h < QN_##W; h++) {                                                    \
+            QV_##W t[3][4];                                                                   \
+            _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++)                               \
+                _Pragma("GCC unroll 4") for (int r = 0; r < M; r++) t[j][r] = QZERO_##W();    \
+            for (int64_t g0 = 0, gi = 0; g0 < I; g0 += G, gi++) {                             \
+                QV_##W a[3][4];                                                               \
+                _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++)                           \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < M; r++) a[j][r] = QZERO_##W(); \
+                for (int64_t c = g0 + W * h; c < g0 + G; c += 32) {                           \
+                    QV_##W u[3];                                                              \
+                    _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++)                       \
+                        u[j] = QLOAD_##W(wd + j * I + c);                                     \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < M; r++) {                     \
+                        QV_##W v = QLOAD_##W(x + r * ldx + c);                                \
+                        /* One load into a register for the three weight rows: left alone,  \
+                         * gcc folds it into each multiply-add as a memory operand, 15 loads \
+                         * a step for 12 multiply-adds (2-core EPYC Zen 4, avx512, the       \
+                         * int4g64 container's 64-token prefill 1.17-1.18x this way; the     \
+                         * float tile16 has the weights from memory and measured 0.61-0.97x  \
+                         * so). */                                                           \
+                        __asm__("" : PIN(v));                                                 \
+                        _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++)                   \
+                            a[j][r] = QFMA_##W(u[j], v, a[j][r]);                             \
+                    }                                                                         \
+                }                                                                             \
+                _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++) {                         \
+                    QV_##W sv = QSET1_##W(srow[j][gi]);                                       \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < M; r++)                       \
+                        t[j][r] = QFMA_##W(sv, a[j][r], one_group ? QZERO_##W() : t[j][r]);   \
+                }                                                                             \
+            }                                                                                 \
+            _Pragma("GCC unroll 3") for (int j = 0; j < 3; j++)                               \
+                _Pragma("GCC unroll 4") for (int r = 0; r < M; r++) part[j][r][h] = t[j][r];  \
+        }                                                                                     \
+        for (int j = 0; j < 3; j++)                                                           \
+            for (int r = 0; r < M; r++) y[r * ldy + j] = QSUM_##W(part[j][r]);                \
     }
-    for (int j = 0; j < 3; j++)
-        for (int r = 0; r < 4; r++) {
-            __m512 lo = part[0][j][r], hi = part[1][j][r];
-            y[r * ldy + j] = coli_qi_sum_lanes(lo8(lo), hi8(lo), lo8(hi), hi8(hi));
-        }
-}
+
+/* One tile shape of qtile_W: activation rows in blocks of M from row *r on. */
+#define Q_DEFINE_QTILE_SHAPE(W, M, ONE_GROUP)                                                 \
+    static void qtile_##W##_##M##_##ONE_GROUP(const float *wd, int64_t I, int64_t G,          \
+                                              const float *const srow[3], const float *x,    \
+                                              int64_t ldx, int64_t n_x, int64_t *r, float *y, \
+                                              int64_t ldy) {                                  \
+        for (; *r + (M) <= n_x; *r += (M))                                                    \
+            qtile_##W((M), (ONE_GROUP), wd, I, G, srow, x + *r * ldx, ldx, y + *r * ldy, ldy); \
+    }
+
+#define Q_PIN_X(v) "+x"(v)
+#define Q_PIN_V(v) "+v"(v)
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+Q_DEFINE_QTILE(16, Q_PIN_V)
+Q_DEFINE_QTILE_SHAPE(16, 4, 1)
+Q_DEFINE_QTILE_SHAPE(16, 4, 0)
 
 /* The activation rows in fours. */
 static int64_t tile_rows(const float *wd, int64_t I, int64_t G, const float *const srow[3],
                          const float *x, int64_t ldx, int64_t n_x, float *y, int64_t ldy) {
     int64_t r = 0;
-    for (; r + 4 <= n_x; r += 4) qtile_3x4(wd, I, G, srow, x + r * ldx, ldx, y + r * ldy, ldy);
+    if (G == I)
+        qtile_16_4_1(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
+    else
+        qtile_16_4_0(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
     return r;
 }
 #else
-/* The avx2 build's tile: decoded rows wd[0..2] (row stride I) with scales srow[j] against
- * M of x's rows, one 8-lane group of every block per pass (lanes 8 g .. 8 g + 7, a[g] of
- * Q_BLOCK_FMA), as the float tile_3x4 walks its weights. 16 registers hold 3 weights, 1
- * activation and the 3 x M partials, and the 3 x M scaled sums where a row has several scale
- * groups: M = 4 for rows of one group (int8-row, int4-row: t = fma(s, a, 0) once, after the
- * row), M = 2 for several (int4-grouped, fp8). */
-static inline __attribute__((always_inline)) void qtile8(int M, int one_group,
-                                                         const float *wd, int64_t I, int64_t G,
-                                                         const float *const srow[3],
-                                                         const float *x, int64_t ldx, float *y,
-                                                         int64_t ldy) {
-    __m256 part[4][3][4];
-    for (int g = 0; g < 4; g++) {
-        __m256 t[3][4];
-#pragma GCC unroll 3
-        for (int j = 0; j < 3; j++)
-#pragma GCC unroll 4
-            for (int r = 0; r < M; r++) t[j][r] = _mm256_setzero_ps();
-        for (int64_t g0 = 0, gi = 0; g0 < I; g0 += G, gi++) {
-            __m256 a[3][4];
-#pragma GCC unroll 3
-            for (int j = 0; j < 3; j++)
-#pragma GCC unroll 4
-                for (int r = 0; r < M; r++) a[j][r] = _mm256_setzero_ps();
-            for (int64_t c = g0 + 8 * g; c < g0 + G; c += 32) {
-                __m256 u[3];
-#pragma GCC unroll 3
-                for (int j = 0; j < 3; j++) u[j] = _mm256_loadu_ps(wd + j * I + c);
-#pragma GCC unroll 4
-                for (int r = 0; r < M; r++) {
-                    __m256 v = _mm256_loadu_ps(x + r * ldx + c);
-                    __asm__("" : "+x"(v)); /* one load for three multiply-adds (qtile_3x4) */
-#pragma GCC unroll 3
-                    for (int j = 0; j < 3; j++) a[j][r] = _mm256_fmadd_ps(u[j], v, a[j][r]);
-                }
-            }
-#pragma GCC unroll 3
-            for (int j = 0; j < 3; j++) {
-                __m256 sv = _mm256_set1_ps(srow[j][gi]);
-#pragma GCC unroll 4
-                for (int r = 0; r < M; r++)
-                    t[j][r] = _mm256_fmadd_ps(sv, a[j][r],
-                                              one_group ? _mm256_setzero_ps() : t[j][r]);
-            }
-        }
-#pragma GCC unroll 3
-        for (int j = 0; j < 3; j++)
-#pragma GCC unroll 4
-            for (int r = 0; r < M; r++) part[g][j][r] = t[j][r];
-    }
-    for (int j = 0; j < 3; j++)
-        for (int r = 0; r < M; r++)
-            y[r * ldy + j] = coli_qi_sum_lanes(part[0][j][r], part[1][j][r], part[2][j][r],
-                                               part[3][j][r]);
-}
-
-static void qtile8_3x4(const float *wd, int64_t I, int64_t G, const float *const srow[3],
-                       const float *x, int64_t ldx, float *y, int64_t ldy) {
-    qtile8(4, 1, wd, I, G, srow, x, ldx, y, ldy);
-}
-
-static void qtile8_3x2(const float *wd, int64_t I, int64_t G, const float *const srow[3],
-                       const float *x, int64_t ldx, float *y, int64_t ldy) {
-    qtile8(2, 0, wd, I, G, srow, x, ldx, y, ldy);
-}
+Q_DEFINE_QTILE(8, Q_PIN_X)
+Q_DEFINE_QTILE_SHAPE(8, 4, 1)
+Q_DEFINE_QTILE_SHAPE(8, 2, 0)
 
 /* The activation rows in fours (one scale group per row) or pairs. */
 static int64_t tile_rows(const float *wd, int64_t I, int64_t G, const float *const srow[3],
                          const float *x, int64_t ldx, int64_t n_x, float *y, int64_t ldy) {
     int64_t r = 0;
     if (G == I)
-        for (; r + 4 <= n_x; r += 4)
-            qtile8_3x4(wd, I, G, srow, x + r * ldx, ldx, y + r * ldy, ldy);
+        qtile_8_4_1(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
     else
-        for (; r + 2 <= n_x; r += 2)
-            qtile8_3x2(wd, I, G, srow, x + r * ldx, ldx, y + r * ldy, ldy);
+        qtile_8_2_0(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
     return r;
 }
 #endif
