@@ -707,14 +707,16 @@ static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const fl
 }
 
 #if !defined(__AVX512F__)
-/* q_fused_row4_fn, one lane group g (the 8 lanes of columns 8g .. 8g + 7 mod 32) per pass:
- * four activation rows' partials and scaled lanes in eight registers, each 8-column vector
- * decoded once for the four rows. Lane l still accumulates its columns in ascending order,
- * a group's partials from zero and then t += scale * partial, as in the one-row path. Why:
- * the int4 decode, not the multiply-adds, is what a batch costs, and pairs of rows decoded
- * every block again (Zen 3, avx2, int4-grouped-64 rows of 1024, one thread, 4-8 activation
- * rows: 1.28-1.41x the GB/s of pairs; int4-row 1.11x; for int8 rows, whose decode is cheap,
- * 0.91-1.00x, so int8 keeps pairs). The avx512 build keeps its 16-lane pairs (unmeasured). */
+/* q_fused_row4_fn for N = 4 (and q_fused_row3_fn for N = 3) in the avx2 build, one lane
+ * group g (the 8 lanes of columns 8g .. 8g + 7 mod 32) per pass: N activation rows' partials
+ * and scaled lanes in 2 N registers, each 8-column vector decoded once for the N rows. Lane
+ * l still accumulates its columns in ascending order, a group's partials from zero and then
+ * t += scale * partial, as in the one-row path. Why: the int4 decode, not the multiply-adds,
+ * is what a batch costs, and pairs of rows decoded every block again (Zen 3, avx2,
+ * int4-grouped-64 rows of 1024, one thread, 4-8 activation rows: 1.28-1.41x the GB/s of
+ * pairs; int4-row 1.11x; for int8 rows, whose decode is cheap, 0.91-1.00x, so int8 keeps
+ * pairs; three rows: the int4g64 + int8 container's 8-row step 1.03x, 2-core EPYC Zen 4).
+ * The avx512 build's 16-lane Q_DEFINE_ROWN holds whole blocks instead. */
 #define Q_DEFINE_ROW4(NAME, DEC8, N)                                                          \
     static void NAME(const qlayout *L, int64_t o, const float *x, int64_t ldx, float *t) {  \
         const uint8_t *row = L->packed + o * L->row_bytes;                                    \

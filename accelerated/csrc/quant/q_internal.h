@@ -38,9 +38,9 @@ typedef void (*q_fused_row2_fn)(const qlayout *L, int64_t o, const float *x0, co
                                 float *t0, float *t1);
 
 /* Four activation rows x, x + ldx, x + 2 ldx, x + 3 ldx against one weight row, each
- * 32-column block's 8-column vectors decoded once for the four: t[r * 32 + l] gets row r's
- * lane l exactly as the one-row path leaves it (every lane's multiply-adds in the same
- * order). Only for rows of whole groups of 32-column multiples. */
+ * 32-column block decoded once for the four: t[r * 32 + l] gets row r's lane l exactly as
+ * the one-row path leaves it (every lane's multiply-adds in the same order). Only for rows
+ * of whole groups of 32-column multiples. */
 typedef void (*q_fused_row4_fn)(const qlayout *L, int64_t o, const float *x, int64_t ldx,
                                 float *t);
 

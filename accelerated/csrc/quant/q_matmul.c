@@ -114,8 +114,9 @@ static float lanes_sum(const float *t) {
 #define ROW_PREFETCH_BYTES 4096
 
 /* Register-resident decoding, one output row at a time: rows in fours through the four-row
- * path where the build has one, then pairs through the two-row path (each weight block
- * decoded once per pair), an odd last row alone. With one or two activation rows, each weight
+ * path where the build has one, an odd three through the three-row path, then pairs through
+ * the two-row path (each weight block decoded once per four, three or two rows), an odd last
+ * row alone. With one or two activation rows, each weight
  * row first asks for the row ROW_PREFETCH_BYTES on, all of its lines: the hardware prefetcher
  * alone left the int8 kernel at about two thirds of a float stream's rate from memory
  * (2-core EPYC Zen 3, avx2, one thread, rows of 1024 from memory: int8 1.16-1.30x the GB/s at
