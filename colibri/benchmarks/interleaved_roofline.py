@@ -5,11 +5,15 @@ process; on a machine shared with other jobs the memory bandwidth itself moves b
 percent from one second to the next, so a decode measured half a minute after the copy is
 held against a bandwidth the machine no longer has (or did not have then). Here one worker
 process alternates, for ``rounds`` rounds: the copy probe (``copy_bandwidth_bytes_per_s``, the
-same 256 MiB numpy copy, best of ``COPY_REPEATS`` = 8), ``tokens`` one-row greedy decode steps,
-and ``tokens // 2`` steps of ``batch`` rows. Each round gives
+same 256 MiB numpy copy, best of ``COPY_REPEATS`` = 8), the read-stream probe
+(:func:`read_stream_bytes_per_s`), ``tokens`` one-row greedy decode steps, and ``tokens // 2``
+steps of ``batch`` rows. Each round gives
 
 * one row: achieved GB/s (the weight bytes each step reads, from its routes) ÷ that round's
-  copy bandwidth, the issue's "fraction of the roofline";
+  copy bandwidth, the issue's "fraction of the roofline"; and ÷ the read stream, the share of
+  what the engine's own one-row product reaches on this machine when nothing else runs (a
+  host whose reads are slower than its copies — one Zen 3 round's were — shows there as a
+  low copy fraction beside a high read-stream one, where a slow step shows low in both);
 * ``batch`` rows: achieved GB/s (shared weights + the union of the rows' experts, counted once
   per step) ÷ the copy bandwidth, i.e. the batch's tok/s as a fraction of its own bandwidth
   bound, with the bound as a multiple of one row's tok/s;
@@ -43,6 +47,27 @@ from colibri.benchmarks.decode_steps import (
 ROUNDS = 7
 #: Copies per probe: best of 8, as issue 13 defines the copy bandwidth (about 0.15 s a round).
 COPY_REPEATS = 8
+#: The read-stream probe: float32 weights of this many MiB, rows of READ_STREAM_COLS, best of
+#: READ_STREAM_REPEATS passes (about 0.05 s a round at 25 GB/s).
+READ_STREAM_MIB = 256
+READ_STREAM_COLS = 1024
+READ_STREAM_REPEATS = 4
+
+
+def read_stream_bytes_per_s(kernels: Any, weights: Any) -> float:
+    """Weight bytes per second of ``kernels``' one-row float product over ``weights`` (a
+    ``Weight`` of READ_STREAM_MIB MiB, larger than any cache), on its threads, best of
+    READ_STREAM_REPEATS: the rate at which a one-row decode step's products alone stream."""
+    import numpy as np
+
+    x = np.ones((1, weights.cols), np.float32)
+    out = np.empty((1, weights.rows), np.float32)
+    best = float("inf")
+    for _ in range(READ_STREAM_REPEATS):
+        t = time.perf_counter()
+        kernels.matmul(x, weights, out)
+        best = min(best, time.perf_counter() - t)
+    return float(weights.rows * weights.cols * 4) / best
 
 
 def _steps(model: Any, states: list[Any], tokens: list[int], n: int
@@ -65,9 +90,12 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     import numpy as np
 
     from colibri.accelerated import load_model
+    from colibri.accelerated.kernels import Weight
     from colibri.benchmarks.accelerated_decode import copy_bandwidth_bytes_per_s
 
     model = load_model(model_dir)
+    stream = Weight(np.ones(((READ_STREAM_MIB << 20) // (4 * READ_STREAM_COLS),
+                             READ_STREAM_COLS), np.float32), 0)
     single = [model.new_state()]
     single_tokens = [int(np.argmax(model.prefill(single[0], PROMPT)[-1]))]
     rows, row_tokens = [], []
@@ -78,10 +106,11 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     # Page in and map what the rounds will read (the experts the first steps choose).
     _, _, single_tokens = _steps(model, single, single_tokens, tokens)
     _, _, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
-    out: dict[str, list[Any]] = {"copy_bps": [], "single_s": [], "single_routes": [],
-                                 "batch_s": [], "batch_routes": []}
+    out: dict[str, list[Any]] = {"copy_bps": [], "read_bps": [], "single_s": [],
+                                 "single_routes": [], "batch_s": [], "batch_routes": []}
     for _ in range(rounds):
         out["copy_bps"].append(copy_bandwidth_bytes_per_s(repeats=COPY_REPEATS))
+        out["read_bps"].append(read_stream_bytes_per_s(model.kernels, stream))
         seconds, routes, single_tokens = _steps(model, single, single_tokens, tokens)
         out["single_s"].append(seconds)
         out["single_routes"].append(routes)
@@ -96,15 +125,17 @@ def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any
     from colibri.benchmarks.reference_decode import touched_bytes
 
     single_frac, batch_frac, bound_x, batch_x, single_gbps, batch_gbps = [], [], [], [], [], []
-    for copy_bps, s_s, s_routes, b_s, b_routes in zip(
-            raw["copy_bps"], raw["single_s"], raw["single_routes"], raw["batch_s"],
-            raw["batch_routes"], strict=True):
+    single_read = []
+    for copy_bps, read_bps, s_s, s_routes, b_s, b_routes in zip(
+            raw["copy_bps"], raw["read_bps"], raw["single_s"], raw["single_routes"],
+            raw["batch_s"], raw["batch_routes"], strict=True):
         one_bytes = touched_bytes(model_dir, routes_from_json(s_routes))
         many_bytes = touched_bytes(model_dir, routes_from_json(b_routes))
         one, many = sum(one_bytes) / s_s, sum(many_bytes) / b_s  # bytes per second
         single_gbps.append(one / 1e9)
         batch_gbps.append(many / 1e9)
         single_frac.append(one / copy_bps)
+        single_read.append(one / read_bps)
         batch_frac.append(many / copy_bps)
         one_tps, many_tps = len(s_routes) / s_s, batch * len(b_routes) / b_s
         batch_x.append(many_tps / one_tps)
@@ -123,6 +154,8 @@ def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any
         "copy_bandwidth_gb_per_s": spread([c / 1e9 for c in raw["copy_bps"]]),
         "single_achieved_gb_per_s": spread(single_gbps),
         "single_over_copy_bandwidth": spread(single_frac),
+        "read_stream_gb_per_s": spread([r / 1e9 for r in raw["read_bps"]]),
+        "single_over_read_stream": spread(single_read),
         "batch_achieved_gb_per_s": spread(batch_gbps),
         "batch_fraction_of_its_bound": spread(batch_frac),
         "batch_over_single_tokens_per_s": spread(batch_x),
