@@ -537,12 +537,11 @@ q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_featur
             for (int r = 0; r < M; r++) y[r * ldy + j] = QSUM_##W(part[j][r]);                \
     }
 
-/* One tile shape of qtile_W: activation rows in blocks of M from row *r on. */
-#define Q_DEFINE_QTILE_SHAPE(W, M, ONE_GROUP)                                                 \
-    static void qtile_##W##_##M##_##ONE_GROUP(const float *wd, int64_t I, int64_t G,          \
-                                              const float *const srow[3], const float *x,    \
-                                              int64_t ldx, int64_t n_x, int64_t *r, float *y, \
-                                              int64_t ldy) {                                  \
+/* One tile shape of qtile_W, as NAME: activation rows in blocks of M from row *r on. */
+#define Q_DEFINE_QTILE_SHAPE(NAME, W, M, ONE_GROUP)                                           \
+    static void NAME(const float *wd, int64_t I, int64_t G, const float *const srow[3],      \
+                     const float *x, int64_t ldx, int64_t n_x, int64_t *r, float *y,         \
+                     int64_t ldy) {                                                           \
         for (; *r + (M) <= n_x; *r += (M))                                                    \
             qtile_##W((M), (ONE_GROUP), wd, I, G, srow, x + *r * ldx, ldx, y + *r * ldy, ldy); \
     }
@@ -551,35 +550,21 @@ q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_featur
 #define Q_PIN_V(v) "+v"(v)
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 Q_DEFINE_QTILE(16, Q_PIN_V)
-Q_DEFINE_QTILE_SHAPE(16, 4, 1)
-Q_DEFINE_QTILE_SHAPE(16, 4, 0)
-
-/* The activation rows in fours. */
-static int64_t tile_rows(const float *wd, int64_t I, int64_t G, const float *const srow[3],
-                         const float *x, int64_t ldx, int64_t n_x, float *y, int64_t ldy) {
-    int64_t r = 0;
-    if (G == I)
-        qtile_16_4_1(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
-    else
-        qtile_16_4_0(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
-    return r;
-}
+Q_DEFINE_QTILE_SHAPE(qtile_one_group, 16, 4, 1)
+Q_DEFINE_QTILE_SHAPE(qtile_groups, 16, 4, 0)
 #else
 Q_DEFINE_QTILE(8, Q_PIN_X)
-Q_DEFINE_QTILE_SHAPE(8, 4, 1)
-Q_DEFINE_QTILE_SHAPE(8, 2, 0)
+Q_DEFINE_QTILE_SHAPE(qtile_one_group, 8, 4, 1)
+Q_DEFINE_QTILE_SHAPE(qtile_groups, 8, 2, 0)
+#endif
 
-/* The activation rows in fours (one scale group per row) or pairs. */
+/* The activation rows in the build's blocks for rows of one scale group, or of several. */
 static int64_t tile_rows(const float *wd, int64_t I, int64_t G, const float *const srow[3],
                          const float *x, int64_t ldx, int64_t n_x, float *y, int64_t ldy) {
     int64_t r = 0;
-    if (G == I)
-        qtile_8_4_1(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
-    else
-        qtile_8_2_0(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
+    (G == I ? qtile_one_group : qtile_groups)(wd, I, G, srow, x, ldx, n_x, &r, y, ldy);
     return r;
 }
-#endif
 
 #define Q_DEFINE_TILE(NAME, DECODE_ROW)                                                       \
     static int64_t NAME(const qlayout *L, int64_t o, const float *x, int64_t ldx,            \
