@@ -380,6 +380,14 @@ Q_ROW2_AT(fused_row2_int8, Q_DEC32_WIDE(int8), Q_WIDE)
 Q_ROW2_AT(fused_row2_int4, Q_DEC32_WIDE(int4), Q_WIDE)
 Q_ROW2_AT(fused_row2_fp8, Q_DEC32_WIDE(fp8), Q_WIDE)
 
+/* The byte-aligned format's kernel of a family PREFIX_int8 / _int4 / _fp8 (int4-row and
+ * int4-grouped share one), or NULL for the other formats. */
+#define Q_BYTE_ALIGNED(fmt, PREFIX)                                                           \
+    ((fmt) == COLI_Q_INT8_ROW                                    ? PREFIX##_int8              \
+     : (fmt) == COLI_Q_INT4_ROW || (fmt) == COLI_Q_INT4_GROUPED ? PREFIX##_int4              \
+     : (fmt) == COLI_Q_FP8_E4M3_B128                             ? PREFIX##_fp8               \
+                                                                 : NULL)
+
 /* Prefills and full decode batches: three weight rows decoded once onto a buffer, then met by
  * the activations a few rows at a time in a register tile. The pair and four-row paths decode
  * every block again for each pair or four of rows, which made decoding most of a 64-row
@@ -462,24 +470,12 @@ Q_DEFINE_ROWN(fused_row4_fp8, dec32z_fp8, 16, 4)
 
 q_fused_row3_fn coli_qi_fused_row3_for(int fmt, int64_t group, int64_t in_features) {
     if (group % 32 != 0 || in_features % group != 0) return NULL;
-    switch (fmt) {
-    case COLI_Q_INT8_ROW: return fused_row3_int8;
-    case COLI_Q_INT4_ROW:
-    case COLI_Q_INT4_GROUPED: return fused_row3_int4;
-    case COLI_Q_FP8_E4M3_B128: return fused_row3_fp8;
-    default: return NULL;
-    }
+    return Q_BYTE_ALIGNED(fmt, fused_row3);
 }
 
 q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features) {
     if (group % 32 != 0 || in_features % group != 0) return NULL;
-    switch (fmt) {
-    case COLI_Q_INT8_ROW: return fused_row4_int8;
-    case COLI_Q_INT4_ROW:
-    case COLI_Q_INT4_GROUPED: return fused_row4_int4;
-    case COLI_Q_FP8_E4M3_B128: return fused_row4_fp8;
-    default: return NULL;
-    }
+    return Q_BYTE_ALIGNED(fmt, fused_row4);
 }
 #endif
 
@@ -592,13 +588,7 @@ Q_DEFINE_TILE(fused_tile_fp8, decode_row_fp8)
 
 q_fused_tile_fn coli_qi_fused_tile_for(int fmt, int64_t group, int64_t in_features) {
     if (in_features % 32 != 0 || group % 32 != 0 || in_features % group != 0) return NULL;
-    switch (fmt) {
-    case COLI_Q_INT8_ROW: return fused_tile_int8;
-    case COLI_Q_INT4_ROW:
-    case COLI_Q_INT4_GROUPED: return fused_tile_int4;
-    case COLI_Q_FP8_E4M3_B128: return fused_tile_fp8;
-    default: return NULL;
-    }
+    return Q_BYTE_ALIGNED(fmt, fused_tile);
 }
 
 static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const float *x1,
@@ -702,7 +692,7 @@ static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const fl
  * pairs; int4-row 1.11x; for int8 rows, whose decode is cheap, 0.91-1.00x, so int8 keeps
  * pairs; three rows: the int4g64 + int8 container's 8-row step 1.03x, 2-core EPYC Zen 4).
  * The avx512 build's 16-lane Q_DEFINE_ROWN holds whole blocks instead. */
-#define Q_DEFINE_ROW4(NAME, DEC8, N)                                                          \
+#define Q_DEFINE_LANE_GROUP_ROWS(NAME, DEC8, N)                                               \
     static void NAME(const qlayout *L, int64_t o, const float *x, int64_t ldx, float *t) {  \
         const uint8_t *row = L->packed + o * L->row_bytes;                                    \
         const float *srow = scale_row(L, o);                                                  \
@@ -725,8 +715,8 @@ static void fused_row2_e8(const qlayout *L, int64_t o, const float *x0, const fl
         }                                                                                     \
     }
 
-Q_DEFINE_ROW4(fused_row4_int4, dec8_int4, 4)
-Q_DEFINE_ROW4(fused_row3_int4, dec8_int4, 3)
+Q_DEFINE_LANE_GROUP_ROWS(fused_row4_int4, dec8_int4, 4)
+Q_DEFINE_LANE_GROUP_ROWS(fused_row3_int4, dec8_int4, 3)
 
 q_fused_row4_fn coli_qi_fused_row4_for(int fmt, int64_t group, int64_t in_features) {
     if (group % 32 != 0 || in_features % group != 0) return NULL;
