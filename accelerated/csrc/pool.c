@@ -1,5 +1,6 @@
 /* A persistent pthread pool with dynamic chunks: a run's items are cut into a fixed number
- * of contiguous chunks that whoever is free claims, the caller included.
+ * of contiguous chunks, long first and short last, that whoever is free claims, the caller
+ * included.
  *
  * Why dynamic: on a machine shared with other work a woken worker may not be scheduled for
  * a whole time slice (milliseconds); with one fixed chunk per thread every run would wait for
@@ -70,6 +71,22 @@ static long elapsed_ns(const struct timespec *since) {
     return (now.tv_sec - since->tv_sec) * 1000000000L + (now.tv_nsec - since->tv_nsec);
 }
 
+/* Where chunk i of `parts` begins: items * (1 - (1 - i / parts)^2), so the chunks shrink
+ * toward the end of a run (guided scheduling). Why: a run ends when its last chunk does, and
+ * the threads that finish first wait for it, so the last chunks should be short; the first
+ * ones are long, so each thread restarts its weight stream no more often than with equal
+ * chunks. With 16 chunks the first holds 12 % of the items and the last 0.4 %. Measured
+ * against 16 equal chunks on a 2-core EPYC Zen 4, 2 threads, paired, same bytes: the f32
+ * bench model's decode step 1.015-1.018x at one row and 1.030-1.034x at 8 (avx512 and avx2
+ * builds), the int4g64 container's 1.03x / 1.04x, a 64-token prefill 1.06-1.07x; a cubic
+ * curve measured the same as this square, 8 or 32 guided chunks 0.98-1.00x. Exact for any
+ * run (items < 2^53): chunk 0 begins at 0, chunk `parts` at `items`, and the starts never
+ * decrease, so every item belongs to one chunk. */
+static size_t chunk_begin(size_t items, size_t i, size_t parts) {
+    double left = (double)(parts - i) / (double)parts;
+    return items - (size_t)((double)items * left * left);
+}
+
 /* Claim and run chunks of generation `gen` until none is left; 1 if any was run. */
 static int work(col_pool *p, uint32_t gen) {
     int ran = 0;
@@ -80,7 +97,7 @@ static int work(col_pool *p, uint32_t gen) {
         size_t items = atomic_load_explicit(&p->items, memory_order_relaxed);
         if (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1)) continue; /* t reloaded */
         size_t parts = t_chunks(t), i = t_next(t);
-        size_t b = items * i / parts, e = items * (i + 1) / parts;
+        size_t b = chunk_begin(items, i, parts), e = chunk_begin(items, i + 1, parts);
         if (b < e) fn(ctx, b, e);
         atomic_fetch_sub(&p->unfinished, 1);
         ran = 1;
