@@ -24,6 +24,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.interleaved_roofline",
     "colibri.benchmarks.quant_formats",
     "colibri.benchmarks.quant_kernels",
+    "colibri.benchmarks.float_products",
     "colibri.benchmarks.engine_slots",
     "colibri.benchmarks.server_stream",
     "colibri.benchmarks.control_plane_overhead",

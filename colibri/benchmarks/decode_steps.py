@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -88,6 +88,16 @@ def prefill_summary(ttft_s: list[float], prefill_s: list[float], prefill_tokens:
         "prefill_median_s": median(prefill_s),
         "prefill_tokens_per_s": prefill_tokens / median(prefill_s),
     }
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (a benchmark's least disturbed run)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def median(values: list[float]) -> float:

@@ -38,6 +38,7 @@ from colibri.benchmarks.bench_model import ensure_bench_model
 from colibri.benchmarks.decode_steps import (
     PROMPT,
     Route,
+    best_seconds,
     median,
     routes_from_json,
     run_worker,
@@ -62,11 +63,7 @@ def read_stream_bytes_per_s(kernels: Any, weights: Any) -> float:
 
     x = np.ones((1, weights.cols), np.float32)
     out = np.empty((1, weights.rows), np.float32)
-    best = float("inf")
-    for _ in range(READ_STREAM_REPEATS):
-        t = time.perf_counter()
-        kernels.matmul(x, weights, out)
-        best = min(best, time.perf_counter() - t)
+    best = best_seconds(lambda: kernels.matmul(x, weights, out), READ_STREAM_REPEATS)
     return float(weights.rows * weights.cols * 4) / best
 
 

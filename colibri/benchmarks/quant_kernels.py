@@ -18,14 +18,13 @@ fallback). Only a benchmark: no test times anything.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks.decode_steps import best_seconds
 
 #: (format, int4-grouped group size or None)
 FORMATS: tuple[tuple[str, int | None], ...] = (
@@ -38,15 +37,6 @@ FORMATS: tuple[tuple[str, int | None], ...] = (
     ("fp8-e4m3-b128", None),
     ("e8-iq3-lattice", None),
 )
-
-
-def _best(fn: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _shape(options: BenchOptions) -> tuple[int, int]:
@@ -94,7 +84,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
                        gs: int | None = gs) -> object:
             return x @ dequantize(fmt, payload, scales, (out_f, in_f), group_size=gs).T
 
-        numpy_s = _best(numpy_path, max(2, repeats // 4))
+        numpy_s = best_seconds(numpy_path, max(2, repeats // 4))
         entry: dict[str, Any] = {
             "packed_bytes": nbytes,
             "numpy_ms": round(numpy_s * 1e3, 3),
@@ -104,11 +94,11 @@ def run(options: BenchOptions) -> dict[str, Any]:
             m = quant_matrix(fmt, payload, scales, (out_f, in_f), group_size=gs, lib=k)
             out = np.empty((rows, out_f), dtype=np.float32)
             k.matmul(m, x, out=out)  # warm the pages and caches
-            fused = _best(partial(k.matmul, m, x, out=out), repeats)
+            fused = best_seconds(partial(k.matmul, m, x, out=out), repeats)
             xb = rng.standard_normal((batch, in_f)).astype(np.float32)
             outb = np.empty((batch, out_f), dtype=np.float32)
             k.matmul(m, xb, out=outb)
-            batched = _best(partial(k.matmul, m, xb, out=outb), repeats)
+            batched = best_seconds(partial(k.matmul, m, xb, out=outb), repeats)
             entry[variant] = {
                 "fused_ms": round(fused * 1e3, 3),
                 "fused_gbps": round(nbytes / fused / 1e9, 3),

@@ -119,3 +119,34 @@ def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None
                                                                (2 / 2.0) / (1 / 0.5)]
     bound = 2 * one_bytes / two_bytes
     assert got["batch_bound_over_single"]["rounds"] == [bound, bound]
+
+
+def test_float_products_section_reports_every_variant_rows_and_source() -> None:
+    from colibri.accelerated.native import supported_variants
+    from colibri.accelerated.native_build import DEFAULT_OUT, LIBRARY_NAME
+
+    from colibri.benchmarks import BenchOptions
+    from colibri.benchmarks.float_products import ROWS, SHAPES, run
+
+    got = run(BenchOptions(extra={"float_memory_mib": 1, "float_cache_mib": 1,
+                                  "float_repeats": 1}))
+    built = [v for v in supported_variants() if (DEFAULT_OUT / v / LIBRARY_NAME).is_file()]
+    assert built and list(got["variants"]) == built
+    assert len(got["copy_bandwidth_gb_per_s"]) == 2 and min(got["copy_bandwidth_gb_per_s"]) > 0
+    assert got["threads"][0] == 1
+    for shapes in got["variants"].values():
+        assert list(shapes) == [f"{n}x{k}" for n, k in SHAPES]
+        for per_threads in shapes.values():
+            assert list(per_threads) == [f"threads_{t}" for t in got["threads"]]
+            for per_rows in per_threads.values():
+                assert list(per_rows) == [str(r) for r in ROWS]
+                assert per_rows["1"]["memory_time_over_one_row"] == 1.0
+                for rows, entry in per_rows.items():
+                    for source in ("memory", "cache"):
+                        gbps = entry[source]["gb_per_s"]
+                        # multiply-adds are weights x rows; GB/s counts 4 bytes a weight
+                        assert gbps > 0
+                        assert abs(entry[source]["g_multiply_adds_per_s"]
+                                   - int(rows) * gbps / 4) <= 0.01 * int(rows) * gbps / 4 + 1e-3
+                    assert entry["memory_over_cache"] == round(
+                        entry["memory"]["gb_per_s"] / entry["cache"]["gb_per_s"], 3)
