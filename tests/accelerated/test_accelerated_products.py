@@ -20,8 +20,10 @@ def test_each_row_of_a_batch_is_its_product_alone(k: int, threads: int) -> None:
     from colibri.accelerated.kernels import Kernels, Weight
 
     rng = np.random.default_rng(k)
-    # 2048-wide rows: 32 to a 256 KiB tile; the pool cuts 301 rows into chunks of about 38
-    # (one thread) or 19 rows, so a chunk spans two tiles or one, and ends on an odd row.
+    # 2048-wide rows: 32 to a 256 KiB tile; two threads' pool cuts 301 rows into guided chunks
+    # of 37 rows down to 1, so a chunk spans two tiles, one or part of one, and ends on odd
+    # rows. At this width 2-3 rows' activations spill from L1, so those take the kernels that
+    # prefetch the weights ahead (dot.c X_SPILL_BYTES); 96 and 100 take the others.
     w = Weight(rng.standard_normal((301, k), dtype=np.float32), 0)
     x = rng.standard_normal((11, k), dtype=np.float32)
     kernels = Kernels(threads)
