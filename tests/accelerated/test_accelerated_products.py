@@ -14,7 +14,7 @@ if not BUILT:
     pytest.skip(NOT_BUILT_REASON, allow_module_level=True)
 
 
-@pytest.mark.parametrize("k", [2048, 96, 100])
+@pytest.mark.parametrize("k", [2048, 160, 96, 100])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_each_row_of_a_batch_is_its_product_alone(k: int, threads: int) -> None:
     from colibri.accelerated.kernels import Kernels, Weight
@@ -23,7 +23,8 @@ def test_each_row_of_a_batch_is_its_product_alone(k: int, threads: int) -> None:
     # 2048-wide rows: 32 to a 256 KiB tile; two threads' pool cuts 301 rows into guided chunks
     # of 37 rows down to 1, so a chunk spans two tiles, one or part of one, and ends on odd
     # rows. At this width 2-3 rows' activations spill from L1, so those take the kernels that
-    # prefetch the weights ahead (dot.c X_SPILL_BYTES); 96 and 100 take the others.
+    # prefetch the weights ahead (dot.c X_SPILL_BYTES); 96 and 100 take the others. 160 is
+    # one run of the avx2 tile's 128 columns and a part run (dot.c TILE_SEGMENT).
     w = Weight(rng.standard_normal((301, k), dtype=np.float32), 0)
     x = rng.standard_normal((11, k), dtype=np.float32)
     kernels = Kernels(threads)
