@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from colibri import control_plane, resources
+from colibri import control_plane, host_topology, resources
 from colibri.engine.cuda_devices import Probe, probe_isolated
 
 Status = Literal["ok", "warn", "fail"]
@@ -94,6 +94,19 @@ def _default_threads() -> str:
         return f"threads {model.default_threads()} (COLIBRI_THREADS, else the usable CPUs)"
     except (ImportError, ValueError) as exc:
         return f"threads: {exc}"
+
+
+def check_host() -> Check:
+    """The CPU and how its usable CPUs sit on cores and caches (always ``ok``: a fact for
+    reading bandwidth figures, see :mod:`colibri.host_topology`)."""
+    host = host_topology.describe()
+    cpu = host["cpu"]
+    name = cpu["name"] or platform.machine()
+    if cpu["family"] is not None and cpu["model"] is not None:
+        name += f" (family {cpu['family']} model {cpu['model']})"
+    flags = " ".join(cpu["vector_flags"]) or "no vector flags reported"
+    memory = f"; {host['memory_gb']} GB memory" if host["memory_gb"] is not None else ""
+    return Check("host", "ok", f"{name}; {flags}; {host_topology.summary(host)}{memory}")
 
 
 def check_accelerated() -> Check:
@@ -233,6 +246,7 @@ ALL_CHECKS: tuple[Callable[[], Check | list[Check]], ...] = (
     check_runtime_modules,
     check_spec_data,
     check_default_model,
+    check_host,
     check_accelerated,
     check_cuda,
 )

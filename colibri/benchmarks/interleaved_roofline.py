@@ -13,7 +13,10 @@ steps of ``batch`` rows. Each round gives
   copy bandwidth, the issue's "fraction of the roofline"; and ÷ the read stream, the share of
   what the engine's own one-row product reaches on this machine when nothing else runs (a
   host whose reads are slower than its copies — one Zen 3 round's were — shows there as a
-  low copy fraction beside a high read-stream one, where a slow step shows low in both);
+  low copy fraction beside a high read-stream one, where a slow step shows low in both); the
+  same probe on one thread, and the engine's threads over it, say whether a second thread
+  adds bandwidth at all (two usable CPUs that are SMT siblings of one core add little; the
+  bench's ``machine.host`` says which they are);
 * ``batch`` rows: achieved GB/s (shared weights + the union of the rows' experts, counted once
   per step) ÷ the copy bandwidth, i.e. the batch's tok/s as a fraction of its own bandwidth
   bound, with the bound as a multiple of one row's tok/s;
@@ -87,12 +90,13 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     import numpy as np
 
     from colibri.accelerated import load_model
-    from colibri.accelerated.kernels import Weight
+    from colibri.accelerated.kernels import Kernels, Weight
     from colibri.benchmarks.accelerated_decode import copy_bandwidth_bytes_per_s
 
     model = load_model(model_dir)
     stream = Weight(np.ones(((READ_STREAM_MIB << 20) // (4 * READ_STREAM_COLS),
                              READ_STREAM_COLS), np.float32), 0)
+    one_thread = Kernels(1, model.kernels.lib)
     single = [model.new_state()]
     single_tokens = [int(np.argmax(model.prefill(single[0], PROMPT)[-1]))]
     rows, row_tokens = [], []
@@ -103,11 +107,13 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     # Page in and map what the rounds will read (the experts the first steps choose).
     _, _, single_tokens = _steps(model, single, single_tokens, tokens)
     _, _, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
-    out: dict[str, list[Any]] = {"copy_bps": [], "read_bps": [], "single_s": [],
-                                 "single_routes": [], "batch_s": [], "batch_routes": []}
+    out: dict[str, list[Any]] = {"copy_bps": [], "read_bps": [], "read_one_thread_bps": [],
+                                 "single_s": [], "single_routes": [], "batch_s": [],
+                                 "batch_routes": []}
     for _ in range(rounds):
         out["copy_bps"].append(copy_bandwidth_bytes_per_s(repeats=COPY_REPEATS))
         out["read_bps"].append(read_stream_bytes_per_s(model.kernels, stream))
+        out["read_one_thread_bps"].append(read_stream_bytes_per_s(one_thread, stream))
         seconds, routes, single_tokens = _steps(model, single, single_tokens, tokens)
         out["single_s"].append(seconds)
         out["single_routes"].append(routes)
@@ -153,6 +159,9 @@ def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any
         "single_over_copy_bandwidth": spread(single_frac),
         "read_stream_gb_per_s": spread([r / 1e9 for r in raw["read_bps"]]),
         "single_over_read_stream": spread(single_read),
+        "read_stream_one_thread_gb_per_s": spread([r / 1e9 for r in raw["read_one_thread_bps"]]),
+        "read_stream_threads_over_one": spread(
+            [r / r1 for r, r1 in zip(raw["read_bps"], raw["read_one_thread_bps"], strict=True)]),
         "batch_achieved_gb_per_s": spread(batch_gbps),
         "batch_fraction_of_its_bound": spread(batch_frac),
         "batch_over_single_tokens_per_s": spread(batch_x),

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from colibri import __version__
+    from colibri import __version__, host_topology
     from colibri.benchmarks import BenchOptions, load_sections, select
     from colibri.commands.progress import bar
 
@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {
         "colibri_version": __version__,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "processor": platform.processor() or platform.machine()},
+                    "processor": platform.processor() or platform.machine(),
+                    # What GB/s figures depend on: which usable CPUs share a core, caches.
+                    "host": host_topology.describe()},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sections": {},
     }

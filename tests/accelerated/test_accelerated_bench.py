@@ -82,6 +82,7 @@ def test_roofline_section_alternates_copy_probe_and_decode(
     assert section["rounds"] == ROUNDS and section["batch"] == 2
     for key in ("copy_bandwidth_gb_per_s", "single_over_copy_bandwidth",
                 "read_stream_gb_per_s", "single_over_read_stream",
+                "read_stream_one_thread_gb_per_s", "read_stream_threads_over_one",
                 "batch_fraction_of_its_bound", "batch_over_single_tokens_per_s",
                 "batch_bound_over_single"):
         spread = section[key]
@@ -104,6 +105,7 @@ def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None
     two_bytes = touched_bytes(model_dir, [[(int(l_), tuple(e)) for l_, e in two_rows]])[0]
     assert two_bytes > one_bytes
     raw = {"threads": 2, "copy_bps": [1e9, 2e9], "read_bps": [4e9, 8e9],
+           "read_one_thread_bps": [2e9, 5e9],
            "single_s": [0.5, 0.5], "single_routes": [[one_step]] * 2,
            "batch_s": [1.0, 2.0], "batch_routes": [[two_rows]] * 2}
     got = summarize(raw, model_dir, batch=2)
@@ -113,6 +115,8 @@ def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None
     assert got["single_over_read_stream"]["rounds"] == [one_bytes / 0.5 / 4e9,
                                                         one_bytes / 0.5 / 8e9]
     assert got["read_stream_gb_per_s"]["rounds"] == [4.0, 8.0]
+    assert got["read_stream_one_thread_gb_per_s"]["rounds"] == [2.0, 5.0]
+    assert got["read_stream_threads_over_one"]["rounds"] == [2.0, 8 / 5]
     assert got["batch_fraction_of_its_bound"]["rounds"] == [two_bytes / 1.0 / 1e9,
                                                             two_bytes / 2.0 / 2e9]
     assert got["batch_over_single_tokens_per_s"]["rounds"] == [(2 / 1.0) / (1 / 0.5),

@@ -41,6 +41,9 @@ def test_reference_section_reports_speed_bandwidth_and_rss(
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text())
+    from colibri import host_topology
+
+    assert printed["machine"]["host"]["usable_cpus"] == host_topology.usable_cpus()
     section = printed["sections"]["reference-decode"]
     ref = section["reference"]
     assert ref["decode"]["steps"] == 2 and ref["decode"]["tokens_per_s"] > 0

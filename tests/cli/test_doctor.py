@@ -29,7 +29,9 @@ def test_doctor_json_reports_every_check() -> None:
     report = json.loads(result.stdout)
     assert report["schema_version"] == 1
     ids = {check["id"] for check in report["checks"]}
-    assert {"python", "numpy", "spec", "default_model", "accelerated", "gpu"} <= ids
+    assert {"python", "numpy", "spec", "default_model", "host", "accelerated", "gpu"} <= ids
+    host = next(c for c in report["checks"] if c["id"] == "host")
+    assert f"{len(os.sched_getaffinity(0))} usable CPUs" in host["summary"]
     numpy_check = next(c for c in report["checks"] if c["id"] == "numpy")
     assert numpy_check["summary"].startswith("numpy ")
     assert result.returncode == (1 if report["status"] == "fail" else 0)
