@@ -16,9 +16,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from colibri.engine.host_info import meminfo
+
 SYSFS_CPU = Path("/sys/devices/system/cpu")
 CPUINFO = Path("/proc/cpuinfo")
-MEMINFO = Path("/proc/meminfo")
 #: The feature flags that decide which kernel variant runs and how wide its vectors are.
 VECTOR_FLAGS: tuple[str, ...] = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
@@ -116,15 +117,13 @@ def caches(cpus: list[int], sysfs: Path = SYSFS_CPU) -> list[dict[str, Any]]:
     return found
 
 
-def memory_gb(meminfo: Path = MEMINFO) -> float | None:
-    for line in (_read(meminfo) or "").splitlines():
-        if line.startswith("MemTotal:"):
-            return round(int(line.split()[1]) * 1024 / 1e9, 1)
-    return None
+def memory_gb() -> float | None:
+    total = meminfo().get("MemTotal")
+    return None if total is None else round(total * 1024 / 1e9, 1)
 
 
 def describe(cpus: list[int] | None = None, sysfs: Path = SYSFS_CPU,
-             cpuinfo: Path = CPUINFO, meminfo: Path = MEMINFO) -> dict[str, Any]:
+             cpuinfo: Path = CPUINFO) -> dict[str, Any]:
     """The host as a JSON object (see the module docstring)."""
     cpus = usable_cpus() if cpus is None else cpus
     groups = core_groups(cpus, sysfs)
@@ -134,7 +133,7 @@ def describe(cpus: list[int] | None = None, sysfs: Path = SYSFS_CPU,
         "physical_cores": None if groups is None else len(groups),
         "smt_siblings": None if groups is None else [g for g in groups if len(g) > 1],
         "caches": caches(cpus, sysfs),
-        "memory_gb": memory_gb(meminfo),
+        "memory_gb": memory_gb(),
     }
 
 

@@ -15,7 +15,8 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
-def _meminfo() -> dict[str, int]:
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo's numeric fields (KiB for the sizes); empty where it cannot be read."""
     values: dict[str, int] = {}
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
@@ -43,7 +44,7 @@ def cpu_name() -> str:
 
 def hwinfo_line(devices: Sequence[Device]) -> str:
     """HWINFO: the host, and the backend's devices (none on CPU: `0 0.0` and no GPU name)."""
-    mem = _meminfo()
+    mem = meminfo()
     total = mem.get("MemTotal", 0) / 1e6
     avail = mem.get("MemAvailable", 0) / 1e6
     cores = os.cpu_count() or 1

@@ -45,12 +45,11 @@ def fake_host(root: Path, cores: dict[int, int], l3_shared: str = "0-3") -> Path
 def test_smt_siblings_are_found_and_named(tmp_path: Path) -> None:
     sysfs = fake_host(tmp_path / "cpu", {0: 0, 1: 0, 2: 1, 3: 1})
     (tmp_path / "cpuinfo").write_text(CPUINFO)
-    host = host_topology.describe([0, 1], sysfs, tmp_path / "cpuinfo", tmp_path / "nope")
+    host = host_topology.describe([0, 1], sysfs, tmp_path / "cpuinfo")
     assert host["physical_cores"] == 1 and host["smt_siblings"] == [[0, 1]]
     assert host["cpu"] == {"name": "AMD EPYC 7B13 64-Core Processor", "vendor": "AuthenticAMD",
                            "family": 25, "model": 1, "stepping": 0,
                            "vector_flags": ["sse4_2", "avx", "avx2", "fma", "f16c"]}
-    assert host["memory_gb"] is None
     # The L3 is shared by CPUs 0-3, of which this process may use two.
     assert [(c["level"], c["type"], c["bytes"], c["shared_by_usable_cpus"])
             for c in host["caches"]] == [(1, "Data", 32 << 10, 2), (1, "Instruction", 32 << 10, 2),
@@ -62,7 +61,7 @@ def test_smt_siblings_are_found_and_named(tmp_path: Path) -> None:
 
 def test_separate_cores_have_no_siblings(tmp_path: Path) -> None:
     sysfs = fake_host(tmp_path / "cpu", {0: 0, 1: 0, 2: 1, 3: 1})
-    host = host_topology.describe([0, 2], sysfs, tmp_path / "nope", tmp_path / "nope")
+    host = host_topology.describe([0, 2], sysfs, tmp_path / "nope")
     assert host["physical_cores"] == 2 and host["smt_siblings"] == []
     assert host["cpu"]["name"] is None and host["cpu"]["vector_flags"] == []
     assert host_topology.summary(host) == (
@@ -70,7 +69,7 @@ def test_separate_cores_have_no_siblings(tmp_path: Path) -> None:
 
 
 def test_a_host_without_topology_says_unknown(tmp_path: Path) -> None:
-    host = host_topology.describe([0, 1], tmp_path, tmp_path / "nope", tmp_path / "nope")
+    host = host_topology.describe([0, 1], tmp_path, tmp_path / "nope")
     assert host["physical_cores"] is None and host["smt_siblings"] is None
     assert host["caches"] == []
     assert host_topology.summary(host) == "2 usable CPUs (cores unknown)"
@@ -79,6 +78,7 @@ def test_a_host_without_topology_says_unknown(tmp_path: Path) -> None:
 def test_this_host_is_described() -> None:
     host = host_topology.describe()
     assert host["usable_cpus"] == host_topology.usable_cpus()
+    assert host["memory_gb"] is not None and host["memory_gb"] > 0
     if host["physical_cores"] is not None:
         grouped = sorted(c for group in host["smt_siblings"] for c in group)
         assert 1 <= host["physical_cores"] <= len(host["usable_cpus"])
