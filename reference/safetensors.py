@@ -19,6 +19,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+from colibri.reference.aligned_write import write_in_aligned_chunks
 from colibri.reference.errors import CheckpointError
 
 #: safetensors dtype names -> numpy dtypes (little-endian). FP8 and bf16 come from ml_dtypes.
@@ -207,27 +208,26 @@ def write_safetensors(
     else:
         order = sorted(tensors, key=lambda n: (-tensors[n].dtype.itemsize, n))
     offset = 0
-    blobs: list[bytes] = []
+    blobs: list[memoryview] = []
     for name in order:
         array = np.ascontiguousarray(tensors[name])
         dtype = DTYPE_NAMES.get(array.dtype)
         if dtype is None:
             raise CheckpointError(f"{name}: cannot store numpy dtype {array.dtype}")
-        data = array.tobytes()
         header[name] = {
             "dtype": dtype,
             "shape": list(array.shape),
-            "data_offsets": [offset, offset + len(data)],
+            "data_offsets": [offset, offset + array.nbytes],
         }
-        blobs.append(data)
-        offset += len(data)
+        # the bytes in place (a uint8 view: every dtype, ml_dtypes' included, exports one)
+        blobs.append(array.reshape(-1).view(np.uint8).data)
+        offset += array.nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * ((-len(encoded)) % 8)
-    with open(path, "wb") as fh:
-        fh.write(len(encoded).to_bytes(8, "little"))
-        fh.write(encoded)
-        for blob in blobs:
-            fh.write(blob)
+    # Aligned whole-chunk writes, so the page cache holds the file in large folios for the
+    # memory map that reads it next (aligned_write.py).
+    with open(path, "wb", buffering=0) as fh:
+        write_in_aligned_chunks(fh, [len(encoded).to_bytes(8, "little"), encoded, *blobs])
 
 
 def read_all(path: Path) -> dict[str, np.ndarray]:
