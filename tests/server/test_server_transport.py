@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,9 +81,22 @@ def test_allowed_host_extends_the_guard(server: LiveServer) -> None:
     assert "--allowed-host other.example" in refused["body"]["error"]["message"]
 
 
+def peer_connections_reach(server: LiveServer, count: int) -> None:
+    """Wait until the server counts ``count`` open connections from 127.0.0.1: it accepts and
+    closes them on its own thread, so an earlier test's keep-alive connection can still be
+    counted (and would make the cap refuse one of the held ones instead of the extra one)."""
+    deadline = time.monotonic() + 10
+    while server.server.http.per_ip["127.0.0.1"] != count:
+        assert time.monotonic() < deadline, (
+            f"server counts {server.server.http.per_ip['127.0.0.1']} connections, not {count}")
+        time.sleep(0.01)
+
+
 def test_per_peer_connection_cap(server: LiveServer) -> None:
+    peer_connections_reach(server, 0)
     held = [socket.create_connection(("127.0.0.1", server.server.port)) for _ in range(3)]
     try:
+        peer_connections_reach(server, 3)
         extra = socket.create_connection(("127.0.0.1", server.server.port), timeout=10)
         extra.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         try:
