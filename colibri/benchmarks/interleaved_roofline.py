@@ -24,7 +24,9 @@ steps of ``batch`` rows. Each round gives
 and the report gives the median and range over the rounds. The weights are paged in and
 mapped before the first round (one untimed pass of single and batched steps), so the rounds
 measure steady-state decoding, as a running server does; ``accelerated-decode`` reports the
-first steps apart.
+first steps apart. ``checkpoint_mapping`` says how much of the checkpoint was then mapped
+with 2 MiB page-table entries (``page_mapping.py``: the same file in 4 KiB pages streams
+slower, so figures from the two states are different measurements).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from colibri.benchmarks.decode_steps import (
     run_worker,
     step_routes,
 )
+from colibri.benchmarks.page_mapping import checkpoint_mapping
 
 ROUNDS = 7
 #: Copies per probe: best of 8, as issue 13 defines the copy bandwidth (about 0.15 s a round).
@@ -107,6 +110,7 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     # Page in and map what the rounds will read (the experts the first steps choose).
     _, _, single_tokens = _steps(model, single, single_tokens, tokens)
     _, _, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
+    mapping = checkpoint_mapping(Path(model_dir))
     out: dict[str, list[Any]] = {"copy_bps": [], "read_bps": [], "read_one_thread_bps": [],
                                  "single_s": [], "single_routes": [], "batch_s": [],
                                  "batch_routes": []}
@@ -120,7 +124,7 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
         seconds, routes, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
         out["batch_s"].append(seconds)
         out["batch_routes"].append(routes)
-    return {**out, "threads": model.kernels.threads}
+    return {**out, "threads": model.kernels.threads, "checkpoint_mapping": mapping}
 
 
 def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any]:
@@ -166,6 +170,8 @@ def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any
         "batch_fraction_of_its_bound": spread(batch_frac),
         "batch_over_single_tokens_per_s": spread(batch_x),
         "batch_bound_over_single": spread(bound_x),
+        # how the checkpoint's pages were mapped while the rounds ran (page_mapping.py)
+        "checkpoint_mapping": raw.get("checkpoint_mapping"),
     }
 
 

@@ -89,6 +89,9 @@ def test_roofline_section_alternates_copy_probe_and_decode(
         assert len(spread["rounds"]) == ROUNDS
         assert min(spread["rounds"]) == spread["range"][0] > 0
         assert spread["range"][0] <= spread["median"] <= spread["range"][1]
+    mapping = section["checkpoint_mapping"]
+    assert mapping["resident_bytes"] > 0
+    assert 0 <= mapping["huge_mapped_fraction"] <= 1
 
 
 def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None:
