@@ -20,6 +20,10 @@ steps of ``batch`` rows. Each round gives
 * ``batch`` rows: achieved GB/s (shared weights + the union of the rows' experts, counted once
   per step) ÷ the copy bandwidth, i.e. the batch's tok/s as a fraction of its own bandwidth
   bound, with the bound as a multiple of one row's tok/s;
+* ``one_thread``: the same one-row and batched steps on one kernel thread (a second model
+  over the same mapped weights), their fractions, and the engine's threads' tok/s over one
+  thread's: near 1 for the batch where the threads share one core's multiply-add pipes (two
+  SMT siblings, whatever the guest's topology says), near the thread count where they do not;
 
 and the report gives the median and range over the rounds. The weights are paged in and
 mapped before the first round (one untimed pass of single and batched steps), so the rounds
@@ -89,6 +93,37 @@ def _steps(model: Any, states: list[Any], tokens: list[int], n: int
     return seconds, routes, tokens
 
 
+class _Decoder:
+    """One model's one-row and ``batch``-row greedy decodes, stepped a round at a time."""
+
+    def __init__(self, model: Any, batch: int) -> None:
+        import numpy as np
+
+        self.model = model
+        self.single = [model.new_state()]
+        self.single_tokens = [int(np.argmax(model.prefill(self.single[0], PROMPT)[-1]))]
+        self.rows, self.row_tokens = [], []
+        for b in range(batch):  # rows that share the prompt and diverge by one token
+            s = model.new_state()
+            self.row_tokens.append(int(np.argmax(model.prefill(s, [*PROMPT, b + 2])[-1])))
+            self.rows.append(s)
+
+    def round(self, tokens: int, out: dict[str, list[Any]], prefix: str) -> None:
+        """``tokens`` one-row steps and ``tokens // 2`` batched ones, into ``out``."""
+        seconds, routes, self.single_tokens = _steps(self.model, self.single,
+                                                     self.single_tokens, tokens)
+        out[f"{prefix}single_s"].append(seconds)
+        out[f"{prefix}single_routes"].append(routes)
+        seconds, routes, self.row_tokens = _steps(self.model, self.rows, self.row_tokens,
+                                                  max(1, tokens // 2))
+        out[f"{prefix}batch_s"].append(seconds)
+        out[f"{prefix}batch_routes"].append(routes)
+
+
+#: Raw keys of the one-thread decode rounds (see summarize's ``one_thread``).
+ONE_THREAD = "one_thread_"
+
+
 def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, Any]:
     import numpy as np
 
@@ -100,76 +135,93 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     stream = Weight(np.ones(((READ_STREAM_MIB << 20) // (4 * READ_STREAM_COLS),
                              READ_STREAM_COLS), np.float32), 0)
     one_thread = Kernels(1, model.kernels.lib)
-    single = [model.new_state()]
-    single_tokens = [int(np.argmax(model.prefill(single[0], PROMPT)[-1]))]
-    rows, row_tokens = [], []
-    for b in range(batch):  # rows that share the prompt and diverge by one token
-        s = model.new_state()
-        row_tokens.append(int(np.argmax(model.prefill(s, [*PROMPT, b + 2])[-1])))
-        rows.append(s)
+    decoders = {"": _Decoder(model, batch)}
+    if model.kernels.threads > 1:
+        # The same decode on one kernel thread (the same mapped weights): whether a second
+        # thread adds arithmetic as well as bandwidth, which a host's topology may not say.
+        decoders[ONE_THREAD] = _Decoder(load_model(model_dir, threads=1), batch)
+    out: dict[str, list[Any]] = {
+        "copy_bps": [], "read_bps": [], "read_one_thread_bps": [],
+        **{f"{p}{k}": [] for p in decoders
+           for k in ("single_s", "single_routes", "batch_s", "batch_routes")}}
     # Page in and map what the rounds will read (the experts the first steps choose).
-    _, _, single_tokens = _steps(model, single, single_tokens, tokens)
-    _, _, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
+    decoders[""].round(tokens, {k: [] for k in out}, "")
     mapping = checkpoint_mapping(Path(model_dir))
-    out: dict[str, list[Any]] = {"copy_bps": [], "read_bps": [], "read_one_thread_bps": [],
-                                 "single_s": [], "single_routes": [], "batch_s": [],
-                                 "batch_routes": []}
     for _ in range(rounds):
         out["copy_bps"].append(copy_bandwidth_bytes_per_s(repeats=COPY_REPEATS))
         out["read_bps"].append(read_stream_bytes_per_s(model.kernels, stream))
         out["read_one_thread_bps"].append(read_stream_bytes_per_s(one_thread, stream))
-        seconds, routes, single_tokens = _steps(model, single, single_tokens, tokens)
-        out["single_s"].append(seconds)
-        out["single_routes"].append(routes)
-        seconds, routes, row_tokens = _steps(model, rows, row_tokens, max(1, tokens // 2))
-        out["batch_s"].append(seconds)
-        out["batch_routes"].append(routes)
+        for prefix, decoder in decoders.items():
+            decoder.round(tokens, out, prefix)
     return {**out, "threads": model.kernels.threads, "checkpoint_mapping": mapping}
+
+
+def _decode_rates(raw: dict[str, Any], model_dir: Path, batch: int, prefix: str
+                  ) -> list[dict[str, float]]:
+    """Per round: one row's and the batch's weight bytes a second and tokens a second, and the
+    batch's bound as a multiple of one row's tok/s, from the ``prefix`` decoder's timings."""
+    from colibri.benchmarks.reference_decode import touched_bytes
+
+    rates = []
+    for s_s, s_routes, b_s, b_routes in zip(
+            raw[f"{prefix}single_s"], raw[f"{prefix}single_routes"], raw[f"{prefix}batch_s"],
+            raw[f"{prefix}batch_routes"], strict=True):
+        one_bytes = touched_bytes(model_dir, routes_from_json(s_routes))
+        many_bytes = touched_bytes(model_dir, routes_from_json(b_routes))
+        rates.append({
+            "single_bps": sum(one_bytes) / s_s, "batch_bps": sum(many_bytes) / b_s,
+            "single_tps": len(s_routes) / s_s, "batch_tps": batch * len(b_routes) / b_s,
+            # The batch's bound as a multiple of one row's (both at the same bandwidth): rows
+            # per step x bytes of a one-row step / bytes of a batched step.
+            "bound_x": batch * (sum(one_bytes) / len(one_bytes))
+            / (sum(many_bytes) / len(many_bytes)),
+        })
+    return rates
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"median": median(values), "range": [min(values), max(values)], "rounds": values}
 
 
 def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any]:
     """Per-round ratios from the worker's timings and routes, with their medians and ranges."""
-    from colibri.benchmarks.reference_decode import touched_bytes
-
-    single_frac, batch_frac, bound_x, batch_x, single_gbps, batch_gbps = [], [], [], [], [], []
-    single_read = []
-    for copy_bps, read_bps, s_s, s_routes, b_s, b_routes in zip(
-            raw["copy_bps"], raw["read_bps"], raw["single_s"], raw["single_routes"],
-            raw["batch_s"], raw["batch_routes"], strict=True):
-        one_bytes = touched_bytes(model_dir, routes_from_json(s_routes))
-        many_bytes = touched_bytes(model_dir, routes_from_json(b_routes))
-        one, many = sum(one_bytes) / s_s, sum(many_bytes) / b_s  # bytes per second
-        single_gbps.append(one / 1e9)
-        batch_gbps.append(many / 1e9)
-        single_frac.append(one / copy_bps)
-        single_read.append(one / read_bps)
-        batch_frac.append(many / copy_bps)
-        one_tps, many_tps = len(s_routes) / s_s, batch * len(b_routes) / b_s
-        batch_x.append(many_tps / one_tps)
-        # The batch's bound as a multiple of one row's (both at the same bandwidth): rows per
-        # step x bytes of a one-row step / bytes of a batched step.
-        bound_x.append(batch * (sum(one_bytes) / len(one_bytes))
-                       / (sum(many_bytes) / len(many_bytes)))
-
-    def spread(values: list[float]) -> dict[str, Any]:
-        return {"median": median(values), "range": [min(values), max(values)],
-                "rounds": values}
-
+    copy, read, read_one = raw["copy_bps"], raw["read_bps"], raw["read_one_thread_bps"]
+    rates = _decode_rates(raw, model_dir, batch, "")
+    one_thread: dict[str, Any] | None = None
+    if f"{ONE_THREAD}single_s" in raw:
+        alone = _decode_rates(raw, model_dir, batch, ONE_THREAD)
+        one_thread = {
+            "single_over_copy_bandwidth": _spread(
+                [r["single_bps"] / c for r, c in zip(alone, copy, strict=True)]),
+            "batch_fraction_of_its_bound": _spread(
+                [r["batch_bps"] / c for r, c in zip(alone, copy, strict=True)]),
+            # the engine's threads' tok/s over one thread's, per round
+            "single_threads_over_one": _spread(
+                [r["single_tps"] / a["single_tps"] for r, a in zip(rates, alone, strict=True)]),
+            "batch_threads_over_one": _spread(
+                [r["batch_tps"] / a["batch_tps"] for r, a in zip(rates, alone, strict=True)]),
+        }
     return {
         "model": str(model_dir), "threads": raw["threads"], "batch": batch,
-        "rounds": len(raw["copy_bps"]),
-        "copy_bandwidth_gb_per_s": spread([c / 1e9 for c in raw["copy_bps"]]),
-        "single_achieved_gb_per_s": spread(single_gbps),
-        "single_over_copy_bandwidth": spread(single_frac),
-        "read_stream_gb_per_s": spread([r / 1e9 for r in raw["read_bps"]]),
-        "single_over_read_stream": spread(single_read),
-        "read_stream_one_thread_gb_per_s": spread([r / 1e9 for r in raw["read_one_thread_bps"]]),
-        "read_stream_threads_over_one": spread(
-            [r / r1 for r, r1 in zip(raw["read_bps"], raw["read_one_thread_bps"], strict=True)]),
-        "batch_achieved_gb_per_s": spread(batch_gbps),
-        "batch_fraction_of_its_bound": spread(batch_frac),
-        "batch_over_single_tokens_per_s": spread(batch_x),
-        "batch_bound_over_single": spread(bound_x),
+        "rounds": len(copy),
+        "copy_bandwidth_gb_per_s": _spread([c / 1e9 for c in copy]),
+        "single_achieved_gb_per_s": _spread([r["single_bps"] / 1e9 for r in rates]),
+        "single_over_copy_bandwidth": _spread(
+            [r["single_bps"] / c for r, c in zip(rates, copy, strict=True)]),
+        "read_stream_gb_per_s": _spread([r / 1e9 for r in read]),
+        "single_over_read_stream": _spread(
+            [r["single_bps"] / b for r, b in zip(rates, read, strict=True)]),
+        "read_stream_one_thread_gb_per_s": _spread([r / 1e9 for r in read_one]),
+        "read_stream_threads_over_one": _spread(
+            [r / r1 for r, r1 in zip(read, read_one, strict=True)]),
+        "batch_achieved_gb_per_s": _spread([r["batch_bps"] / 1e9 for r in rates]),
+        "batch_fraction_of_its_bound": _spread(
+            [r["batch_bps"] / c for r, c in zip(rates, copy, strict=True)]),
+        "batch_over_single_tokens_per_s": _spread(
+            [r["batch_tps"] / r["single_tps"] for r in rates]),
+        "batch_bound_over_single": _spread([r["bound_x"] for r in rates]),
+        # the same decode on one kernel thread, in the same rounds (None with one thread)
+        "one_thread": one_thread,
         # how the checkpoint's pages were mapped while the rounds ran (page_mapping.py)
         "checkpoint_mapping": raw.get("checkpoint_mapping"),
     }

@@ -92,6 +92,13 @@ def test_roofline_section_alternates_copy_probe_and_decode(
     mapping = section["checkpoint_mapping"]
     assert mapping["resident_bytes"] > 0
     assert 0 <= mapping["huge_mapped_fraction"] <= 1
+    if section["threads"] == 1:
+        assert section["one_thread"] is None
+    else:
+        for key in ("single_over_copy_bandwidth", "batch_fraction_of_its_bound",
+                    "single_threads_over_one", "batch_threads_over_one"):
+            assert len(section["one_thread"][key]["rounds"]) == ROUNDS
+            assert section["one_thread"][key]["range"][0] > 0
 
 
 def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None:
@@ -110,8 +117,21 @@ def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None
     raw = {"threads": 2, "copy_bps": [1e9, 2e9], "read_bps": [4e9, 8e9],
            "read_one_thread_bps": [2e9, 5e9],
            "single_s": [0.5, 0.5], "single_routes": [[one_step]] * 2,
-           "batch_s": [1.0, 2.0], "batch_routes": [[two_rows]] * 2}
+           "batch_s": [1.0, 2.0], "batch_routes": [[two_rows]] * 2,
+           "one_thread_single_s": [1.0, 0.5], "one_thread_single_routes": [[one_step]] * 2,
+           "one_thread_batch_s": [4.0, 2.0], "one_thread_batch_routes": [[two_rows]] * 2}
     got = summarize(raw, model_dir, batch=2)
+    alone = got["one_thread"]
+    # One thread: one row in 1.0 s and 0.5 s, the batch in 4.0 s and 2.0 s.
+    assert alone["single_over_copy_bandwidth"]["rounds"] == [one_bytes / 1.0 / 1e9,
+                                                             one_bytes / 0.5 / 2e9]
+    assert alone["batch_fraction_of_its_bound"]["rounds"] == [two_bytes / 4.0 / 1e9,
+                                                              two_bytes / 2.0 / 2e9]
+    assert alone["single_threads_over_one"]["rounds"] == [1.0 / 0.5, 0.5 / 0.5]
+    assert alone["batch_threads_over_one"]["rounds"] == [4.0 / 1.0, 2.0 / 2.0]
+    without = summarize({k: v for k, v in raw.items() if not k.startswith("one_thread_")},
+                        model_dir, batch=2)
+    assert without["one_thread"] is None
     # Round 1: one row streams one_bytes in 0.5 s against 1 GB/s; the batch its bytes in 1 s.
     assert got["single_over_copy_bandwidth"]["rounds"] == [one_bytes / 0.5 / 1e9,
                                                            one_bytes / 0.5 / 2e9]
