@@ -50,6 +50,8 @@ from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.timing import PhaseClock
 
+from colibri.host_topology import usable_cpus
+
 I32 = npt.NDArray[np.int32]
 
 
@@ -68,8 +70,7 @@ def default_threads() -> int:
             raise ValueError(f"COLIBRI_THREADS must be a whole number, got {raw!r}") from None
         if n >= 1:
             return n
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else (os.cpu_count() or 1))
+    return max(1, len(usable_cpus()))
 
 
 def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:

@@ -128,18 +128,19 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     import numpy as np
 
     from colibri.accelerated import load_model
-    from colibri.accelerated.kernels import Kernels, Weight
+    from colibri.accelerated.kernels import Weight
     from colibri.benchmarks.accelerated_decode import copy_bandwidth_bytes_per_s
 
     model = load_model(model_dir)
     stream = Weight(np.ones(((READ_STREAM_MIB << 20) // (4 * READ_STREAM_COLS),
                              READ_STREAM_COLS), np.float32), 0)
-    one_thread = Kernels(1, model.kernels.lib)
     decoders = {"": _Decoder(model, batch)}
+    one_thread = model
     if model.kernels.threads > 1:
         # The same decode on one kernel thread (the same mapped weights): whether a second
         # thread adds arithmetic as well as bandwidth, which a host's topology may not say.
-        decoders[ONE_THREAD] = _Decoder(load_model(model_dir, threads=1), batch)
+        one_thread = load_model(model_dir, threads=1)
+        decoders[ONE_THREAD] = _Decoder(one_thread, batch)
     out: dict[str, list[Any]] = {
         "copy_bps": [], "read_bps": [], "read_one_thread_bps": [],
         **{f"{p}{k}": [] for p in decoders
@@ -150,7 +151,7 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
     for _ in range(rounds):
         out["copy_bps"].append(copy_bandwidth_bytes_per_s(repeats=COPY_REPEATS))
         out["read_bps"].append(read_stream_bytes_per_s(model.kernels, stream))
-        out["read_one_thread_bps"].append(read_stream_bytes_per_s(one_thread, stream))
+        out["read_one_thread_bps"].append(read_stream_bytes_per_s(one_thread.kernels, stream))
         for prefix, decoder in decoders.items():
             decoder.round(tokens, out, prefix)
     return {**out, "threads": model.kernels.threads, "checkpoint_mapping": mapping}
