@@ -145,8 +145,10 @@ def _worker(model_dir: str, tokens: int, batch: int, rounds: int) -> dict[str, A
         "copy_bps": [], "read_bps": [], "read_one_thread_bps": [],
         **{f"{p}{k}": [] for p in decoders
            for k in ("single_s", "single_routes", "batch_s", "batch_routes")}}
-    # Page in and map what the rounds will read (the experts the first steps choose).
-    decoders[""].round(tokens, {k: [] for k in out}, "")
+    # Page in and map what the rounds will read (the experts the first steps choose), through
+    # each model's own map: the one-thread model's faults would otherwise land in its first round.
+    for decoder in decoders.values():
+        decoder.round(tokens, {k: [] for k in out}, "")
     mapping = checkpoint_mapping(Path(model_dir))
     for _ in range(rounds):
         out["copy_bps"].append(copy_bandwidth_bytes_per_s(repeats=COPY_REPEATS))
