@@ -211,95 +211,125 @@ ROW_KERNEL(dot_1x3_far, dot_1x3, FAR_AHEAD)
 static const row_kernel ROW_KERNELS[2][2] = {{dot_1x2_near, dot_1x3_near},
                                              {dot_1x2_far, dot_1x3_far}};
 
-/* col_dot_f32 of three weight rows with four activation rows, bit for bit: one lane group g
- * (the 8 lanes i mod 32 in 8g .. 8g + 7) per pass over k, twelve accumulators, so each pass
- * loads 7 vectors per 12 multiply-adds (dot_1x2 loads 3 per 2); the four groups meet in
- * reduce_regs as col_dot_f32's do. The three rows (12 KiB at k = 1024) stay in L1 across the
- * passes, so memory sees each of them once; `pf` .. `pf + pf_lines` cache lines (the next
- * tile) are prefetched `per_step` per inner step, spread over every pass, so the memory stream
- * keeps going while the tile is computed from L1. The prefetch goes to L2, not L1: with a
- * 32 KiB L1 (Zen 4) the next tile's 12 KiB evicted the activations the passes reuse (2-core
- * EPYC Zen 4, 4-8 rows of k 1024 from memory, paired: 1.19-1.32x the GB/s of an L1 prefetch).
- * The lines go in the order the next tile's first pass reads them, its three rows in turn
- * (line j of rows 0, 1, 2, then line j + 1), not row after row: row after row, the third row's
- * lines were asked for last and were still in flight when that pass began (2-core EPYC Zen 3,
- * k 1024 from memory, paired: one thread 1.15-1.21x the GB/s at 8 rows, 1.28x at 4; two
- * threads on one product 1.08-1.16x at 8, 1.05-1.07x at 4-6; the engine's 4- and 8-row steps
- * 1.03x / 1.01x, within that machine's noise). A pointer and a row count walk that order (no
- * division per line, fewer integer registers taken from the inner step): 2-core EPYC Zen 4,
- * avx2 build, paired, same bytes, one thread: 8 rows 1.16x the GB/s from cache and 1.02x from
- * memory, 4 rows 1.29x / 1.18x; the engine's 4-8-row step 1.02-1.09x on one thread and
- * 0.99-1.07x on two (medians of five paired runs), prefill 1.00x. `*pf_done` carries the
- * count across the calls that share one tile.
- *
- * `segment` (a multiple of 32) cuts k into runs met by all four passes in turn, each pass
- * taking its group's accumulators from `part` where the previous run left them (a register
- * stored and loaded again is the same bits, and every lane still adds its products in column
- * order). The tile's weight rows and activations then come to L1 a run at a time, 1.5 KiB and
- * 2 KiB for runs of 128 columns, instead of 12 KiB and 16 KiB (k = 1024) that the passes
- * over a second quad, or a wider k, pushed out of a 32 KiB L1 between passes. 2-core EPYC
- * Zen 4, avx2 build, two threads from memory, paired, same bytes: 8 rows 1.30x the GB/s at
- * k 1024, 1.32x at 2048, 1.68x at 6144 (4 rows 1.07x, 1.23x, 1.43x); runs of 256 columns
- * 1.05-1.44x, of 64 0.98-1.21x; the bench model's 8-row decode step 1.045-1.052x, 4 rows
- * 1.02x. A prefill's later blocks, whose weights are already in L2, keep whole passes
- * (`segment` = k): runs there measured 0.94x on a 64-token prefill, whole passes 1.00x. */
+/* One lane group's pass over columns i0, i0 + 32, ... < i1 of three weight rows (w0, w0 + k,
+ * w0 + 2k) with four activation rows (x0 .. x0 + 3 ldx): the lanes 8g .. 8g + 7 of each of
+ * the twelve col_dot_f32s, whose accumulators come from and go back to acc[4 j + r] (weight
+ * row j, activation row r). A register stored and loaded again is the same bits, and every
+ * lane still adds its products in column order, so the passes may be cut anywhere on a
+ * 32-column boundary. Each step loads 7 vectors for 12 multiply-adds (dot_1x2 loads 3 for
+ * 2): all 16 ymm registers, and nothing else in the loop but the column index. */
+static inline __attribute__((always_inline)) void pass_3x4(const float *w0, size_t k,
+                                                           const float *x0, size_t ldx,
+                                                           size_t i0, size_t i1, __m256 *acc) {
+    const float *w1 = w0 + k, *w2 = w0 + 2 * k;
+    const float *x1 = x0 + ldx, *x2 = x0 + 2 * ldx, *x3 = x0 + 3 * ldx;
+    __m256 a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3], b0 = acc[4], b1 = acc[5];
+    __m256 b2 = acc[6], b3 = acc[7], c0 = acc[8], c1 = acc[9], c2 = acc[10], c3 = acc[11];
+    for (size_t i = i0; i < i1; i += 32) {
+        __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i);
+        __m256 t = _mm256_loadu_ps(w2 + i);
+        __m256 y = _mm256_loadu_ps(x0 + i);
+        a0 = _mm256_fmadd_ps(u, y, a0);
+        b0 = _mm256_fmadd_ps(v, y, b0);
+        c0 = _mm256_fmadd_ps(t, y, c0);
+        y = _mm256_loadu_ps(x1 + i);
+        a1 = _mm256_fmadd_ps(u, y, a1);
+        b1 = _mm256_fmadd_ps(v, y, b1);
+        c1 = _mm256_fmadd_ps(t, y, c1);
+        y = _mm256_loadu_ps(x2 + i);
+        a2 = _mm256_fmadd_ps(u, y, a2);
+        b2 = _mm256_fmadd_ps(v, y, b2);
+        c2 = _mm256_fmadd_ps(t, y, c2);
+        y = _mm256_loadu_ps(x3 + i);
+        a3 = _mm256_fmadd_ps(u, y, a3);
+        b3 = _mm256_fmadd_ps(v, y, b3);
+        c3 = _mm256_fmadd_ps(t, y, c3);
+    }
+    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3, acc[4] = b0, acc[5] = b1;
+    acc[6] = b2, acc[7] = b3, acc[8] = c0, acc[9] = c1, acc[10] = c2, acc[11] = c3;
+}
+
+/* Prefetch into L2 `lines` lines from `at` of three weight rows `row_bytes` apart. `at` is an
+ * integer: it may lie past the weights, where a prefetch is harmless but a pointer is not. */
+static inline __attribute__((always_inline)) void prefetch_lines(uintptr_t at,
+                                                                 size_t row_bytes,
+                                                                 size_t lines) {
+    for (size_t l = 0; l < lines; l++, at += 64) {
+        _mm_prefetch((const char *)at, _MM_HINT_T1);
+        _mm_prefetch((const char *)(at + row_bytes), _MM_HINT_T1);
+        _mm_prefetch((const char *)(at + 2 * row_bytes), _MM_HINT_T1);
+    }
+}
+
+/* Columns per run of tile_3x4 when its weights come from memory. */
 #define TILE_SEGMENT ((size_t)128)
-static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, float *out,
-                     size_t ldo, const char *pf, size_t pf_lines, size_t per_step,
-                     size_t *pf_done, size_t segment) {
-    __m256 part[4][3][4];
-    const float *w0 = w, *w1 = w + k, *w2 = w + 2 * k;
-    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-    size_t done = *pf_done, row_bytes = k * sizeof(float);
-    size_t third = done % 3;
-    const char *pp = pf + third * row_bytes + 64 * (done / 3);
+_Static_assert(TILE_SEGMENT * sizeof(float) == 8 * 64, "tile_3x4 prefetches 8 lines per run");
+/* How far into the next tile its prefetch runs ahead of this tile's loads, in bytes. */
+#define TILE_PREFETCH_AHEAD ((size_t)2048)
+
+/* col_dot_f32 of three weight rows with 4 * quads activation rows (quads 1 or 2), bit for
+ * bit, through pass_3x4: one lane group (the 8 lanes i mod 32 in 8g .. 8g + 7) of one quad of
+ * activation rows at a time, so twelve accumulators stay in registers; the four groups meet
+ * in reduce_regs as col_dot_f32's do.
+ *
+ * `segment` (a multiple of 32) cuts k into runs, and every quad's four passes take one run
+ * before the next run starts: the tile's weight rows and activations come to L1 a run at a
+ * time (1.5 KiB of weights and 2 KiB per quad for runs of 128 columns) and both quads use
+ * the run's weights while they are there, instead of 12 KiB and 16 KiB (k = 1024) per pass,
+ * which a second quad or a wider k pushed out of a 32 KiB L1 between passes. Zen 4, two
+ * threads from memory, paired, with each quad taking all its runs in turn (the previous
+ * kernel): runs of 128 columns 1.30x the GB/s of whole passes at 8 rows, k 1024, 1.32x at
+ * 2048, 1.68x at 6144. A prefill's later blocks, whose weights are already in L2, keep whole
+ * passes (`segment` = k): runs there measured 0.94x on a 64-token prefill.
+ *
+ * When `pf` is not NULL (the next tile's first row; its rows follow each other in memory,
+ * as this tile's do) the tile prefetches it into L2 while it computes from L1: a run's
+ * passes ask, between them, for the next tile's lines of the same run TILE_PREFETCH_AHEAD
+ * bytes on, one or two lines of each of its three rows per pass. A row's lines past its end
+ * are the next row's first ones, so across the tiles every line is asked for once, a tile
+ * or so ahead. Into L2, not L1:
+ * with a 32 KiB L1 (Zen 4) the next tile evicted the activations the passes reuse (4-8 rows of
+ * k 1024 from memory, paired: 1.19-1.32x the GB/s of an L1 prefetch). A few prefetches per
+ * pass, fixed in the code, instead of a count carried through the inner step (the previous
+ * kernel), which took integer registers and branches from it; that kernel also took each
+ * quad through all its runs before the next quad, so the second quad met the weights in L2
+ * again. Paired against that kernel, same bytes, weights
+ * from memory (2-core EPYC Zen 5, avx2 build, medians of 15 paired rounds), 8 rows at k 512,
+ * 1024, 2048, 6144: one thread 1.14x, 1.27x, 1.19x, 1.10x the GB/s, two threads 1.14x,
+ * 1.28x, 1.14x, 1.12x; 4 rows 0.99-1.24x (one) and 1.03-1.05x (two); the bench model's
+ * 8-row decode step about 1.04x. The prefetch asking for the next tile's lines of the same
+ * run (TILE_PREFETCH_AHEAD 0) read 0.90-0.92x the previous kernel's GB/s at k 6144 on one
+ * thread; 2048 bytes on, 1.05-1.10x, with the other widths unchanged. */
+static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, size_t quads,
+                     float *out, size_t ldo, const char *pf, size_t segment) {
+    __m256 part[2][4][12];
+    size_t row_bytes = k * sizeof(float);
+    for (size_t q = 0; q < quads; q++)
+        for (size_t g = 0; g < 4; g++)
+            for (size_t j = 0; j < 12; j++) part[q][g][j] = _mm256_setzero_ps();
     for (size_t s0 = 0; s0 < k; s0 += segment) {
         size_t s1 = k - s0 < segment ? k : s0 + segment;
-        for (size_t g = 0; g < 4; g++) {
-            /* zeros for the first run, not part's: whole passes (a prefill's later blocks)
-             * measured 0.95-0.98x loading them */
-            __m256 a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3;
-            if (s0 == 0) {
-                a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                b0 = a0, b1 = a0, b2 = a0, b3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-            } else {
-                a0 = part[g][0][0], a1 = part[g][0][1], a2 = part[g][0][2];
-                a3 = part[g][0][3], b0 = part[g][1][0], b1 = part[g][1][1];
-                b2 = part[g][1][2], b3 = part[g][1][3], c0 = part[g][2][0];
-                c1 = part[g][2][1], c2 = part[g][2][2], c3 = part[g][2][3];
-            }
-            for (size_t i = s0 + 8 * g; i < s1; i += 32) {
-                for (size_t q = 0; q < per_step && done < pf_lines; q++, done++) {
-                    _mm_prefetch(pp, _MM_HINT_T1);
-                    pp += row_bytes;
-                    if (++third == 3) third = 0, pp += 64 - 3 * row_bytes;
+        for (size_t q = 0; q < quads; q++)
+            for (size_t g = 0; g < 4; g++) {
+                if (pf) {
+                    /* a run's 8 lines per row shared out over its 4 or 8 passes, each count
+                     * a constant of its own copy of the code (a count read in the loop
+                     * measured 0.90x at 8 rows) */
+                    uintptr_t at = (uintptr_t)pf + sizeof(float) * s0 + TILE_PREFETCH_AHEAD;
+                    if (quads == 2)
+                        prefetch_lines(at + 64 * (4 * q + g), row_bytes, 1);
+                    else
+                        prefetch_lines(at + 128 * g, row_bytes, 2);
                 }
-                __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i);
-                __m256 t = _mm256_loadu_ps(w2 + i);
-                __m256 y = _mm256_loadu_ps(x0 + i);
-                a0 = _mm256_fmadd_ps(u, y, a0);
-                b0 = _mm256_fmadd_ps(v, y, b0);
-                c0 = _mm256_fmadd_ps(t, y, c0);
-                y = _mm256_loadu_ps(x1 + i);
-                a1 = _mm256_fmadd_ps(u, y, a1);
-                b1 = _mm256_fmadd_ps(v, y, b1);
-                c1 = _mm256_fmadd_ps(t, y, c1);
-                y = _mm256_loadu_ps(x2 + i);
-                a2 = _mm256_fmadd_ps(u, y, a2);
-                b2 = _mm256_fmadd_ps(v, y, b2);
-                c2 = _mm256_fmadd_ps(t, y, c2);
-                y = _mm256_loadu_ps(x3 + i);
-                a3 = _mm256_fmadd_ps(u, y, a3);
-                b3 = _mm256_fmadd_ps(v, y, b3);
-                c3 = _mm256_fmadd_ps(t, y, c3);
+                pass_3x4(w, k, x + 4 * q * ldx, ldx, s0 + 8 * g, s1, part[q][g]);
             }
-            part[g][0][0] = a0, part[g][0][1] = a1, part[g][0][2] = a2, part[g][0][3] = a3;
-            part[g][1][0] = b0, part[g][1][1] = b1, part[g][1][2] = b2, part[g][1][3] = b3;
-            part[g][2][0] = c0, part[g][2][1] = c1, part[g][2][2] = c2, part[g][2][3] = c3;
-        }
     }
-    *pf_done = done;
-    reduce_parts(part, 3, out, ldo);
+    for (size_t q = 0; q < quads; q++)
+        for (size_t j = 0; j < 3; j++)
+            for (size_t r = 0; r < 4; r++)
+                out[(4 * q + r) * ldo + j] =
+                    reduce_regs(part[q][0][4 * j + r], part[q][1][4 * j + r],
+                                part[q][2][4 * j + r], part[q][3][4 * j + r]);
 }
 
 #if defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
@@ -459,19 +489,11 @@ static void dot_block_few(const float *w, size_t n0, size_t n1, const float *x, 
      * activations' loads). Fewer rows (an expert's share of a batch): each weight row
      * streams from memory once, in order (row_major). */
     size_t quads = m >= 4 ? m / 4 : 0;
-    /* The next tile's lines over this tile's quads x 4 passes x k / 32 inner steps: one per
-     * step covers them with two quads (8 rows), not with one (4-7 rows: two thirds, the rest
-     * then missed on demand; measured 17-20 GB/s at 4-7 rows against 26 at 8). */
-    size_t pf_lines = 3 * k * sizeof(float) / 64, steps = quads * k / 8;
-    size_t per_step = steps ? (pf_lines + steps - 1) / steps : 0;
     for (; quads && n + 3 <= n1; n += 3) {
         const float *wn = w + n * k;
-        const char *next = (const char *)(wn + 3 * k);
         /* no prefetch past the block, nor of weights already in cache */
-        size_t done = from_memory && n + 6 <= n1 ? 0 : pf_lines;
-        for (size_t q = 0; q < quads; q++)
-            tile_3x4(wn, k, x + 4 * q * ldx, ldx, out + 4 * q * ldo + n, ldo, next, pf_lines,
-                     per_step, &done, from_memory ? TILE_SEGMENT : k);
+        const char *next = from_memory && n + 6 <= n1 ? (const char *)(wn + 3 * k) : NULL;
+        tile_3x4(wn, k, x, ldx, quads, out + n, ldo, next, from_memory ? TILE_SEGMENT : k);
         for (size_t j = 0; j < 3 && 4 * quads < m; j++)
             row_major(wn + j * k, k, x, ldx, 4 * quads, m, out + n + j, ldo);
     }
