@@ -109,47 +109,39 @@ static void reduce_parts(__m256 part[4][3][4], size_t rows, float *out, size_t l
                                            part[3][j][r]);
 }
 
-/* Activation bytes per weight row from which the 2-3-row kernels also prefetch the weight
- * row FAR_AHEAD bytes ahead into L2. Below it the activations stay in a 32 KiB L1 beside the
- * weight stream; from it they are read from L2 for every weight row, beside the weight lines
- * still on their way from memory (our reading: both need the L1's few miss buffers, and the
- * weights hold theirs for a memory latency): one thread, 3 rows, read 11.6 GB/s of weights
- * at k 2048 against 22 at k 1024; from cache, 54 at k 2048.
- * With the weights asked for a page ahead (2-core EPYC Zen 4, both builds, paired, same
- * bytes), two threads: k 2048 1.07-1.15x the GB/s at 2 rows and 1.50-1.76x at 3, k 6144 (the
- * hidden size of GLM-5-class models) 1.25-1.33x; one thread at k 2048 x 3 rows 1.7x. The
- * bench model's 3-row decode step 1.016-1.022x (only its dense layers' down projections
- * are that wide). Below the threshold the far prefetch measured 0.82-1.19x (k 1024), within
- * that host's noise, so those rows keep the near prefetch alone. */
-#define X_SPILL_BYTES ((size_t)16 << 10)
+/* The 2-3-row kernels prefetch each weight row FAR_AHEAD bytes ahead into L2, beside the two
+ * lines each step is about to load into L1. Where the rows' activations spill from L1 (k 2048
+ * at 2 rows) the weight lines still on their way from memory and the activations read from L2
+ * for every weight row compete for the L1's few miss buffers (our reading): one thread, 3
+ * rows, read 11.6 GB/s of weights at k 2048 against 22 at k 1024 without it. With the far
+ * prefetch (2-core EPYC Zen 4, both builds, paired, same bytes), two threads: k 2048
+ * 1.07-1.15x the GB/s at 2 rows and 1.50-1.76x at 3, k 6144 (the hidden size of GLM-5-class
+ * models) 1.25-1.33x; one thread at k 2048 x 3 rows 1.7x. Narrower rows (an expert's gate, up
+ * and down at k 1024 and 512) kept the near prefetch alone on Zen 4, where the far one
+ * measured 0.82-1.19x, within that host's noise; on a 2-core EPYC Zen 5, avx2 build, weights
+ * from memory, medians of 15 paired rounds, it gives k 1024 1.06-1.07x (2 rows) and
+ * 1.06-1.08x (3 rows), k 512 1.05-1.11x, one and two threads, so every width now has it. */
 #define FAR_AHEAD 4096
 
 /* The prefetch of the 2-3-row kernels' step at byte offset `at` of the weight row `p`: the two
- * lines it is about to load into L1 and, when `ahead` (a constant of each kernel's copy) is
- * not 0, the two `ahead` bytes on into L2. That address is an integer: it may lie past the
- * row, where a prefetch is harmless but a pointer is not. Why constant copies, not a flag
- * read in the loop: gcc 12 at -O3 dropped the far prefetch under a run-time `if` (its IPA
- * modref pass), and asking for the near lines twice instead cost 1-5 % at 3 rows. */
-static inline __attribute__((always_inline)) void step_prefetch(const char *p, size_t at,
-                                                                size_t ahead) {
+ * lines it is about to load into L1 and the two FAR_AHEAD bytes on into L2. That address is
+ * an integer: it may lie past the row, where a prefetch is harmless but a pointer is not. */
+static inline __attribute__((always_inline)) void step_prefetch(const char *p, size_t at) {
     _mm_prefetch(p + at, _MM_HINT_T0);
     _mm_prefetch(p + at + 64, _MM_HINT_T0);
-    if (ahead) {
-        uintptr_t on = (uintptr_t)p + at + ahead;
-        _mm_prefetch((const char *)on, _MM_HINT_T1);
-        _mm_prefetch((const char *)(on + 64), _MM_HINT_T1);
-    }
+    uintptr_t on = (uintptr_t)p + at + FAR_AHEAD;
+    _mm_prefetch((const char *)on, _MM_HINT_T1);
+    _mm_prefetch((const char *)(on + 64), _MM_HINT_T1);
 }
 
-static inline __attribute__((always_inline)) void dot_1x2(const float *w, size_t k,
-                                                          const float *x, size_t ldx,
-                                                          float *out, size_t ldo, size_t ahead) {
+static void dot_1x2(const float *w, size_t k, const float *x, size_t ldx, float *out,
+                    size_t ldo) {
     const float *x0 = x, *x1 = x + ldx;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     const char *p = (const char *)w;
     for (size_t i = 0; i < k; i += 32) {
-        step_prefetch(p, 4 * i, ahead);
+        step_prefetch(p, 4 * i);
         __m256 u0 = _mm256_loadu_ps(w + i), u1 = _mm256_loadu_ps(w + i + 8);
         __m256 u2 = _mm256_loadu_ps(w + i + 16), u3 = _mm256_loadu_ps(w + i + 24);
         a0 = _mm256_fmadd_ps(u0, _mm256_loadu_ps(x0 + i), a0);
@@ -165,16 +157,15 @@ static inline __attribute__((always_inline)) void dot_1x2(const float *w, size_t
     out[ldo] = reduce_regs(b0, b1, b2, b3);
 }
 
-static inline __attribute__((always_inline)) void dot_1x3(const float *w, size_t k,
-                                                          const float *x, size_t ldx,
-                                                          float *out, size_t ldo, size_t ahead) {
+static void dot_1x3(const float *w, size_t k, const float *x, size_t ldx, float *out,
+                    size_t ldo) {
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
     const char *p = (const char *)w;
     for (size_t i = 0; i < k; i += 32) {
-        step_prefetch(p, 4 * i, ahead);
+        step_prefetch(p, 4 * i);
         __m256 u = _mm256_loadu_ps(w + i);
         a0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x0 + i), a0);
         b0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x1 + i), b0);
@@ -196,20 +187,6 @@ static inline __attribute__((always_inline)) void dot_1x3(const float *w, size_t
     out[ldo] = reduce_regs(b0, b1, b2, b3);
     out[2 * ldo] = reduce_regs(c0, c1, c2, c3);
 }
-
-/* The 2-3-row kernels, each near only and with the far prefetch (ROW_KERNELS[far][rows - 2]). */
-typedef void (*row_kernel)(const float *, size_t, const float *, size_t, float *, size_t);
-#define ROW_KERNEL(NAME, BODY, AHEAD)                                                         \
-    static void NAME(const float *w, size_t k, const float *x, size_t ldx, float *out,         \
-                     size_t ldo) {                                                             \
-        BODY(w, k, x, ldx, out, ldo, AHEAD);                                                   \
-    }
-ROW_KERNEL(dot_1x2_near, dot_1x2, 0)
-ROW_KERNEL(dot_1x3_near, dot_1x3, 0)
-ROW_KERNEL(dot_1x2_far, dot_1x2, FAR_AHEAD)
-ROW_KERNEL(dot_1x3_far, dot_1x3, FAR_AHEAD)
-static const row_kernel ROW_KERNELS[2][2] = {{dot_1x2_near, dot_1x3_near},
-                                             {dot_1x2_far, dot_1x3_far}};
 
 /* One lane group's pass over columns i0, i0 + 32, ... < i1 of three weight rows (w0, w0 + k,
  * w0 + 2k) with four activation rows (x0 .. x0 + 3 ldx): the lanes 8g .. 8g + 7 of each of
@@ -427,15 +404,13 @@ static void dot_block16(const float *w, size_t n0, size_t n1, const float *x, si
 #endif
 
 /* Rows r0 .. m of x against weight row wn, two or three at a time (dot_1x2 / dot_1x3, then
- * one col_dot_f32): the row streams once. The next row is not prefetched (on expert-shaped
- * products at 2-3 rows, 14.7-15.2 vs 12.5-14.1 GB/s with it); the row itself is, a page
- * ahead, where the rows' activations spill from L1 (X_SPILL_BYTES). */
+ * one col_dot_f32): the row streams once, prefetched a page ahead (FAR_AHEAD). */
 static void row_major(const float *wn, size_t k, const float *x, size_t ldx, size_t r0,
                       size_t m, float *out, size_t ldo) {
     size_t r = r0;
-    const row_kernel *kernels = ROW_KERNELS[(m - r0) * k * sizeof(float) >= X_SPILL_BYTES];
     for (; m - r >= 2; r += m - r == 3 || m - r == 5 ? 3 : 2)
-        kernels[m - r == 3 || m - r == 5](wn, k, x + r * ldx, ldx, out + r * ldo, ldo);
+        (m - r == 3 || m - r == 5 ? dot_1x3 : dot_1x2)(wn, k, x + r * ldx, ldx, out + r * ldo,
+                                                       ldo);
     if (r < m) out[r * ldo] = col_dot_f32(wn, x + r * ldx, k);
 }
 #endif
