@@ -205,22 +205,19 @@ static inline __attribute__((always_inline)) void pass_3x4(const float *w0, size
     for (size_t i = i0; i < i1; i += 32) {
         __m256 u = _mm256_loadu_ps(w0 + i), v = _mm256_loadu_ps(w1 + i);
         __m256 t = _mm256_loadu_ps(w2 + i);
-        __m256 y = _mm256_loadu_ps(x0 + i);
-        a0 = _mm256_fmadd_ps(u, y, a0);
-        b0 = _mm256_fmadd_ps(v, y, b0);
-        c0 = _mm256_fmadd_ps(t, y, c0);
-        y = _mm256_loadu_ps(x1 + i);
-        a1 = _mm256_fmadd_ps(u, y, a1);
-        b1 = _mm256_fmadd_ps(v, y, b1);
-        c1 = _mm256_fmadd_ps(t, y, c1);
-        y = _mm256_loadu_ps(x2 + i);
-        a2 = _mm256_fmadd_ps(u, y, a2);
-        b2 = _mm256_fmadd_ps(v, y, b2);
-        c2 = _mm256_fmadd_ps(t, y, c2);
-        y = _mm256_loadu_ps(x3 + i);
-        a3 = _mm256_fmadd_ps(u, y, a3);
-        b3 = _mm256_fmadd_ps(v, y, b3);
-        c3 = _mm256_fmadd_ps(t, y, c3);
+/* activation row xr's vector at i times the three weight vectors, into one accumulator each */
+#define ROW_STEP(xr, a, b, c)                                                                  \
+    do {                                                                                       \
+        __m256 y = _mm256_loadu_ps((xr) + i);                                                  \
+        a = _mm256_fmadd_ps(u, y, a);                                                          \
+        b = _mm256_fmadd_ps(v, y, b);                                                          \
+        c = _mm256_fmadd_ps(t, y, c);                                                          \
+    } while (0)
+        ROW_STEP(x0, a0, b0, c0);
+        ROW_STEP(x1, a1, b1, c1);
+        ROW_STEP(x2, a2, b2, c2);
+        ROW_STEP(x3, a3, b3, c3);
+#undef ROW_STEP
     }
     acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3, acc[4] = b0, acc[5] = b1;
     acc[6] = b2, acc[7] = b3, acc[8] = c0, acc[9] = c1, acc[10] = c2, acc[11] = c3;
