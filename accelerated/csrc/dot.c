@@ -99,16 +99,6 @@ float col_dot_f32(const float *a, const float *b, size_t k) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* out[r * ldo + j] for the j < rows weight rows and r < 4 activation rows of a register
- * tile whose lane group g left its accumulators in part[g][j][r]: col_dot_f32's reduce_regs
- * over the four groups. */
-static void reduce_parts(__m256 part[4][3][4], size_t rows, float *out, size_t ldo) {
-    for (size_t j = 0; j < rows; j++)
-        for (size_t r = 0; r < 4; r++)
-            out[r * ldo + j] = reduce_regs(part[0][j][r], part[1][j][r], part[2][j][r],
-                                           part[3][j][r]);
-}
-
 /* The 2-3-row kernels prefetch each weight row FAR_AHEAD bytes ahead into L2, beside the two
  * lines each step is about to load into L1. Where the rows' activations spill from L1 (k 2048
  * at 2 rows) the weight lines still on their way from memory and the activations read from L2
