@@ -44,6 +44,8 @@ class BenchOptions:
     warmup: int = 4
     batch: int = 4
     peers: bool = True  # also run peer engines (e.g. HF transformers) where installed
+    # read the timed models back from disk into the page cache first (page_cache.py)
+    refresh_page_cache: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -35,6 +35,7 @@ from colibri.benchmarks.decode_steps import (
     run_worker,
 )
 from colibri.benchmarks.llama_cpp_peer import FTYPES, gguf_path, run_peer
+from colibri.benchmarks.page_cache import model_files, refresh_for
 from colibri.benchmarks.quant_formats import container_for
 from colibri.benchmarks.reference_decode import (
     _decode_summary,
@@ -133,6 +134,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
     from colibri.accelerated.model import default_threads
 
     result["threads"] = default_threads()
+    ggufs = [gguf_path(options.cache_dir, model_dir, ftype) for ftype in FTYPES]
+    result["page_cache"] = refresh_for(options, [*model_files(model_dir),
+                                                 *(ggufs if options.peers else [])])
     copy_bps = copy_bandwidth_bytes_per_s()
     result["copy_bandwidth_gb_per_s"] = copy_bps / 1e9
     for engine in ("accelerated", "reference"):
@@ -150,6 +154,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         quant_dir, _ = container_for(model_dir, QUANT_EXPERTS, options.cache_dir, QUANT_DENSE,
                                      QUANT_IO)
         result[quant_key] = {"model": str(quant_dir),
+                             "page_cache": refresh_for(options, model_files(quant_dir)),
                              **_engine_result("accelerated", quant_dir, options, copy_bps)}
     else:
         result[quant_key] = {"skipped": "run only on the generated bench model (no --model)"}
@@ -160,9 +165,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
 
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     threads = result["threads"]
-    peers = {ftype: run_peer(peer_python(options), gguf_path(options.cache_dir, model_dir, ftype),
-                             vocab, options.tokens, options.warmup, threads, _peer_decode)
-             for ftype in FTYPES}
+    peers = {ftype: run_peer(peer_python(options), gguf, vocab, options.tokens, options.warmup,
+                             threads, _peer_decode)
+             for ftype, gguf in zip(FTYPES, ggufs, strict=True)}
     result["llama_cpp"] = peers
     f32, q8 = peers["f32"], peers["q8_0"]
     if "greedy_ids" in f32 and "greedy_ids" in acc:

@@ -28,6 +28,7 @@ from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import bench_model_dir
 from colibri.benchmarks.decode_steps import PROMPT, median, run_worker
 from colibri.benchmarks.llama_cpp_peer import gguf_path, unavailable_reason
+from colibri.benchmarks.page_cache import model_files, refresh_for
 
 ROUNDS = 7
 
@@ -77,13 +78,15 @@ def _worker(model_dir: str, gguf: str, tokens: int, rounds: int, threads: int
 PROMPT_CTX = 512
 
 
-def _pair(model_dir: Path, gguf: Path, tokens: int, rounds: int, threads: int
+def _pair(options: BenchOptions, model_dir: Path, gguf: Path, rounds: int, threads: int
           ) -> dict[str, Any]:
+    tokens = options.tokens
     reason = unavailable_reason(sys.executable, gguf)
     if reason is not None:
         return {"skipped": reason}
     if len(PROMPT) + (rounds + 1) * tokens * 2 > PROMPT_CTX:
         return {"skipped": f"{rounds} rounds of {tokens} tokens do not fit {PROMPT_CTX}"}
+    page_cache = refresh_for(options, [*model_files(model_dir), gguf])
     raw = run_worker([sys.executable, "-m", "colibri.benchmarks.interleaved_decode",
                       "--model", str(model_dir), "--gguf", str(gguf), "--tokens", str(tokens),
                       "--rounds", str(rounds), "--threads", str(threads)],
@@ -94,6 +97,7 @@ def _pair(model_dir: Path, gguf: Path, tokens: int, rounds: int, threads: int
     n = raw["tokens"]
     return {
         "model": str(model_dir), "gguf": str(gguf), "threads": raw["threads"],
+        "page_cache": page_cache,
         "rounds": len(ratios), "tokens_per_round": n,
         "accelerated_tokens_per_s": [n / s for s in raw["ours_s"]],
         "llama_cpp_tokens_per_s": [n / s for s in raw["peer_s"]],
@@ -119,10 +123,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
     threads = default_threads()
     base = bench_model_dir(options.cache_dir)
     f32_gguf, q8_gguf = (gguf_path(options.cache_dir, base, f) for f in ("f32", "q8_0"))
-    result: dict[str, Any] = {"f32": _pair(base, f32_gguf, options.tokens, ROUNDS, threads)}
+    result: dict[str, Any] = {"f32": _pair(options, base, f32_gguf, ROUNDS, threads)}
     quant = container_dir(base, QUANT_EXPERTS, options.cache_dir, QUANT_DENSE, QUANT_IO)
     if (quant / "convert_report.json").is_file():
-        result[f"{QUANT_LABEL}_vs_q8_0"] = _pair(quant, q8_gguf, options.tokens, ROUNDS, threads)
+        result[f"{QUANT_LABEL}_vs_q8_0"] = _pair(options, quant, q8_gguf, ROUNDS, threads)
     else:
         result[f"{QUANT_LABEL}_vs_q8_0"] = {
             "skipped": f"no {quant.name} container yet (section accelerated-decode makes it)"}

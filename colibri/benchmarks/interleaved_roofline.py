@@ -53,6 +53,7 @@ from colibri.benchmarks.decode_steps import (
     run_worker,
     step_routes,
 )
+from colibri.benchmarks.page_cache import model_files, refresh_for
 from colibri.benchmarks.page_mapping import checkpoint_mapping
 
 ROUNDS = 7
@@ -232,13 +233,14 @@ def summarize(raw: dict[str, Any], model_dir: Path, batch: int) -> dict[str, Any
 
 def run(options: BenchOptions) -> dict[str, Any]:
     model_dir = options.model or ensure_bench_model(options.cache_dir)
+    page_cache = refresh_for(options, model_files(model_dir))
     raw = run_worker([sys.executable, "-m", "colibri.benchmarks.interleaved_roofline",
                       "--model", str(model_dir), "--tokens", str(options.tokens),
                       "--batch", str(options.batch), "--rounds", str(ROUNDS)],
                      "roofline worker")
     if "error" in raw:
         return raw
-    return summarize(raw, model_dir, options.batch)
+    return {**summarize(raw, model_dir, options.batch), "page_cache": page_cache}
 
 
 def main() -> int:

@@ -35,6 +35,7 @@ from colibri.benchmarks.decode_steps import (
     step_bytes,
     timed_greedy_decode,
 )
+from colibri.benchmarks.page_cache import model_files, refresh_for
 
 #: Expert formats in report order (``colibri convert --experts`` names); "f32" is the original.
 SCHEMES = ("f32", "int8", "int4", "int4g64", "int4g128", "int3", "int2", "e8", "fp8")
@@ -136,6 +137,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
             formats[scheme] = {"error": f"conversion refused: {exc}"}
             continue
         logits_path = options.cache_dir / f"{base.name}-{scheme}.prefill_logits.npy"
+        page_cache = refresh_for(options, model_files(model_dir))
         raw = _measure(model_dir, options, logits_path)
         if "error" in raw:
             formats[scheme] = raw
@@ -143,6 +145,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         totals, experts = _bytes_per_step(model_dir, raw["routes"])
         mean_step = sum(raw["step_s"]) / len(raw["step_s"])
         formats[scheme] = {
+            "page_cache": page_cache,
             "tok_s": 1.0 / mean_step,
             "ms_per_token": 1000.0 * mean_step,
             "bytes_per_token": sum(totals) / len(totals),

@@ -45,6 +45,7 @@ from colibri.benchmarks.decode_steps import (
     timed_prefill,
 )
 from colibri.benchmarks.hf_worker import rss_bytes
+from colibri.benchmarks.page_cache import model_files, refresh_for
 
 
 def checkpoint_bytes(model_dir: Path) -> int:
@@ -157,7 +158,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
     model_dir = options.model or ensure_bench_model(options.cache_dir)
     size = checkpoint_bytes(model_dir)
     result: dict[str, Any] = {"model": str(model_dir), "checkpoint_bytes": size,
-                              "prompt_tokens": len(PROMPT)}
+                              "prompt_tokens": len(PROMPT),
+                              "page_cache": refresh_for(options, model_files(model_dir))}
     ref = run_worker([sys.executable, "-m", "colibri.benchmarks.reference_decode",
                       "--model", str(model_dir), "--tokens", str(options.tokens),
                       "--batch", str(options.batch), "--warmup", str(options.warmup)],

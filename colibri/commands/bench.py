@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps first (4)")
     parser.add_argument("--no-peers", action="store_true",
                         help="skip peer engines such as HF transformers")
+    parser.add_argument("--keep-page-cache", action="store_true",
+                        help="time the models in whatever page-cache state they are in, "
+                             "instead of reading them back from disk first")
     parser.add_argument("--peer-python", default=None,
                         help="interpreter with torch + transformers for the HF peer "
                              "(default: $COLIBRI_PEER_PYTHON or this one)")
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     options = BenchOptions(model=args.model, cache_dir=args.cache_dir, tokens=args.tokens,
                            warmup=args.warmup, batch=args.batch, peers=not args.no_peers,
+                           refresh_page_cache=not args.keep_page_cache,
                            extra={"peer_python": args.peer_python} if args.peer_python else {})
     report: dict[str, Any] = {
         "colibri_version": __version__,

@@ -1,0 +1,112 @@
+"""``colibri.benchmarks.page_cache``: the files a section times are read back from disk once per
+run, named in the report, left alone when they would not fit, and never changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.benchmarks import BenchOptions, page_cache
+from colibri.benchmarks.page_cache import (
+    available_memory_bytes,
+    model_files,
+    refresh_for,
+    refresh_page_cache,
+)
+from colibri.cli import main
+from colibri.resources import fixture_model_dir
+
+LINUX = sys.platform.startswith("linux")
+
+
+def weight_file(path: Path, size: int, seed: int) -> Path:
+    path.write_bytes(np.random.default_rng(seed).integers(0, 256, size, np.uint8).tobytes())
+    return path
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
+def test_a_refresh_reads_every_file_back_and_changes_none(tmp_path: Path) -> None:
+    files = [weight_file(tmp_path / f"m{i}.safetensors", (3 << 20) + 4096 * i + 7, i)
+             for i in range(2)]
+    before = [digest(f) for f in files]
+    report = refresh_page_cache(files, done=set())
+    assert report["files"] == [str(f.resolve()) for f in files]
+    assert report["bytes"] == sum(f.stat().st_size for f in files)
+    assert report["seconds"] >= 0
+    if LINUX:  # read from /proc/self/smaps while the files were mapped
+        assert 0.0 <= report["huge_mapped_fraction"] <= 1.0
+    assert [digest(f) for f in files] == before
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
+def test_each_file_is_refreshed_once_per_run(tmp_path: Path) -> None:
+    a, b = (weight_file(tmp_path / f"{n}.safetensors", 1 << 20, 1) for n in "ab")
+    done: set[Path] = set()
+    assert refresh_page_cache([a], done=done)["files"] == [str(a.resolve())]
+    assert refresh_page_cache([a, b], done=done)["files"] == [str(b.resolve())]
+    assert "earlier in this run" in refresh_page_cache([b, a], done=done)["skipped"]
+    assert done == {a.resolve(), b.resolve()}
+
+
+def test_files_that_would_not_fit_are_left_as_they_are(tmp_path: Path) -> None:
+    a = weight_file(tmp_path / "a.safetensors", 1 << 20, 2)
+    done: set[Path] = set()
+    report = refresh_page_cache([a], available_bytes=(2 << 20) - 1, done=done)
+    assert "more than half the available memory" in report["skipped"]
+    assert done == set()  # so a later run with the memory for them still refreshes them
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    report = refresh_page_cache([tmp_path / "gone.gguf"], done=set())
+    assert str(tmp_path / "gone.gguf") in report["skipped"]
+
+
+def test_available_memory_comes_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   12345 kB\n")
+    assert available_memory_bytes(meminfo) == 12345 * 1024
+    meminfo.write_text("MemTotal:       24000000 kB\n")
+    assert available_memory_bytes(meminfo) is None
+    assert available_memory_bytes(tmp_path / "nope") is None
+
+
+def test_keep_page_cache_leaves_the_files_and_missing_peers_are_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(page_cache, "REFRESHED", set())
+    a = weight_file(tmp_path / "a.safetensors", 1 << 20, 3)
+    assert refresh_for(BenchOptions(refresh_page_cache=False), [a]) == {
+        "skipped": "--keep-page-cache"}
+    assert page_cache.REFRESHED == set()
+    if hasattr(os, "posix_fadvise"):  # a GGUF that was never built is not an error
+        got = refresh_for(BenchOptions(), [a, tmp_path / "model-f32.gguf"])
+        assert got["files"] == [str(a.resolve())]
+    assert model_files(tmp_path) == [a]
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
+def test_the_roofline_section_reports_the_refresh_and_the_flag_turns_it_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the CLI on the tiny fixture: the section names its checkpoint's files."""
+    monkeypatch.setattr(page_cache, "REFRESHED", set())
+    model = fixture_model_dir("glm5-tiny")
+    argv = ["bench", "--section", "accelerated-roofline", "--model", str(model),
+            "--tokens", "2", "--batch", "2", "--no-peers"]
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)["sections"]["accelerated-roofline"]["page_cache"]
+    assert got["files"] == [str(f.resolve()) for f in model_files(model)]
+    monkeypatch.setattr(page_cache, "REFRESHED", set())
+    assert main([*argv, "--keep-page-cache"]) == 0
+    got = json.loads(capsys.readouterr().out)["sections"]["accelerated-roofline"]["page_cache"]
+    assert got == {"skipped": "--keep-page-cache"}
