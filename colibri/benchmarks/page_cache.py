@@ -4,15 +4,16 @@ A decode step streams its weights through the memory map of a file in the page c
 fast it streams depends on the folios the cache holds the file in, which depends on which
 program read the file first and how: a file read through a map (or written in large aligned
 chunks, ``colibri.reference.aligned_write``) is cached in folios of up to 2 MiB and mapped
-with one page-table entry each; one read by small scattered reads (llama.cpp's GGUF
-converter reads the bench checkpoint so) stays in 4 KiB folios until the cache drops it. The
-same checkpoint in the two states, alternating in one process (2-core EPYC Zen 5, accelerated,
-two threads, 15 paired rounds): the one-row step 1.09x and the 8-row step 1.06x slower in 4 KiB
-folios. That is the size of a kernel change, and nothing in a run said which state it got, so
-the sections that time decoding refresh their files first: drop each file's clean cached pages
-(``posix_fadvise(DONTNEED)``: pages some other process maps stay) and read it back through a
-map advised ``MADV_HUGEPAGE``, the state a model's first load after a boot gives. llama.cpp's
-GGUFs get the same, so both engines stream from the same kind of cache.
+with one page-table entry each; one read by small scattered reads stays in 4 KiB folios until
+the cache drops it (llama.cpp's GGUF converter, the first reader of one session, left the bench
+checkpoint so). The same checkpoint in the two states, alternating in one process (2-core EPYC
+Zen 5, accelerated, two threads, 15 paired rounds): the one-row step 1.06-1.09x and the 8-row
+step 1.06x slower in 4 KiB folios. That is the size of a kernel change, and nothing in a run
+said which state it got, so the sections that time decoding refresh their files first: drop
+each file's clean cached pages (``posix_fadvise(DONTNEED)``: pages some other process maps
+stay) and read it back through a map advised ``MADV_HUGEPAGE``, the state a model's first load
+after a boot gives. llama.cpp's GGUFs get the same, so both engines stream from the same kind
+of cache.
 
 A file is refreshed once per ``colibri bench`` process. Files of more than half the memory
 the kernel calls available are left as they are (reading them back would evict each other),
@@ -54,14 +55,14 @@ def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
-def _read_back(path: Path) -> tuple[mmap.mmap | None, int]:
+def _read_back(path: Path) -> mmap.mmap | None:
     """Drop ``path``'s clean cached pages and fault every page back in through a map advised
-    for 2 MiB folios. Returns the map (kept open so smaps can be read) and the file's size."""
+    for 2 MiB folios. Returns the map (kept open so smaps can be read; None for an empty
+    file)."""
     with path.open("rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        if size == 0:
-            return None, 0
+        if os.fstat(fh.fileno()).st_size == 0:
+            return None
         view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
@@ -71,7 +72,7 @@ def _read_back(path: Path) -> tuple[mmap.mmap | None, int]:
     pages = np.frombuffer(view, dtype=np.uint8)
     int(pages[::PAGE].sum(dtype=np.uint64))  # one load per page faults it in
     del pages  # the map cannot close while a buffer exports it
-    return view, size
+    return view
 
 
 def refresh_page_cache(paths: Iterable[Path], *, available_bytes: int | None = None,
@@ -99,7 +100,10 @@ def refresh_page_cache(paths: Iterable[Path], *, available_bytes: int | None = N
     views: list[mmap.mmap] = []
     try:
         for f in files:
-            view, _ = _read_back(f)
+            try:
+                view = _read_back(f)
+            except OSError as exc:  # the section still runs, on the cache as it is
+                return {"skipped": f"cannot read {f} back: {exc}"}
             if view is not None:
                 views.append(view)
         seconds = time.perf_counter() - t0

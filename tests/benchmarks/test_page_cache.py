@@ -71,6 +71,28 @@ def test_a_missing_file_is_named(tmp_path: Path) -> None:
     assert str(tmp_path / "gone.gguf") in report["skipped"]
 
 
+def test_a_file_that_cannot_be_read_back_is_named_and_marks_nothing_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = (weight_file(tmp_path / f"{n}.safetensors", 1 << 20, 4) for n in "ab")
+    real = page_cache._read_back
+    opened: list[object] = []
+
+    def failing_on_b(path: Path) -> object:
+        if path.name == "b.safetensors":
+            raise OSError(5, "Input/output error")
+        view = real(path)
+        opened.append(view)
+        return view
+
+    monkeypatch.setattr(page_cache, "_read_back", failing_on_b)
+    done: set[Path] = set()
+    report = refresh_page_cache([a, b], done=done)
+    assert report == {"skipped": f"cannot read {b.resolve()} back: [Errno 5] Input/output error"}
+    assert done == set()
+    assert all(getattr(v, "closed", True) for v in opened)  # the maps made before it are closed
+
+
 def test_available_memory_comes_from_meminfo(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   12345 kB\n")
