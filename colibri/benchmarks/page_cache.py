@@ -15,6 +15,10 @@ stay) and read it back through a map advised ``MADV_HUGEPAGE``, the state a mode
 after a boot gives. llama.cpp's GGUFs get the same, so both engines stream from the same kind
 of cache.
 
+``python -m colibri.benchmarks.page_cache DIR...`` does the same for any model directory, for
+a checkpoint served after it was downloaded or copied in small pieces (``colibri doctor
+--model`` says when one is cached so).
+
 A file is refreshed once per ``colibri bench`` process. Files of more than half the memory
 the kernel calls available are left as they are (reading them back would evict each other),
 and the report says so.
@@ -22,6 +26,8 @@ and the report says so.
 
 from __future__ import annotations
 
+import argparse
+import json
 import mmap
 import os
 import time
@@ -128,3 +134,19 @@ def refresh_for(options: BenchOptions, paths: Iterable[Path]) -> dict[str, Any]:
     if not options.refresh_page_cache:
         return {"skipped": "--keep-page-cache"}
     return refresh_page_cache([p for p in paths if Path(p).is_file()])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m colibri.benchmarks.page_cache",
+        description="read model directories' weight files back from disk into the page cache, "
+                    "in 2 MiB folios where the kernel gives them")
+    parser.add_argument("model_dir", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    report = refresh_page_cache([f for d in args.model_dir for f in model_files(d)])
+    print(json.dumps(report, indent=2))
+    return 1 if "skipped" in report else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,12 +11,19 @@ of every mapping of the given files); ``None`` where that file does not exist.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 SMAPS = Path("/proc/self/smaps")
+PAGE = 4096
 _MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s+(.*)$")
 _KIB_FIELD = re.compile(r"^(\w+):\s+(\d+) kB$")
 
@@ -53,3 +60,58 @@ def checkpoint_mapping(model_dir: Path, smaps: Path = SMAPS) -> dict[str, Any] |
     resident = sizes["resident_bytes"]
     return {**sizes,
             "huge_mapped_fraction": sizes["huge_mapped_bytes"] / resident if resident else 0.0}
+
+
+def _resident_pages(view: mmap.mmap) -> npt.NDArray[np.intp] | None:
+    """Indices of the 4 KiB pages of ``view`` that are in the page cache (``mincore``), or
+    None where libc has no mincore."""
+    try:
+        mincore = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    mincore.restype = ctypes.c_int
+    pages = np.frombuffer(view, dtype=np.uint8)
+    try:
+        flags = np.zeros((len(view) + PAGE - 1) // PAGE, dtype=np.uint8)
+        if mincore(pages.ctypes.data, len(view), flags.ctypes.data) != 0:
+            return None
+        return np.flatnonzero(flags & 1)
+    finally:
+        del pages  # the map cannot close while a buffer exports it
+
+
+def cached_mapping(files: Iterable[Path], smaps: Path = SMAPS) -> dict[str, Any] | None:
+    """How ``files`` sit in the page cache now, without reading anything from disk: their
+    size, the bytes cached (``mincore``), and, of the cached pages mapped here (only those
+    are touched), the share the kernel maps with 2 MiB entries. None where the platform
+    cannot say (no ``mincore`` or no ``/proc/self/smaps``)."""
+    paths = [Path(f).resolve() for f in files]
+    views: list[mmap.mmap] = []
+    total = cached = 0
+    try:
+        for path in paths:
+            with path.open("rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                total += size
+                if size == 0:
+                    continue
+                views.append(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+            resident = _resident_pages(views[-1])
+            if resident is None:
+                return None
+            cached += min(size, len(resident) * PAGE)
+            pages = np.frombuffer(views[-1], dtype=np.uint8)
+            int(pages[resident * PAGE].sum(dtype=np.uint64))  # cached pages only: no disk read
+            del pages
+        text = smaps.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        for view in views:
+            view.close()
+    sizes = mapped_sizes(text, (str(p) for p in paths))
+    resident_bytes = sizes["resident_bytes"]
+    return {"file_bytes": total, "cached_bytes": cached, **sizes,
+            "huge_mapped_fraction": sizes["huge_mapped_bytes"] / resident_bytes
+            if resident_bytes else 0.0}

@@ -19,6 +19,7 @@ from colibri.benchmarks.page_cache import (
     refresh_for,
     refresh_page_cache,
 )
+from colibri.benchmarks.page_mapping import cached_mapping
 from colibri.cli import main
 from colibri.resources import fixture_model_dir
 
@@ -132,3 +133,48 @@ def test_the_roofline_section_reports_the_refresh_and_the_flag_turns_it_off(
     assert main([*argv, "--keep-page-cache"]) == 0
     got = json.loads(capsys.readouterr().out)["sections"]["accelerated-roofline"]["page_cache"]
     assert got == {"skipped": "--keep-page-cache"}
+
+
+@pytest.mark.skipif(not LINUX, reason="mincore and /proc/self/smaps are Linux's")
+def test_a_refreshed_file_is_all_cached_and_the_module_runs_as_a_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(page_cache, "REFRESHED", set())
+    a = weight_file(tmp_path / "a.safetensors", (2 << 20) + 123, 5)
+    assert page_cache.main([str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["files"] == [str(a.resolve())]
+    state = cached_mapping([a])
+    assert state is not None
+    assert state["file_bytes"] == a.stat().st_size
+    assert state["cached_bytes"] == a.stat().st_size  # mincore: every page back in the cache
+    assert 0.0 <= state["huge_mapped_fraction"] <= 1.0
+    assert page_cache.main([str(tmp_path)]) == 1  # once per run: the second is skipped
+    assert "earlier in this run" in json.loads(capsys.readouterr().out)["skipped"]
+
+
+@pytest.mark.parametrize(("cached", "fraction", "status"), [
+    (1 << 30, 0.01, "warn"),   # a large checkpoint cached in 4 KiB pages
+    (1 << 30, 0.99, "ok"),
+    (1 << 20, 0.0, "ok"),      # too little cached to matter
+])
+def test_doctor_warns_of_a_large_checkpoint_cached_in_small_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: int, fraction: float, status: str
+) -> None:
+    from colibri import doctor
+    from colibri.benchmarks import page_mapping
+
+    monkeypatch.setattr(page_mapping, "cached_mapping", lambda files: {
+        "file_bytes": 2 << 30, "cached_bytes": cached, "huge_mapped_fraction": fraction})
+    check = doctor.check_model_page_cache([tmp_path / "model.safetensors"])
+    assert check.status == status
+    assert f"{cached / 1e9:.2f} of {(2 << 30) / 1e9:.2f} GB" in check.summary
+    if status == "warn":
+        assert f"python -m colibri.benchmarks.page_cache {tmp_path}" in check.summary
+
+
+@pytest.mark.skipif(not LINUX, reason="mincore and /proc/self/smaps are Linux's")
+def test_doctor_model_reports_the_page_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--json", "--model", str(fixture_model_dir("glm5-tiny"))]) in (0, 1)
+    checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["model_page_cache"]["status"] == "ok"  # a few MB: never worth a warning
+    assert "GB of weights in the page cache" in checks["model_page_cache"]["summary"]
