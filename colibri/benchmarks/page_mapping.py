@@ -24,6 +24,8 @@ import numpy.typing as npt
 
 SMAPS = Path("/proc/self/smaps")
 PAGE = 4096
+#: Cached pages ``cached_mapping`` maps at most (4 GiB): a few seconds of soft faults at worst.
+TOUCH_PAGES = 1 << 20
 _MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s+(.*)$")
 _KIB_FIELD = re.compile(r"^(\w+):\s+(\d+) kB$")
 
@@ -84,11 +86,12 @@ def _resident_pages(view: mmap.mmap) -> npt.NDArray[np.intp] | None:
 def cached_mapping(files: Iterable[Path], smaps: Path = SMAPS) -> dict[str, Any] | None:
     """How ``files`` sit in the page cache now, without reading anything from disk: their
     size, the bytes cached (``mincore``), and, of the cached pages mapped here (only those
-    are touched), the share the kernel maps with 2 MiB entries. None where the platform
+    are touched, the first ``TOUCH_PAGES`` of them), the share the kernel maps with 2 MiB
+    entries. None where the platform
     cannot say (no ``mincore`` or no ``/proc/self/smaps``)."""
     paths = [Path(f).resolve() for f in files]
     views: list[mmap.mmap] = []
-    total = cached = 0
+    total = cached = touched = 0
     try:
         for path in paths:
             with path.open("rb") as fh:
@@ -101,6 +104,8 @@ def cached_mapping(files: Iterable[Path], smaps: Path = SMAPS) -> dict[str, Any]
             if resident is None:
                 return None
             cached += min(size, len(resident) * PAGE)
+            resident = resident[:max(0, TOUCH_PAGES - touched)]
+            touched += len(resident)
             pages = np.frombuffer(views[-1], dtype=np.uint8)
             int(pages[resident * PAGE].sum(dtype=np.uint64))  # cached pages only: no disk read
             del pages

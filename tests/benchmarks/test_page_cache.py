@@ -178,3 +178,18 @@ def test_doctor_model_reports_the_page_cache(capsys: pytest.CaptureFixture[str])
     checks = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["model_page_cache"]["status"] == "ok"  # a few MB: never worth a warning
     assert "GB of weights in the page cache" in checks["model_page_cache"]["summary"]
+
+
+@pytest.mark.skipif(not LINUX, reason="mincore and /proc/self/smaps are Linux's")
+def test_the_cached_state_maps_at_most_its_page_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from colibri.benchmarks import page_mapping
+
+    a = weight_file(tmp_path / "a.safetensors", 8 << 20, 6)
+    int(np.fromfile(a, dtype=np.uint8)[::4096].sum())  # cached by the write and this read
+    monkeypatch.setattr(page_mapping, "TOUCH_PAGES", 16)
+    state = cached_mapping([a])
+    assert state is not None and state["cached_bytes"] == 8 << 20
+    # 16 pages touched: 4 KiB each, or one 2 MiB entry each where the kernel maps so
+    assert 0 < state["resident_bytes"] <= 16 * (2 << 20)
