@@ -354,7 +354,7 @@ def check_model_page_cache(files: list[Path]) -> Check:
     summary = (f"{cached / 1e9:.2f} of {state['file_bytes'] / 1e9:.2f} GB of weights in the "
                f"page cache, {fraction:.0%} of it in 2 MiB pages")
     if cached >= PAGE_CACHE_WARN_BYTES and fraction < 0.5:
-        folder = files[0].parent if files else Path(".")
+        folder = files[0].parent  # files is not empty: something is cached
         return Check("model_page_cache", "warn",
                      f"{summary}: in 4 KiB pages a decode streams its weights 6-9 % slower; "
                      f"`python -m colibri.benchmarks.page_cache {folder}` reads them back")

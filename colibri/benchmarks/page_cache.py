@@ -35,14 +35,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from colibri.benchmarks import BenchOptions
-from colibri.benchmarks.page_mapping import SMAPS, mapped_sizes
+from colibri.benchmarks.page_mapping import SMAPS, huge_mapped_fraction, mapped_sizes, touch_pages
 
 #: Files refreshed by this process (resolved paths), so each is read back once per run.
 REFRESHED: set[Path] = set()
-PAGE = 4096
 
 
 def model_files(model_dir: Path) -> list[Path]:
@@ -75,9 +72,7 @@ def _read_back(path: Path) -> mmap.mmap | None:
             view.madvise(mmap.MADV_HUGEPAGE)
         except OSError:
             pass  # a kernel without transparent huge pages: the read still happens
-    pages = np.frombuffer(view, dtype=np.uint8)
-    int(pages[::PAGE].sum(dtype=np.uint64))  # one load per page faults it in
-    del pages  # the map cannot close while a buffer exports it
+    touch_pages(view)
     return view
 
 
@@ -125,7 +120,7 @@ def refresh_page_cache(paths: Iterable[Path], *, available_bytes: int | None = N
     report: dict[str, Any] = {"files": [str(f) for f in files], "bytes": total,
                               "seconds": seconds}
     if sizes is not None and sizes["resident_bytes"]:
-        report["huge_mapped_fraction"] = sizes["huge_mapped_bytes"] / sizes["resident_bytes"]
+        report["huge_mapped_fraction"] = huge_mapped_fraction(sizes)
     return report
 
 

@@ -51,6 +51,24 @@ def mapped_sizes(smaps_text: str, files: Iterable[str]) -> dict[str, int]:
     return totals
 
 
+def huge_mapped_fraction(sizes: dict[str, int]) -> float:
+    """The share of :func:`mapped_sizes`' resident bytes that sit in 2 MiB entries (0 when
+    nothing is resident)."""
+    resident = sizes["resident_bytes"]
+    return sizes["huge_mapped_bytes"] / resident if resident else 0.0
+
+
+def touch_pages(view: mmap.mmap, pages: npt.NDArray[np.intp] | None = None) -> None:
+    """Load one byte of each 4 KiB page of ``view`` (of the page indices ``pages``; default:
+    every page), which faults each one into this process's map."""
+    data = np.frombuffer(view, dtype=np.uint8)
+    try:
+        picked = data[::PAGE] if pages is None else data[pages * PAGE]
+        int(picked.sum(dtype=np.uint64))
+    finally:
+        del data  # the map cannot close while a buffer exports it
+
+
 def checkpoint_mapping(model_dir: Path, smaps: Path = SMAPS) -> dict[str, Any] | None:
     """This process's mappings of ``model_dir``'s safetensors files: resident bytes, bytes in
     2 MiB entries and their share of the resident ones."""
@@ -59,9 +77,7 @@ def checkpoint_mapping(model_dir: Path, smaps: Path = SMAPS) -> dict[str, Any] |
     except OSError:
         return None
     sizes = mapped_sizes(text, (str(p) for p in sorted(model_dir.glob("*.safetensors"))))
-    resident = sizes["resident_bytes"]
-    return {**sizes,
-            "huge_mapped_fraction": sizes["huge_mapped_bytes"] / resident if resident else 0.0}
+    return {**sizes, "huge_mapped_fraction": huge_mapped_fraction(sizes)}
 
 
 def _resident_pages(view: mmap.mmap) -> npt.NDArray[np.intp] | None:
@@ -87,8 +103,7 @@ def cached_mapping(files: Iterable[Path], smaps: Path = SMAPS) -> dict[str, Any]
     """How ``files`` sit in the page cache now, without reading anything from disk: their
     size, the bytes cached (``mincore``), and, of the cached pages mapped here (only those
     are touched, the first ``TOUCH_PAGES`` of them), the share the kernel maps with 2 MiB
-    entries. None where the platform
-    cannot say (no ``mincore`` or no ``/proc/self/smaps``)."""
+    entries. None where the platform cannot say (no ``mincore`` or no ``/proc/self/smaps``)."""
     paths = [Path(f).resolve() for f in files]
     views: list[mmap.mmap] = []
     total = cached = touched = 0
@@ -106,9 +121,7 @@ def cached_mapping(files: Iterable[Path], smaps: Path = SMAPS) -> dict[str, Any]
             cached += min(size, len(resident) * PAGE)
             resident = resident[:max(0, TOUCH_PAGES - touched)]
             touched += len(resident)
-            pages = np.frombuffer(views[-1], dtype=np.uint8)
-            int(pages[resident * PAGE].sum(dtype=np.uint64))  # cached pages only: no disk read
-            del pages
+            touch_pages(views[-1], resident)  # cached pages only: no disk read
         text = smaps.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
@@ -116,7 +129,5 @@ def cached_mapping(files: Iterable[Path], smaps: Path = SMAPS) -> dict[str, Any]
         for view in views:
             view.close()
     sizes = mapped_sizes(text, (str(p) for p in paths))
-    resident_bytes = sizes["resident_bytes"]
     return {"file_bytes": total, "cached_bytes": cached, **sizes,
-            "huge_mapped_fraction": sizes["huge_mapped_bytes"] / resident_bytes
-            if resident_bytes else 0.0}
+            "huge_mapped_fraction": huge_mapped_fraction(sizes)}
