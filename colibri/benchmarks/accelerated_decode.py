@@ -34,6 +34,7 @@ from colibri.benchmarks.decode_steps import (
     routes_from_json,
     run_worker,
 )
+from colibri.benchmarks.hf_worker import rss_summary
 from colibri.benchmarks.llama_cpp_peer import FTYPES, gguf_path, run_peer
 from colibri.benchmarks.page_cache import model_files, refresh_for
 from colibri.benchmarks.quant_formats import container_for
@@ -95,8 +96,7 @@ def _engine_result(engine: str, model_dir: Path, options: BenchOptions,
     batch_touched = touched_bytes(model_dir, routes_from_json(raw["batch_routes"]))
     out: dict[str, Any] = {
         "load_s": raw["load_s"],
-        "rss_after_load_bytes": raw["rss_after_load_bytes"],
-        "rss_after_load_vs_checkpoint": raw["rss_after_load_bytes"] / size,
+        **rss_summary(raw, size),
         "decode": _decode_summary(raw["step_s"], touched, 1),
         "decode_batch": {"batch": options.batch,
                          **_decode_summary(raw["batch_step_s"], batch_touched, options.batch)},

@@ -24,6 +24,33 @@ def rss_bytes() -> int:
     return 0
 
 
+def rss_summary(raw: dict[str, Any], checkpoint_bytes: int) -> dict[str, Any]:
+    """A worker's RSS after load, absolute and grown over the interpreter it loaded in, each
+    against the checkpoint's size. The growth is what the weights cost: the absolute figure
+    also holds the interpreter and its libraries (100-200 MB), which dominate it for a small
+    container, so a lazily mapped one can read "0.85 of the checkpoint" absolute while the
+    load itself added a few percent.
+
+    Where the worker also says how much of the checkpoint's own map is resident then
+    (``weights_mapped_after_load``, ``page_mapping.checkpoint_mapping``), the growth is split
+    into those page-cache pages, which the kernel shares and can drop, and the rest, which the
+    engine allocated. A checkpoint cached in 2 MiB folios maps a whole folio wherever a load
+    touches a small tensor, so its share of the growth is mostly bytes never read."""
+    after = raw["rss_after_load_bytes"]
+    out: dict[str, Any] = {"rss_after_load_bytes": after,
+                           "rss_after_load_vs_checkpoint": after / checkpoint_bytes}
+    if "rss_before_load_bytes" in raw:
+        grown = after - raw["rss_before_load_bytes"]
+        out["rss_growth_at_load_bytes"] = grown
+        out["rss_growth_at_load_vs_checkpoint"] = grown / checkpoint_bytes
+        mapped = raw.get("weights_mapped_after_load")
+        if mapped is not None:
+            out["rss_growth_in_weight_maps_bytes"] = mapped["resident_bytes"]
+            out["weight_maps_in_2mib_entries_fraction"] = mapped["huge_mapped_fraction"]
+            out["rss_growth_outside_weight_maps_bytes"] = grown - mapped["resident_bytes"]
+    return out
+
+
 def run(model_dir: Path, tokens: int, prompt: list[int], warmup: int) -> dict[str, Any]:
     rss_before = rss_bytes()
     t0 = time.perf_counter()

@@ -44,8 +44,9 @@ from colibri.benchmarks.decode_steps import (
     timed_greedy_decode,
     timed_prefill,
 )
-from colibri.benchmarks.hf_worker import rss_bytes
+from colibri.benchmarks.hf_worker import rss_bytes, rss_summary
 from colibri.benchmarks.page_cache import model_files, refresh_for
+from colibri.benchmarks.page_mapping import checkpoint_mapping
 
 
 def checkpoint_bytes(model_dir: Path) -> int:
@@ -82,6 +83,7 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int,
         model = load_model(model_dir)
     load_s = time.perf_counter() - t0
     rss_after = rss_bytes()
+    mapped = checkpoint_mapping(model_dir)
     state = model.new_state()
     logits = model.prefill(state, PROMPT)[-1]
     ids, times, steps = timed_greedy_decode(model, state, logits, warmup + tokens)
@@ -115,6 +117,7 @@ def _reference_worker(model_dir: Path, tokens: int, batch: int, warmup: int,
         "load_s": load_s,
         "rss_before_load_bytes": rss_before,
         "rss_after_load_bytes": rss_after,
+        "weights_mapped_after_load": mapped,
         "ids": ids,
         "step_s": times,
         "warmup_step_ms": alone_ms,
@@ -170,12 +173,9 @@ def run(options: BenchOptions) -> dict[str, Any]:
 
     touched = touched_bytes(model_dir, routes_from_json(ref["routes"]))
     batch_touched = touched_bytes(model_dir, routes_from_json(ref["batch_routes"]))
-    loaded = ref["rss_after_load_bytes"] - ref["rss_before_load_bytes"]
     result["reference"] = {
         "load_s": ref["load_s"],
-        "rss_after_load_bytes": ref["rss_after_load_bytes"],
-        "rss_growth_at_load_bytes": loaded,
-        "rss_after_load_vs_checkpoint": ref["rss_after_load_bytes"] / size,
+        **rss_summary(ref, size),
         "decode": _decode_summary(ref["step_s"], touched, 1),
         "warmup_steps_ms": ref["warmup_step_ms"],
         "decode_batch": {"batch": options.batch,
@@ -196,8 +196,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         else:
             result["hf_transformers_eager"] = {
                 "load_s": hf["load_s"],
-                "rss_after_load_bytes": hf["rss_after_load_bytes"],
-                "rss_after_load_vs_checkpoint": hf["rss_after_load_bytes"] / size,
+                **rss_summary(hf, size),
                 "decode": _decode_summary(hf["step_s"], touched, 1),
                 "greedy_ids": hf["ids"],
                 "same_greedy_ids": hf["ids"] == ref["ids"],

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.accelerated_support import BUILT, NOT_BUILT_REASON
+from support.reference_support import mapped_file_bytes
 
 from colibri.cli import main
 from colibri.resources import fixture_model_dir
@@ -35,6 +36,15 @@ def test_accelerated_section_reports_both_engines_and_ratios(
         prefill = section[engine]["prefill"]
         assert prefill["prompt_tokens"] == 12 and prefill["prefill_tokens"] == 64
         assert prefill["time_to_first_token_ms"] > 0 and prefill["prefill_tokens_per_s"] > 0
+        # RSS grown at load, beside the absolute figure the interpreter dominates
+        grown = section[engine]["rss_growth_at_load_bytes"]
+        assert 0 <= grown < section[engine]["rss_after_load_bytes"]
+        assert section[engine]["rss_growth_at_load_vs_checkpoint"] == pytest.approx(
+            grown / section["checkpoint_bytes"])
+        # of which the checkpoint's own map (page cache) and what the engine allocated
+        in_maps = section[engine]["rss_growth_in_weight_maps_bytes"]
+        assert 0 < in_maps <= mapped_file_bytes(fixture_model_dir("glm5-tiny"))
+        assert section[engine]["rss_growth_outside_weight_maps_bytes"] == grown - in_maps
     assert section["ratio_accelerated_over_reference_decode"] > 0
     assert section["ratio_accelerated_over_reference_prefill"] > 0
     assert section["llama_cpp"] == {"skipped": "--no-peers"}

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.reference_support import mapped_file_bytes
 
 from colibri.benchmarks import load_sections, select
 from colibri.benchmarks.bench_model import BENCH_CONFIG, build_tensors, tensor_shapes
@@ -52,6 +53,13 @@ def test_reference_section_reports_speed_bandwidth_and_rss(
     # Each step reads every non-expert weight plus K experts per sparse layer, never more.
     assert 0 < ref["decode"]["weight_bytes_per_step"] < section["checkpoint_bytes"]
     assert ref["rss_after_load_bytes"] > 0
+    assert 0 <= ref["rss_growth_at_load_bytes"] < ref["rss_after_load_bytes"]
+    assert ref["rss_growth_at_load_vs_checkpoint"] == pytest.approx(
+        ref["rss_growth_at_load_bytes"] / section["checkpoint_bytes"])
+    in_maps = ref["rss_growth_in_weight_maps_bytes"]
+    assert 0 < in_maps <= mapped_file_bytes(fixture_model_dir("glm5-tiny"))
+    assert ref["rss_growth_outside_weight_maps_bytes"] == ref["rss_growth_at_load_bytes"] - in_maps
+    assert 0 <= ref["weight_maps_in_2mib_entries_fraction"] <= 1
     assert "hf_transformers_eager" not in section
 
 

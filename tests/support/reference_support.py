@@ -72,3 +72,9 @@ def greedy(m: Model, prompt: list[int], new_tokens: int) -> list[int]:
         ids.append(token)
         logits = m.decode(state, token)
     return ids
+
+
+def mapped_file_bytes(model_dir: Path, page: int = 4096) -> int:
+    """The most a process's maps of ``model_dir``'s weight files can hold resident: each
+    file's size rounded up to whole pages."""
+    return sum(-(-f.stat().st_size // page) * page for f in model_dir.glob("*.safetensors"))
