@@ -1,13 +1,14 @@
 """The wheel's compiled pieces: setuptools' metadata lives in pyproject.toml; this file only
 adds a build step. A (non-editable) wheel build, which is what ``pip install`` of the sdist
 does, compiles the accelerated engine's C library (``accelerated/native_build.py``, when C
-sources exist) and the mypyc control plane (``accelerated/mypyc_build.py``) into the
-checkout's ``build/`` (incrementally, as ``make build`` does) and copies both into the wheel
-as ``colibri/build/{accelerated,mypyc}``, where the installed package looks for them.
+sources exist), its CUDA library where nvcc exists (``accelerated/cuda_build.py``) and the
+mypyc control plane (``accelerated/mypyc_build.py``) into the checkout's ``build/``
+(incrementally, as ``make build`` does) and copies them into the wheel as
+``colibri/build/{accelerated,mypyc}``, where the installed package looks for them.
 
-Where no C compiler (or no mypyc) exists the wheel is still built, without them, and the
-build says so; the reference engine needs neither. Editable installs (``pip install -e .``,
-the Makefile's) skip this step: ``make build`` builds in place.
+Where no C compiler (or no nvcc, or no mypyc) exists the wheel is still built, without that
+piece, and the build says so; the reference engine needs none of them. Editable installs
+(``pip install -e .``, the Makefile's) skip this step: ``make build`` builds in place.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def build_compiled(package_dir: Path) -> None:
         except native_build.BuildError as exc:
             _say(f"WITHOUT the accelerated engine's C library: {exc}")
         else:
+            build_cuda(_load("colibri.accelerated.cuda_build", here / "cuda_build.py"))
             shutil.copytree(native_build.DEFAULT_OUT, out / "accelerated", dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("*.stamp", "sanitize"))
     mypyc_dir = ROOT / "build" / "mypyc"
@@ -60,6 +62,19 @@ def build_compiled(package_dir: Path) -> None:
         _say(f"WITHOUT the mypyc-compiled control plane (--accelerated runs it interpreted): {exc}")
     else:
         shutil.copytree(mypyc_dir, out / "mypyc", dirs_exist_ok=True)
+
+
+def build_cuda(cuda_build: ModuleType) -> None:
+    """The CUDA kernel library into the C library's build directory, where nvcc exists."""
+    compiler = cuda_build.nvcc()
+    if compiler is None:
+        _say("no nvcc: the wheel has no CUDA kernels (--device cuda needs them; the CPU "
+             "engines do not)")
+        return
+    try:
+        cuda_build.build(compiler)
+    except cuda_build.BuildError as exc:
+        _say(f"WITHOUT the CUDA kernels: {exc}")
 
 
 class BuildPyWithCompiled(build_py):

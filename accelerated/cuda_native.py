@@ -24,11 +24,14 @@ from ctypes import (
 )
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.cuda_build import library_path
+
+from colibri.control_plane import rebuild_hint
 
 F32 = npt.NDArray[np.float32]
 
@@ -130,8 +133,10 @@ class CudaQuantRefused(CudaError):
 _ERRORS: dict[int, type[CudaError]] = {1: CudaInvalidArgument, 2: CudaOutOfMemory,
                                        3: CudaUnsupportedDtype, 4: CudaRuntimeError}
 
-NOT_BUILT = ("built without nvcc: run make build on a machine with the CUDA toolkit "
-             "({path} is missing)")
+def not_built(path: Path) -> str:
+    """Why the CUDA library at ``path`` is absent, and what builds it."""
+    hint = rebuild_hint("run make build on a machine with the CUDA toolkit")
+    return f"built without nvcc: {hint} ({path} is missing)"
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -139,8 +144,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         try:
             fn = getattr(lib, name)
         except AttributeError:
-            raise CudaNotBuilt(f"the CUDA library lacks {name} (a stale build): run `make build`"
-                               ) from None
+            raise CudaNotBuilt(f"the CUDA library lacks {name} (a stale build): "
+                               f"{rebuild_hint()}") from None
         fn.restype, fn.argtypes = restype, argtypes
     return lib
 
@@ -149,11 +154,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def load_library() -> ctypes.CDLL:
     path = library_path()
     if not path.is_file():
-        raise CudaNotBuilt(NOT_BUILT.format(path=path))
+        raise CudaNotBuilt(not_built(path))
     try:
         return bind(ctypes.CDLL(str(path)))
     except OSError as exc:
-        raise CudaNotBuilt(f"{path} does not load: {exc}; rebuild it with `make build`") from exc
+        raise CudaNotBuilt(f"{path} does not load: {exc}; {rebuild_hint()}") from exc
 
 
 def driver_present() -> bool:

@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 from colibri.accelerated.native import load_library
 
+from colibri.control_plane import rebuild_hint
+
 F32 = npt.NDArray[np.float32]
 
 #: The stored weight dtypes the kernels read directly (colibri.h).
@@ -127,13 +129,13 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
             fn = getattr(lib, name)
         except AttributeError:
             raise LibraryNotBuilt(
-                f"the C library lacks {name} (a stale build): run `make build`"
+                f"the C library lacks {name} (a stale build): {rebuild_hint()}"
             ) from None
         fn.restype = restype
         fn.argtypes = argtypes
     if lib.col_layer_size() != LAYER_DTYPE.itemsize:
         raise LibraryNotBuilt(f"the C library's col_layer is {lib.col_layer_size()} bytes, the "
-                              f"binding's {LAYER_DTYPE.itemsize} (a stale build): run `make build`")
+                              f"binding's {LAYER_DTYPE.itemsize} (a stale build): {rebuild_hint()}")
     return lib
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from colibri.accelerated.native_build import AVX512_FLAGS, DEFAULT_OUT, LIBRARY_NAME, variants
 
+from colibri.control_plane import rebuild_hint
+
 
 class LibraryNotBuilt(RuntimeError):
     """The C library of the accelerated engine is absent or does not load."""
@@ -71,9 +73,10 @@ def load_library() -> ctypes.CDLL:
     path = library_path()
     if not path.is_file():
         raise LibraryNotBuilt(
-            f"the accelerated engine's C library is not built ({path} is missing): run `make build`"
+            f"the accelerated engine's C library is not built ({path} is missing): "
+            f"{rebuild_hint()}"
         )
     try:
         return ctypes.CDLL(str(path))
     except OSError as exc:
-        raise LibraryNotBuilt(f"{path} does not load: {exc}; rebuild it with `make build`") from exc
+        raise LibraryNotBuilt(f"{path} does not load: {exc}; {rebuild_hint()}") from exc

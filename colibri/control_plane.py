@@ -64,6 +64,21 @@ def default_build_dir() -> Path:
     return base / "build" / "mypyc"
 
 
+def rebuild_hint(in_checkout: str = "run `make build`") -> str:
+    """What builds this copy of colibri's compiled pieces (C library, CUDA library, mypyc
+    control plane), for the messages that say one is missing: ``in_checkout`` in a checkout
+    (its Makefile sits beside the build directory); in an installed package, a reinstall from
+    the source distribution, whose wheel build compiles them (setup.py) where the tools
+    exist."""
+    if (default_build_dir().parent.parent / "Makefile").is_file():
+        return in_checkout
+    from colibri import __version__
+
+    return ("reinstall colibri from its source distribution on a machine with a C compiler "
+            "(and nvcc, for the CUDA kernels): `pip install --force-reinstall --no-deps "
+            f"colibri-{__version__}.tar.gz` compiles them")
+
+
 def control_plane_sources(root: Path | None = None) -> dict[str, Path]:
     """Module name -> source file of every module that is compiled."""
     base = source_root() if root is None else root
@@ -105,20 +120,21 @@ def read_build(directory: Path | None = None) -> Build:
         raw = json.loads(manifest.read_text())
     except (OSError, ValueError):
         raise ControlPlaneError(
-            f"the compiled control plane is not built (no {manifest}): run `make build`"
+            f"the compiled control plane is not built (no {manifest}): {rebuild_hint()}"
         ) from None
     if raw.get("manifest_version") != MANIFEST_VERSION or raw.get("cache_tag") != (
         sys.implementation.cache_tag
     ):
         raise ControlPlaneError(
             f"the compiled control plane in {where} was built for another Python or by another "
-            "colibri: run `make build`"
+            f"colibri: {rebuild_hint()}"
         )
     files = {name: where / rel for name, rel in dict(raw["files"]).items()}
     missing = [str(path) for path in files.values() if not path.is_file()]
     if missing:
         raise ControlPlaneError(
-            f"the compiled control plane is incomplete ({missing[0]} is missing): run `make build`"
+            f"the compiled control plane is incomplete ({missing[0]} is missing): "
+            f"{rebuild_hint()}"
         )
     return Build(where, files, str(raw["sources_sha256"]), str(raw["mypy_version"]))
 
@@ -128,7 +144,7 @@ def check_current(build: Build, root: Path | None = None) -> None:
     if source_digest(control_plane_sources(root)) != build.sources_sha256:
         raise ControlPlaneError(
             f"the compiled control plane in {build.directory} is stale (the sources changed "
-            "since it was built): run `make build`"
+            f"since it was built): {rebuild_hint()}"
         )
 
 

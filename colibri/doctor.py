@@ -139,8 +139,8 @@ def check_accelerated() -> Check:
         parts.append(f"C kernels: {path} (variant {native.chosen_variant()}, ISA {name})")
     else:
         status = "warn"
-        parts.append(f"accelerated engine not built: no C kernels at {path} (run `make build`); "
-                     "the reference engine is used")
+        parts.append(f"accelerated engine not built: no C kernels at {path} "
+                     f"({control_plane.rebuild_hint()}); the reference engine is used")
     cc = native_build.compiler()
     parts.append(f"compiler {_compiler_version(cc)}" if cc else "no C compiler (set CC)")
     parts.append(_default_threads())
@@ -192,7 +192,7 @@ def check_cuda_build() -> Check:
         return Check("cuda_build", "ok", f"CUDA kernels: {lib}; {tool}")
     if compiler is not None:
         return Check("cuda_build", "warn",
-                     f"CUDA kernels not built: no {lib} (run `make build`); {tool}")
+                     f"CUDA kernels not built: no {lib} ({control_plane.rebuild_hint()}); {tool}")
     return Check("cuda_build", "ok", f"CUDA kernels not built ({tool}: CPU-only build)")
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.decode_steps import best_seconds
+from colibri.control_plane import rebuild_hint
 
 #: Output rows and widths (``k``) of one matrix: the bench model's hidden size, its dense
 #: intermediate size and its expert intermediate size as ``k``, 8 MiB of float32 each.
@@ -116,7 +117,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     paths = {v: DEFAULT_OUT / v / LIBRARY_NAME for v in supported_variants()}
     paths = {v: p for v, p in paths.items() if p.is_file()}
     if not paths:
-        return {"skipped": str(LibraryNotBuilt("the C library is not built: run `make build`"))}
+        return {"skipped": str(LibraryNotBuilt(f"the C library is not built: {rebuild_hint()}"))}
     memory_mib = int(options.extra.get("float_memory_mib", MEMORY_MIB))
     cache_mib = int(options.extra.get("float_cache_mib", CACHE_MIB))
     repeats = int(options.extra.get("float_repeats", REPEATS))

@@ -25,6 +25,7 @@ import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.decode_steps import best_seconds
+from colibri.control_plane import rebuild_hint
 
 #: (format, int4-grouped group size or None)
 FORMATS: tuple[tuple[str, int | None], ...] = (
@@ -66,7 +67,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
         if path.is_file():
             libs[variant] = QuantKernels.from_path(path)
     if not libs:
-        return {"skipped": str(LibraryNotBuilt("the C library is not built: run `make build`"))}
+        return {"skipped": str(LibraryNotBuilt(f"the C library is not built: {rebuild_hint()}"))}
     rows = int(options.extra.get("quant_rows", 1))
     batch = max(1, options.batch)
     repeats = int(options.extra.get("quant_repeats", 10))

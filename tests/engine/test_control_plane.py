@@ -132,3 +132,23 @@ def test_switching_after_the_control_plane_is_imported_is_refused() -> None:
         [sys.executable, "-c", "import colibri.engine.mux; from colibri import control_plane as c;"
          "c.activate()"], capture_output=True, text=True, env=PY_ONLY)
     assert proc.returncode != 0 and "already imported" in proc.stderr
+
+
+def test_the_rebuild_hint_fits_a_checkout_or_an_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This checkout: its Makefile builds everything.
+    assert control_plane.rebuild_hint() == "run `make build`"
+    assert control_plane.rebuild_hint("run make build with nvcc") == "run make build with nvcc"
+    # An installed package (site-packages/colibri/build/mypyc, no Makefile above it): the
+    # source distribution's wheel build is what compiles the pieces there.
+    from colibri import __version__
+
+    monkeypatch.setattr(control_plane, "default_build_dir",
+                        lambda: tmp_path / "colibri" / "build" / "mypyc")
+    hint = control_plane.rebuild_hint("run make build with nvcc")
+    assert "make build" not in hint
+    assert f"pip install --force-reinstall --no-deps colibri-{__version__}.tar.gz" in hint
+    assert "C compiler" in hint
+    with pytest.raises(control_plane.ControlPlaneError, match="source distribution"):
+        control_plane.read_build(tmp_path)
