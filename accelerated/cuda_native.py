@@ -133,6 +133,7 @@ class CudaQuantRefused(CudaError):
 _ERRORS: dict[int, type[CudaError]] = {1: CudaInvalidArgument, 2: CudaOutOfMemory,
                                        3: CudaUnsupportedDtype, 4: CudaRuntimeError}
 
+
 def not_built(path: Path) -> str:
     """Why the CUDA library at ``path`` is absent, and what builds it."""
     hint = rebuild_hint("run make build on a machine with the CUDA toolkit")
