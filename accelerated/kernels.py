@@ -35,6 +35,7 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "col_matmul": (c_int, [c_void_p, c_void_p, c_size_t, c_size_t, c_size_t, c_void_p, c_int,
                            c_size_t, c_void_p, c_size_t]),
     "col_rms_norm": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_double, c_void_p]),
+    "col_all_finite": (c_int, [c_void_p, c_void_p, c_int, c_size_t, POINTER(c_int)]),
     "col_layer_norm": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_void_p, c_double,
                                c_void_p]),
     "col_rope": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t, c_void_p,
@@ -293,6 +294,17 @@ class Kernels:
                                              _ptr(x, m * products.cols, "x"), m, products.cols,
                                              ptrs.ctypes.data), "col_mats_matmul")
         return outs
+
+    def all_finite(self, raw: np.ndarray, dtype: int) -> bool:
+        """Whether the stored weight ``raw`` (C-contiguous, its ``DTYPE_CODES`` code) holds
+        only finite values, read on the pool (``csrc/finite.c``)."""
+        if not raw.flags.c_contiguous or raw.dtype.itemsize != (4 if dtype == 0 else 2):
+            raise KernelInvalidArgument(f"all_finite: need a C-contiguous array of dtype code "
+                                        f"{dtype}, got {raw.dtype} {list(raw.shape)}")
+        finite = c_int()
+        self._check(self.lib.col_all_finite(self.pool, raw.ctypes.data, dtype, raw.size,
+                                            ctypes.byref(finite)), "col_all_finite")
+        return bool(finite.value)
 
     def rms_norm(self, x: F32, w: F32, eps: float) -> F32:
         m, d = x.shape

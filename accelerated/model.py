@@ -38,7 +38,6 @@ from colibri.accelerated.weights import (
     ExpertSource,
     Layer,
     WeightLoader,
-    finite_check,
     load_layer,
     mapped_experts,
     quantized_experts,
@@ -102,7 +101,7 @@ class Model(RowModel):
         self.kernels = kernels
         #: PERF/PROF phases, as the reference times them (reference/timing.py).
         self.clock = PhaseClock()
-        t = WeightLoader(checkpoint)
+        t = WeightLoader(checkpoint, kernels.all_finite)
         d, v = cfg.hidden_size, cfg.vocab_size
         self.embed = load_embedding(t, (v, d))
         self.final_norm = t.vector("model.norm.weight", (d,))
@@ -434,4 +433,4 @@ def open_model(model_dir: str | Path, threads: int | None = None,
                  model_dir=path)
 
 
-__all__ = ["Model", "Weight", "finite_check", "open_model"]
+__all__ = ["Model", "Weight", "open_model"]

@@ -31,10 +31,15 @@ from colibri.reference.quant.formats import Fmt
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.weights import TensorLoader
 
+#: Whether a stored weight (its raw array and ``DTYPE_CODES`` code) holds only finite values:
+#: ``Kernels.all_finite``, which tests the exponent bits on the pool.
+FiniteCheck = Callable[[np.ndarray, int], bool]
+
 
 class WeightLoader:
-    def __init__(self, checkpoint: Checkpoint) -> None:
+    def __init__(self, checkpoint: Checkpoint, all_finite: FiniteCheck) -> None:
         self.checkpoint = checkpoint
+        self._all_finite = all_finite
         # The float/quantized converter for what the kernels cannot read in place.
         self._convert = TensorLoader(checkpoint)
         self._container: QuantContainer | None = None
@@ -67,8 +72,8 @@ class WeightLoader:
         raw = self.checkpoint.raw(name)
         if not raw.flags.aligned or not raw.flags.c_contiguous:
             raw = np.ascontiguousarray(raw).copy()
-        if check_finite:
-            finite_check(name, raw)
+        if check_finite and not self._all_finite(raw, code):
+            raise CheckpointError(f"tensor {name} contains non-finite values (NaN or Inf)")
         return Weight(raw, code)
 
     def product(self, name: str, shape: tuple[int, int]) -> Weight | QuantWeight:
@@ -87,14 +92,6 @@ class WeightLoader:
     def vector(self, name: str, shape: tuple[int, ...]) -> F32:
         out: F32 = np.ascontiguousarray(self._convert.get(name, shape), dtype=np.float32)
         return out
-
-
-def finite_check(name: str, raw: np.ndarray) -> None:
-    # bf16 (ml_dtypes) and f16 both support isfinite; a view per 1M values bounds the temporary.
-    flat = raw.reshape(-1)
-    for start in range(0, flat.shape[0], 1 << 20):
-        if not np.isfinite(flat[start : start + (1 << 20)]).all():
-            raise CheckpointError(f"tensor {name} contains non-finite values (NaN or Inf)")
 
 
 #: A weight used only as a product: float in place, or left quantized.

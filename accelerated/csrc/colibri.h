@@ -88,6 +88,9 @@ int col_rope(float *x, size_t m, size_t heads, size_t row_stride, size_t head_st
              const float *cos, const float *sin, int interleaved);
 /* out = silu(g) * u, elementwise (SwiGLU). */
 int col_silu_mul(const float *g, const float *u, size_t n, float *out);
+/* *finite = whether all n values of w (stored as dtype: COL_F32, COL_BF16, COL_F16) are
+ * finite; on the pool for a large tensor (finite.c). */
+int col_all_finite(col_pool *pool, const void *w, int dtype, size_t n, int *finite);
 
 /* Absorbed MLA over the latent cache for m rows (spec §5). q is [m, h, nope + rope] with the
  * rope part already rotated; per row r: latent[r] [*, kvl], rope_key[r] [*, rope] of which the
