@@ -298,7 +298,8 @@ class Kernels:
     def all_finite(self, raw: np.ndarray, dtype: int) -> bool:
         """Whether the stored weight ``raw`` (C-contiguous, its ``DTYPE_CODES`` code) holds
         only finite values, read on the pool (``csrc/finite.c``)."""
-        if not raw.flags.c_contiguous or raw.dtype.itemsize != (4 if dtype == 0 else 2):
+        if not raw.flags.c_contiguous or raw.dtype.itemsize != (
+                4 if dtype == DTYPE_CODES["F32"] else 2):
             raise KernelInvalidArgument(f"all_finite: need a C-contiguous array of dtype code "
                                         f"{dtype}, got {raw.dtype} {list(raw.shape)}")
         finite = c_int()

@@ -20,7 +20,12 @@ if not BUILT:
 # every float weight before a kernel reads it.
 pytestmark = pytest.mark.sanitize
 
-from colibri.accelerated.kernels import DTYPE_CODES, KernelInvalidArgument, Kernels  # noqa: E402
+from colibri.accelerated.kernels import (  # noqa: E402
+    DTYPE_CODES,
+    KernelInvalidArgument,
+    Kernels,
+    KernelUnsupportedDtype,
+)
 
 DTYPES = {"F32": np.dtype(np.float32), "BF16": np.dtype(ml_dtypes.bfloat16),
           "F16": np.dtype(np.float16)}
@@ -65,5 +70,5 @@ def test_a_wrong_array_is_refused(kernels: Kernels) -> None:
         kernels.all_finite(np.zeros(8, dtype=np.float64), 0)
     with pytest.raises(KernelInvalidArgument, match="all_finite"):
         kernels.all_finite(np.zeros((8, 8), dtype=np.float32)[:, ::2], 0)
-    with pytest.raises(Exception, match="dtype"):
+    with pytest.raises(KernelUnsupportedDtype, match="col_all_finite"):
         kernels.all_finite(np.zeros(8, dtype=np.float32).view(np.uint16), 7)
