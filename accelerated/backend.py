@@ -21,6 +21,7 @@ from colibri.accelerated.native import LibraryNotBuilt
 from colibri.reference.backend import KVStateBackend, model_fingerprint
 from colibri.reference.expert_store import TieredExpertStore
 from colibri.reference.experts import stored_expert_bytes
+from colibri.reference.indexer_presence import log_indexer
 
 from colibri.engine.backend import Device
 from colibri.engine.registry import BackendOptions, BackendUnavailable
@@ -97,6 +98,7 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
         raise BackendUnavailable(f"--backend accelerated cannot start: {exc}") from None
     print(f"== accelerated kernels: {model.kernels.isa}, {model.kernels.threads} threads ==",
           file=log)
+    log_indexer(model.indexer, log)
     if gpu is not None:
         info = gpu.device.info()
         print(f"== cuda device {info.index}: {info.name}, {len(gpu.dense) + len(gpu.mlps)} "

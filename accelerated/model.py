@@ -44,6 +44,7 @@ from colibri.accelerated.weights import (
 )
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
+from colibri.reference.indexer_presence import mtp_indexer_mode, resolve_indexer
 from colibri.reference.kv_cache import KVLayer, KVState
 from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
@@ -96,7 +97,9 @@ def dsa_select(scores: F32, topk: int) -> I64 | None:
 class Model(RowModel):
     def __init__(self, config: ModelConfig, checkpoint: Checkpoint, kernels: Kernels,
                  experts: ExpertSource | None = None, model_dir: Path | None = None) -> None:
-        self.config = cfg = config
+        #: A config whose indexer the checkpoint does not store runs without it.
+        self.config, self.indexer = resolve_indexer(config, checkpoint.tensors)
+        cfg = self.config
         self.checkpoint = checkpoint
         self.kernels = kernels
         #: PERF/PROF phases, as the reference times them (reference/timing.py).
@@ -119,7 +122,7 @@ class Model(RowModel):
         self.mtp_indexer_mode: str | None = None
         if t.has(f"model.layers.{n}.eh_proj.weight"):
             p = f"model.layers.{n}."
-            self.mtp_indexer_mode = "full" if t.has(p + "self_attn.indexer.wk.weight") else None
+            self.mtp_indexer_mode = mtp_indexer_mode(cfg, checkpoint.tensors)
             self.eh_proj = t.product(p + "eh_proj.weight", (d, 2 * d))
             self.enorm = t.vector(p + "enorm.weight", (d,))
             self.hnorm = t.vector(p + "hnorm.weight", (d,))

@@ -18,10 +18,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from colibri import control_plane, host_topology, resources
 from colibri.engine.cuda_devices import Probe, probe_isolated
+
+if TYPE_CHECKING:
+    from colibri.reference.config import ModelConfig
 
 Status = Literal["ok", "warn", "fail"]
 _SEVERITY: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
@@ -312,6 +315,7 @@ def check_model(model: Path) -> list[Check]:
                                f"{len(missing)} shard(s) listed in {index.name} are missing: "
                                + ", ".join(missing[:5]))]
     dtypes: set[str] = set()
+    names: set[str] = set()
     for path in files:
         try:
             with open(path, "rb") as handle:
@@ -326,7 +330,9 @@ def check_model(model: Path) -> list[Check]:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return checks + [Check("model_weights", "fail", f"{path.name}: {exc}")]
         dtypes.update(str(v["dtype"]) for k, v in header.items() if k != "__metadata__")
+        names.update(k for k in header if k != "__metadata__")
     checks.append(Check("model_weights", "ok", f"{len(files)} safetensors file(s) complete"))
+    checks.append(check_model_indexer(config, names))
     unknown = sorted(dtypes - set(DTYPES))
     if unknown:
         checks.append(Check("model_formats", "fail", "unrecognised tensor dtypes: "
@@ -335,6 +341,20 @@ def check_model(model: Path) -> list[Check]:
         checks.append(Check("model_formats", "ok", "tensor dtypes " + ", ".join(sorted(dtypes))))
     checks.append(check_model_page_cache(files))
     return checks
+
+
+def check_model_indexer(config: ModelConfig, names: set[str]) -> Check:
+    """Whether the DSA indexer the config declares is stored: a colibri container written
+    without its out-idx shard runs with it off (attention over every earlier key)."""
+    from colibri.reference.errors import CheckpointError
+    from colibri.reference.indexer_presence import indexer_presence
+
+    try:
+        presence = indexer_presence(config, names)
+    except CheckpointError as exc:
+        return Check("model_indexer", "fail", str(exc))
+    return Check("model_indexer", "warn" if presence.dropped else "ok",
+                 f"DSA indexer {presence.describe()}")
 
 
 #: Fewer cached bytes than this are not worth a warning about their page size.

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from colibri.reference.config import ModelConfig
 from colibri.reference.expert_store import TieredExpertStore, mapped_reader
 from colibri.reference.experts import stored_expert_bytes
+from colibri.reference.indexer_presence import log_indexer
 from colibri.reference.kv_cache import KVState
 from colibri.reference.kv_codec import ReferenceKvCodec
 from colibri.reference.model import Model
@@ -185,4 +186,5 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Refer
     store = TieredExpertStore(read, config, usage_rows(config), options.ram_budget_bytes,
                               stored_expert_bytes(checkpoint))
     model = Model(config, checkpoint, store)
+    log_indexer(model.indexer, log)
     return ReferenceBackend(model, store, model_fingerprint(model_dir))

@@ -21,6 +21,7 @@ import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, MappedExpertStore
+from colibri.reference.indexer_presence import mtp_indexer_mode, resolve_indexer
 from colibri.reference.kv_cache import KVLayer
 from colibri.reference.layer import LayerContext, full_sequence_layer, row_layer
 from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
@@ -41,7 +42,9 @@ class Model(RowModel):
         expert_store: ExpertStore | None = None,
         loader: TensorLoader | None = None,
     ) -> None:
-        self.config = cfg = config
+        #: A config whose indexer the checkpoint does not store runs without it.
+        self.config, self.indexer = resolve_indexer(config, checkpoint.tensors)
+        cfg = self.config
         self.checkpoint = checkpoint
         # A quantisation-aware loader (same interface) can replace the plain float one.
         loader = loader or TensorLoader(checkpoint)
@@ -81,7 +84,7 @@ class Model(RowModel):
         cfg = self.config
         n, d = cfg.num_hidden_layers, cfg.hidden_size
         p = f"model.layers.{n}."
-        self.mtp_indexer_mode = "full" if loader.has(p + "self_attn.indexer.wk.weight") else None
+        self.mtp_indexer_mode = mtp_indexer_mode(cfg, self.checkpoint.tensors)
         return MtpWeights(
             eh_proj=loader.get(p + "eh_proj.weight", (d, 2 * d)),
             enorm=loader.get(p + "enorm.weight", (d,)),

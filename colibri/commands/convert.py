@@ -38,6 +38,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--shard-mb", type=int, default=4096, help="largest output shard in MB (default 4096)"
     )
+    parser.add_argument(
+        "--layout",
+        default="hf",
+        choices=("hf", "colibri"),
+        help="file naming: hf (model.safetensors / model-NNNNN-of-NNNNN) or colibri "
+        "(out-NNNNN, out-idx-NNNNN for the DSA indexer, out-mtp-NNNNN for the MTP layer, "
+        "as colibri's converters write them)",
+    )
+    parser.add_argument(
+        "--indexer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the DSA indexer (default); --no-indexer leaves it out as colibri's "
+        "converter does without --indexer, and the engines then run with it off",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
 
@@ -60,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             args.dense,
             io=args.io,
             shard_bytes=args.shard_mb << 20,
+            layout=args.layout,
+            indexer=args.indexer,
             progress=advance,
         )
     except (ConvertError, QuantFormatError, ContainerError, FileNotFoundError) as exc:

@@ -3,9 +3,10 @@
 Input: a directory of ``*.safetensors`` in F32/BF16/F16, or HF's FP8 layout (``F8_E4M3``
 weights with ``<name>_scale_inv`` F32 block multipliers); fused expert tensors
 (``mlp.experts.gate_up_proj`` ``[E, 2M, D]``, ``mlp.experts.down_proj`` ``[E, D, M]``) are split
-per expert. Output: ``model.safetensors`` (or numbered shards) where each quantized weight is a
-``U8`` payload plus its ``.qs`` sidecar, the model's JSON files, and a ``colibri.fmt`` stamp for
-exactly the tensors whose byte sizes would otherwise resolve to another format.
+per expert. Output: safetensors files named by ``--layout`` (``quant/layout.py``: ours or
+colibri's converters') where each quantized weight is a ``U8`` payload plus its ``.qs``
+sidecar, the model's JSON files, and a ``colibri.fmt`` stamp for the tensors whose byte sizes
+would otherwise resolve to another format (and, in colibri's layout, every fp8 resident).
 
 Spec: spec/model.md §14 "Engine use and fixtures".
 """
@@ -26,6 +27,14 @@ from colibri.reference.quant.codec import quantize
 from colibri.reference.quant.errors import QuantFormatError
 from colibri.reference.quant.formats import E8_BLOCK, FORMAT_NAMES, Fmt
 from colibri.reference.quant.fp8 import dequantize_fp8
+from colibri.reference.quant.layout import (
+    LAYOUTS,
+    Part,
+    base_metadata,
+    is_indexer_tensor,
+    part_of,
+    shard_names,
+)
 from colibri.reference.quant.resolve import resolve_format
 from colibri.reference.quant.safetensors_file import (
     FMT_STAMP_KEY,
@@ -244,13 +253,17 @@ def convert(
     *,
     io: str = "f32",
     shard_bytes: int = DEFAULT_SHARD_BYTES,
+    layout: str = "hf",
+    indexer: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> ConvertReport:
     """Write the container for ``model_dir`` to the (absent or empty) ``out_dir``.
 
     ``progress(nbytes, total_bytes)`` is called after each tensor with its input bytes and
     the total over all tensors (the CLI draws the bar; this module stays I/O-free).
-    ``io`` is the format of the embedding and the lm_head (``IO_TENSORS``)."""
+    ``io`` is the format of the embedding and the lm_head (``IO_TENSORS``). ``layout`` names
+    the files (``quant/layout.py``); ``indexer=False`` leaves the DSA indexer out, as
+    colibri's converter does unless asked, and the engines then run with it off."""
     if experts not in EXPERT_SCHEMES:
         choices = ", ".join(EXPERT_SCHEMES)
         raise ConvertError(f"--experts must be one of {choices}, got {experts!r}")
@@ -258,6 +271,8 @@ def convert(
         raise ConvertError(f"--dense must be one of {', '.join(SCHEMES)}, got {dense!r}")
     if io not in IO_SCHEMES:
         raise ConvertError(f"--io must be one of {', '.join(IO_SCHEMES)}, got {io!r}")
+    if layout not in LAYOUTS:
+        raise ConvertError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     src_dir, dst = Path(model_dir), Path(out_dir)
     if not (src_dir / "config.json").is_file():
         raise ConvertError(f"{src_dir}: no config.json (not a model directory)")
@@ -265,41 +280,68 @@ def convert(
         raise ConvertError(f"{dst}: output exists and is not empty; refusing to overwrite it")
     source = _Source(src_dir)
     plan = [(name, shape, nbytes, *_target(name, shape, experts, dense, io))
-            for name, shape, nbytes in source.names()]
+            for name, shape, nbytes in source.names()
+            if indexer or not is_indexer_tensor(name)]
+    decoder_layers = _decoder_layers(src_dir) if layout == "colibri" else 0
     _preflight(plan)
     report = ConvertReport()
     total_bytes = sum(p[2] for p in plan)
     dst.mkdir(parents=True, exist_ok=True)
-    shard: dict[str, npt.NDArray[Any]] = {}
-    shards: list[dict[str, npt.NDArray[Any]]] = []
+    parts: dict[Part, _Shards] = {}
     stamps: dict[str, str] = {}
-    size = 0
     for name, shape, nbytes, fmt, gs in plan:
         if fmt == Fmt.F32:
             out = {name: _kept(source, name, shape)}
         else:
             out = _encode(source, name, shape, fmt, gs)
             report.quantized += 1
-            if _stamp_needed(name, shape, fmt, out):
+            if _stamp_needed(name, shape, fmt, out) or (
+                layout == "colibri" and fmt == Fmt.FP8_E4M3_B128 and not is_routed_expert(name)
+            ):
                 stamps[name] = FORMAT_NAMES[fmt]
         label = FORMAT_NAMES[fmt] + (f"/g{gs}" if gs else "")
         report.formats[label] = report.formats.get(label, 0) + 1
-        out_bytes = sum(a.nbytes for a in out.values())
-        if shard and size + out_bytes > shard_bytes:
-            shards.append(shard)
-            shard, size = {}, 0
-        shard.update(out)
-        size += out_bytes
+        part = part_of(name, decoder_layers) if layout == "colibri" else Part.MAIN
+        report.output_bytes += parts.setdefault(part, _Shards(shard_bytes)).add(out)
         report.tensors += 1
         report.input_bytes += nbytes
-        report.output_bytes += out_bytes
         if progress is not None:
             progress(nbytes, total_bytes)
-    shards.append(shard)
-    _write_shards(dst, shards, stamps, report)
+    for part in Part:  # main, indexer, MTP: the order colibri's passes run in
+        if part in parts:
+            _write_shards(dst, layout, part, parts[part].shards, stamps, report)
     _copy_json(src_dir, dst)
     report.stamped = sorted(stamps)
     return report
+
+
+class _Shards:
+    """Tensors grouped into files of at most ``limit`` bytes (a larger tensor alone)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.shards: list[dict[str, npt.NDArray[Any]]] = [{}]
+        self.size = 0
+
+    def add(self, tensors: dict[str, npt.NDArray[Any]]) -> int:
+        nbytes = sum(a.nbytes for a in tensors.values())
+        if self.shards[-1] and self.size + nbytes > self.limit:
+            self.shards.append({})
+            self.size = 0
+        self.shards[-1].update(tensors)
+        self.size += nbytes
+        return nbytes
+
+
+def _decoder_layers(src: Path) -> int:
+    """``num_hidden_layers`` of the source: colibri's layout puts later layers (MTP) apart."""
+    config = json.loads((src / "config.json").read_text())
+    layers = config.get("num_hidden_layers") if isinstance(config, dict) else None
+    if not isinstance(layers, int) or layers <= 0:
+        raise ConvertError(
+            f"{src}/config.json: --layout colibri needs num_hidden_layers (to split off MTP)"
+        )
+    return layers
 
 
 def _target(name: str, shape: tuple[int, ...], experts: str, dense: str,
@@ -338,15 +380,12 @@ def _kept(source: _Source, name: str, shape: tuple[int, ...]) -> npt.NDArray[Any
 
 
 def _write_shards(
-    dst: Path, shards: list[dict[str, Any]], stamps: dict[str, str], report: ConvertReport
+    dst: Path, layout: str, part: Part, shards: list[dict[str, Any]], stamps: dict[str, str],
+    report: ConvertReport,
 ) -> None:
-    count = len(shards)
-    for i, tensors in enumerate(shards):
-        name = (
-            "model.safetensors" if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
-        )
+    for name, tensors in zip(shard_names(layout, part, len(shards)), shards, strict=True):
         local = {k: v for k, v in stamps.items() if k in tensors}
-        meta = {"format": "pt"}
+        meta = base_metadata(layout)
         if local:
             meta[FMT_STAMP_KEY] = json.dumps(local, sort_keys=True, separators=(",", ":"))
         write_safetensors(dst / name, tensors, meta, by_name=True)

@@ -94,7 +94,8 @@ def test_cli_text_json_and_named_errors(tmp_path: Path) -> None:
 
 def test_doctor_model_checks(tmp_path: Path) -> None:
     ok = {c.id: c.status for c in check_model(resources.default_model_dir())}
-    assert ok == {"model_config": "ok", "model_weights": "ok", "model_formats": "ok",
+    assert ok == {"model_config": "ok", "model_weights": "ok", "model_indexer": "ok",
+                  "model_formats": "ok",
                   "model_page_cache": "ok"}  # a few MB cached: never worth a warning
     assert {c.id: c.status for c in check_model(GLM5)}["model_weights"] == "warn"
     broken = tmp_path / "m"
