@@ -66,7 +66,7 @@ build-bytecode: $(VENV)/.stamp-build
 build-web: $(VENV)/.stamp-build
 	@if [ -f web/package.json ]; then \
 	  if command -v npm >/dev/null 2>&1; then $(MAKE) --no-print-directory web/dist/index.html; \
-	  else echo "make: npm not found; skipping the web dashboard build"; fi; \
+	  else tools/layer_skip.sh "web dashboard build" "npm not found" "Node 20 with npm"; fi; \
 	fi
 
 # The C library built with ASan + UBSan (build/accelerated/sanitize), and the tests marked
@@ -99,8 +99,11 @@ typecheck: $(VENV)/.stamp-test
 PYTEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 pytest: $(VENV)/.stamp-test build
-	COLIBRI_REQUIRE_ACCELERATED=$$($(PY) -c 'from colibri.accelerated.native_build import compiler; print(int(compiler() is not None))') \
-	  $(BIN)/pytest -n $(PYTEST_JOBS) --dist loadfile
+	@require=$$($(PY) -c 'from colibri.accelerated.native_build import compiler; print(int(compiler() is not None))'); \
+	if [ "$$require" = 0 ]; then \
+	  tools/layer_skip.sh "accelerated engine tests" "no C compiler" "a C compiler (gcc)"; \
+	fi; \
+	COLIBRI_REQUIRE_ACCELERATED=$$require $(BIN)/pytest -n $(PYTEST_JOBS) --dist loadfile
 
 # The control plane's tests again with it mypyc-compiled (what --accelerated processes run);
 # skipped, loudly, where `make build` could not compile it (no C compiler).
@@ -109,7 +112,8 @@ pytest-compiled: $(VENV)/.stamp-test build
 	@if $(PY) -c 'from colibri import control_plane as c; c.check_current(c.read_build())'; then \
 	  COLIBRI_CONTROL_PLANE=compiled $(BIN)/pytest -q -n $(PYTEST_JOBS) --dist loadfile $(COMPILED_TESTS); \
 	else \
-	  echo "## make pytest-compiled: no compiled control plane -- SKIPPED the compiled run ##"; \
+	  tools/layer_skip.sh "compiled control plane tests" "make build compiled no control plane" \
+	    "a C compiler (gcc)"; \
 	fi
 
 # The dashboard: vitest unit tests, then the browser suite (web/e2e) against a real
@@ -120,9 +124,7 @@ webtest: $(VENV)/.stamp-runtime build
 	@set -e; \
 	if [ ! -f web/package.json ]; then exit 0; fi; \
 	if ! command -v npm >/dev/null 2>&1; then \
-	  echo "########################################################################"; \
-	  echo "## make webtest: npm not found -- SKIPPED the web dashboard tests     ##"; \
-	  echo "########################################################################"; \
+	  tools/layer_skip.sh "web dashboard tests" "npm not found" "Node 20 with npm"; \
 	  exit 0; \
 	fi; \
 	cd web; [ -d node_modules ] || npm ci --no-audit --no-fund --silent; \
@@ -130,13 +132,18 @@ webtest: $(VENV)/.stamp-runtime build
 	if [ -n "$(CHROMIUM)" ]; then \
 	  CHROMIUM="$(CHROMIUM)" COLIBRI_BIN="$(CURDIR)/$(BIN)/colibri" npm run --silent e2e; \
 	else \
-	  echo "########################################################################"; \
-	  echo "## make webtest: chromium not found -- SKIPPED the browser e2e tests  ##"; \
-	  echo "## (apt-get install -y chromium; .ci/run installs it)                 ##"; \
-	  echo "########################################################################"; \
+	  cd ..; tools/layer_skip.sh "browser e2e tests" "chromium not found" \
+	    "Debian's chromium (apt-get install -y chromium; .ci/run installs it)"; \
 	fi
 
-test: lint typecheck pytest pytest-compiled webtest
+# Layers that cannot run here are skipped and listed at the end (tools/layer_skip.sh); under
+# CI=true each such layer fails the run instead, naming what to install.
+test: skip-ledger lint typecheck pytest pytest-compiled webtest
+	@tools/layer_skip.sh --summary
+
+.PHONY: skip-ledger
+skip-ledger:
+	@tools/layer_skip.sh --reset
 
 # The oracle extra. torch comes only as the CPU wheel on this machine's disk: pip's configured
 # find-links (`pip config list`, PIP_FIND_LINKS) with --no-index, so no index is ever asked and

@@ -130,9 +130,8 @@ def run(options: BenchOptions) -> dict[str, Any]:
                               "note": "timings from one run, each engine in a process of "
                                       "its own at its own moment; on a machine whose memory "
                                       "bandwidth moves (a shared one) the decode ratios to "
-                                      "llama.cpp move with it (0.81-1.09 in six runs on one "
-                                      "2-core host): accelerated-interleaved takes turns in "
-                                      "one process and gives their median"}
+                                      "llama.cpp move with it: accelerated-interleaved takes "
+                                      "turns in one process and gives their median"}
     # What the accelerated worker's pool uses (COLIBRI_THREADS, else every CPU it may run
     # on), and so what llama.cpp is given.
     from colibri.accelerated.model import default_threads

@@ -148,3 +148,22 @@ def test_greedy_data_bytes_match_the_oracle_through_the_byte_tokenizer(
     )
     results = run_parallel(runner, BYTES_GOLDEN, Expectations(), reruns=0, jobs=1)
     assert [(r.status, r.message) for r in results] == [(PASS, "")]
+
+
+#: The cases that need an MTP head: no target of TARGETS has one, so they run here.
+MTP_CASES = [c for c in CASES if "mtp" in c.requires]
+
+
+@pytest.mark.parametrize("engine", [
+    "reference",
+    pytest.param("accelerated", marks=pytest.mark.skipif(not BUILT,
+                                                         reason=NOT_BUILT_REASON or "built")),
+])
+def test_mtp_cases_run_and_pass_on_the_mtp_fixture(engine: str) -> None:
+    """The engine announces MTP drafting for a model with an MTP head (CAPS), so every MTP
+    case must run there and pass: none may skip for a missing capability."""
+    runner = protocol_runner(ENGINES[engine], fixture_model_dir("glm5-tiny-mtp"), timeout=30.0)
+    assert "mtp" in runner.capabilities
+    results = run_parallel(runner, MTP_CASES, Expectations(), reruns=0, jobs=1)
+    assert MTP_CASES and {r.case_id: r.status for r in results} == dict.fromkeys(
+        (c.id for c in MTP_CASES), PASS), [r.message for r in results if r.status != PASS]
