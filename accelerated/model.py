@@ -73,13 +73,6 @@ def default_threads() -> int:
     return max(1, len(usable_cpus()))
 
 
-def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
-    widths = {"latent": cfg.kv_lora_rank, "rope_key": cfg.qk_rope_head_dim}
-    if indexer_mode == "full":
-        widths["index_key"] = cfg.index_head_dim
-    return widths
-
-
 def inv_freq(dim: int, theta: float) -> F32:
     exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
     out: F32 = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
@@ -138,7 +131,6 @@ class Model(RowModel):
         #: A tiered store (the backend's) that decides residency and counts lookups; the
         #: model's own unbounded cache otherwise.
         self.store: ExpertLookup | None = None
-        self.use_indexer = True
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
         self._products: dict[tuple[int, bool, bool], Products] = {}
         self._blocks: dict[int, LayerBlock] = {}
@@ -197,7 +189,7 @@ class Model(RowModel):
         """All decoder layers in one C call unless some row would attend to a DSA-selected
         subset of its past (then layer by layer, ``_row_layer``)."""
         cfg = self.config
-        selecting = self.use_indexer and any(p + 1 > cfg.index_topk for p in positions) and any(
+        selecting = any(p + 1 > cfg.index_topk for p in positions) and any(
             mode == "full" and lw.attention.indexer is not None
             for mode, lw in zip(self.indexer_modes, self.layers, strict=True))
         if not (self.fused_layers and self.fused_stack) or selecting:
@@ -275,7 +267,7 @@ class Model(RowModel):
         row attends to a DSA-selected subset of its past, which the per-kernel path below
         handles (it has the indexer's scoring and top-k)."""
         cfg = self.config
-        selecting = (self.use_indexer and mode == "full" and lw.attention.indexer is not None
+        selecting = (mode == "full" and lw.attention.indexer is not None
                      and any(s + 1 > cfg.index_topk for s in slots))
         if (not self.fused_layers or selecting
                 or any(keep is not None for keep in prev_keep)):
@@ -332,7 +324,7 @@ class Model(RowModel):
         aw = lw.attention
         ix = aw.indexer
         run_indexer = mode == "full" and ix is not None
-        select_rows = [self.use_indexer and run_indexer and slots[r] + 1 > cfg.index_topk
+        select_rows = [run_indexer and slots[r] + 1 > cfg.index_topk
                        for r in range(m)]
         # Every product of h in one call: [q_a or q_b, kv_a, (wk), (weights_proj)].
         outs = k.matmul_many(h, self._input_products(lw, run_indexer, any(select_rows)))
@@ -371,7 +363,7 @@ class Model(RowModel):
                                         np.ascontiguousarray(iw[r]), caches[r]["index_key"],
                                         float(np.float32(hd**-0.5)))[: slots[r] + 1]
                 keep = dsa_select(scores, cfg.index_topk)
-            elif self.use_indexer and mode == "shared":
+            elif mode == "shared":
                 keep = prev_keep[r]
             keeps.append(keep)
         attn = k.mla_attention(q, heads, nope, rdim, cfg.v_head_dim, kvl,

@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from colibri.protocol import LIMITS, READY, SPEC
-
-READY_SENTINEL = READY
+from colibri.protocol import LIMITS, SPEC
 
 #: The startup lines an engine sends after READY, in order (spec/protocol.json).
 HANDSHAKE: tuple[str, ...] = tuple(SPEC.mux["handshake"])
