@@ -5,8 +5,11 @@ fields, CANCEL, DATA, TOPK with ``SERVE_TOPK=1``, HITS, PERF and the turn-end te
 DONE, the seed's error codes, EOF shutdown, prefix reuse, the legacy protocol). Every
 colibri-protocol engine must pass it. Everything beyond it is a capability a case
 `requires`, grouped into the `colibri` profile (what the newest colibri engine and this
-project's ``colibri engine`` do). spec/conformance.md defines both; this module is the one
-place the suite reads them from.
+project's ``colibri engine`` do). `serve_codec` is a sibling of `core`, not an extension of
+it: the dialect of colibri's family engines, which read and write frames through the shared
+codec ``c/serve_codec.h`` (spec/protocol.md §5); what its cases require is its own
+capabilities, and a target that speaks it says so in its target description. spec/conformance.md
+defines the three; this module is the one place the suite reads them from.
 
 A capability is known in one of three ways (:func:`known_capabilities`): a ``CAPS`` line
 (this project's handshake extension: ``proto=1`` stands for protocol.md revision 1, whose
@@ -22,6 +25,10 @@ from dataclasses import dataclass
 
 CORE = "core"
 COLIBRI = "colibri"
+SERVE_CODEC = "serve_codec"
+#: The capability that says a target speaks the serve_codec dialect: the runner then frames
+#: SUBMITs the codec's way (keys right after top_p, no gbytes).
+CODEC_WIRE = "codec_wire"
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,19 @@ _ALL = (
                "a decode step's DATA frames in ascending slot order"),
     Capability("state_layout", COLIBRI, "project", "protocol.md §4.2, §4.3",
                "the .coli_usage header record and the .coli_kv record layout"),
+    # The serve_codec dialect: the codec's fixed rules, then one capability per switch of its
+    # wire profile (ColiServeWireProfile), which each family engine sets for itself.
+    Capability(CODEC_WIRE, SERVE_CODEC, "colibri", "protocol.md §5",
+               "the serve_codec dialect (c/serve_codec.h): string ids, SUBMIT keys without "
+               "gbytes, at most 10 fields, unknown commands ignored, its STAT and DONE formats"),
+    Capability("extension_bytes", SERVE_CODEC, "colibri", "protocol.md §5.2",
+               "SUBMIT's 8th positional field: an extension section after the payload"),
+    Capability("prefix_hint", SERVE_CODEC, "colibri", "protocol.md §5.2",
+               "SUBMIT's 9th positional field: the prefix_bytes hint (DeepSeek V4)"),
+    Capability("finite_sampling", SERVE_CODEC, "colibri", "protocol.md §5.2",
+               "a nan or inf temperature or top_p refuses the SUBMIT"),
+    Capability("exact_lf", SERVE_CODEC, "colibri", "protocol.md §5.2, §5.4",
+               "a body not ended by LF is BAD_FRAME: the engine stops reading"),
     # Facts of the model or the harness: they gate cases but belong to no profile.
     Capability("text_prompts", CORE, "target", "conformance.md (prompts)",
                "payloads are text the engine tokenizes"),
@@ -97,11 +117,15 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in _ALL}
 #: Assumed for every protocol target: the seed defines them.
 SEED_CORE = frozenset(c.name for c in _ALL if c.origin == "seed")
 EXTENSIONS = frozenset(c.name for c in _ALL if c.profile == COLIBRI)
+CODEC = frozenset(c.name for c in _ALL if c.profile == SERVE_CODEC)
 TARGET_FACTS = frozenset(c.name for c in _ALL if c.origin == "target")
 PROFILES: dict[str, frozenset[str]] = {
     CORE: SEED_CORE,
     COLIBRI: SEED_CORE | EXTENSIONS,
+    SERVE_CODEC: CODEC,
 }
+#: What a target description may declare: no probe or CAPS key can tell these.
+DECLARABLE = EXTENSIONS | CODEC
 
 #: Capabilities that protocol.md revision 1 defines without a CAPS key of their own: an
 #: engine announcing ``CAPS proto=1`` claims them all.
@@ -139,7 +163,10 @@ EXTENSION_FRAMES = {"ACCEPT": "accept", "PROF": "prof", "CAPS": "caps"}
 
 
 def profile_of(requires: frozenset[str]) -> str:
-    """A case belongs to `core` iff it needs nothing beyond the seed and target facts."""
+    """A case needing a serve_codec capability belongs to `serve_codec`; otherwise to `core`
+    iff it needs nothing beyond the seed and target facts."""
+    if requires & CODEC:
+        return SERVE_CODEC
     return CORE if requires <= SEED_CORE | TARGET_FACTS else COLIBRI
 
 

@@ -79,8 +79,9 @@ class Case:
     fresh: bool = False
     server_args: tuple[str, ...] = ()
     source: str = ""
-    #: Protocol cases: `core` or `colibri`, from what they require (conformance/capabilities.py);
-    #: HTTP cases: whose documented contract they check (conformance/http_profiles.py).
+    #: Protocol cases: `core`, `colibri` or `serve_codec`, from what they require
+    #: (conformance/capabilities.py); HTTP cases: whose documented contract they check
+    #: (conformance/http_profiles.py).
     profile: str = ""
     #: The seed clause a core protocol case checks (spec/conformance.md).
     seed: str = ""

@@ -34,8 +34,8 @@ class Result:
     attempts: int = 1
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    #: The case's profile (protocol: core or colibri; HTTP: openai, anthropic or colibri),
-    #: capabilities and seed clause.
+    #: The case's profile (protocol: core, colibri or serve_codec; HTTP: openai, anthropic
+    #: or colibri), capabilities and seed clause.
     profile: str = ""
     requires: list[str] = field(default_factory=list)
     seed: str = ""

@@ -107,7 +107,7 @@ class PromptCodec:
 
 
 def submit_frame(
-    request_id: int,
+    request_id: int | str,
     slot: int,
     payload: Payload,
     max_tokens: int,
@@ -115,9 +115,12 @@ def submit_frame(
     top_p: float,
     ext: dict[str, int],
     grammar: bytes = b"",
+    *,
+    keys_after_top_p: bool = False,
 ) -> bytes:
     """The SUBMIT header, payload and grammar bytes of one request (spec/protocol.md 2.3);
-    an ids payload adds ``ids=1`` unless ``ext`` says otherwise."""
+    an ids payload adds ``ids=1`` unless ``ext`` says otherwise. ``keys_after_top_p``: the
+    serve_codec dialect's shape (§5.2), keys right after top_p and no grammar section."""
     ext = dict(ext)
     if payload.ids:
         ext.setdefault("ids", 1)
@@ -125,7 +128,11 @@ def submit_frame(
         f"SUBMIT {request_id} {slot} {len(payload.data)} {max_tokens} "
         f"{temperature:.8g} {top_p:.8g}"
     )
-    if ext or grammar:
-        # colibri's parser only takes key=value tokens after an explicit gbytes field.
-        header += f" {len(grammar)}" + "".join(f" {k}={v}" for k, v in ext.items())
+    keys = "".join(f" {k}={v}" for k, v in ext.items())
+    if keys_after_top_p:
+        # A field 8 without '=' is extension_bytes there, which most family engines refuse.
+        header += keys
+    elif ext or grammar:
+        # colibri's GLM parser only takes key=value tokens after an explicit gbytes field.
+        header += f" {len(grammar)}" + keys
     return header.encode() + b"\n" + payload.data + grammar + b"\n"

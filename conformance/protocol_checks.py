@@ -19,6 +19,7 @@ from colibri.conformance.grammar import Grammar
 from colibri.conformance.invariants import check_invariant
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import Payload, PromptCodec
+from colibri.conformance.request_ids import RequestRef, names
 from colibri.conformance.sameness import Tolerance, printed
 
 #: Field names by position, so cases can say {"kind": "DONE", "name": "emitted"}.
@@ -57,10 +58,10 @@ class SessionView:
     frames: list[Frame]
     exit_codes: list[int]
     alive: bool
-    submitted: dict[int, Payload]
+    submitted: dict[RequestRef, Payload]
     state_dir: Path | None = None
     #: What each SUBMIT asked (max_tokens, temperature, slot, ext), by request id.
-    requests: dict[int, dict[str, Any]] = field(default_factory=dict)
+    requests: dict[RequestRef, dict[str, Any]] = field(default_factory=dict)
     #: The engine's configuration (kv_slots, ctx, persist, env) as the case gave it.
     config: dict[str, Any] = field(default_factory=dict)
     #: The latest CAPS line of the engine (also when its handshake came before this case).
@@ -85,7 +86,7 @@ def select(views: Views, selector: dict[str, Any]) -> list[Frame]:
     if "kind" in selector:
         frames = [f for f in frames if f.kind == selector["kind"]]
     if "id" in selector:
-        frames = [f for f in frames if f.request_id == selector["id"]]
+        frames = [f for f in frames if names(f, selector["id"])]
     return frames
 
 
@@ -140,18 +141,18 @@ def _describe(selector: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in selector.items() if k != "name") or "any frame"
 
 
-def _kinds_of(view: SessionView, rid: int | None) -> str:
+def _kinds_of(view: SessionView, rid: RequestRef | None) -> str:
     frames = [f for f in view.frames if f.kind != PREAMBLE]
     if rid is not None:
-        frames = [f for f in frames if f.request_id == rid]
+        frames = [f for f in frames if names(f, rid)]
     return " ".join(f.kind for f in frames)
 
 
-def token_stream(view: SessionView, rid: int) -> list[tuple[str, bytes]]:
+def token_stream(view: SessionView, rid: RequestRef) -> list[tuple[str, bytes]]:
     """What must not depend on batching or caching: tokens, tails, echo and final counts."""
     out: list[tuple[str, bytes]] = []
     for frame in view.frames:
-        if frame.request_id != rid:
+        if not names(frame, rid):
             continue
         if frame.kind in ("DATA", "ECHO", "TOPK"):
             out.append(
@@ -245,8 +246,8 @@ def _relation(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
 
 def _same_stream(views: Views, exp: dict[str, Any]) -> None:
     left_spec, right_spec = exp["left"], exp["right"]
-    left = token_stream(_session(views, left_spec.get("session")), int(left_spec["id"]))
-    right = token_stream(_session(views, right_spec.get("session")), int(right_spec["id"]))
+    left = token_stream(_session(views, left_spec.get("session")), left_spec["id"])
+    right = token_stream(_session(views, right_spec.get("session")), right_spec["id"])
     kinds = set(exp.get("kinds", ["ACCEPT", "ECHO", "DATA", "TOPK", "DONE"]))
     left = [item for item in left if item[0] in kinds]
     right = [item for item in right if item[0] in kinds]

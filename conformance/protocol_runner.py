@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from colibri.conformance.capabilities import CODEC_WIRE
 from colibri.conformance.cases import Case
 from colibri.conformance.engine import EngineError, EngineSession, EngineTarget
 from colibri.conformance.frames import Frame
@@ -21,9 +22,10 @@ from colibri.conformance.grammar import Grammar
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import Payload, PromptCodec, submit_frame
 from colibri.conformance.protocol_checks import SessionView, check_protocol
+from colibri.conformance.request_ids import RequestRef, names
 
 TERMINAL = ("DONE", "ERROR")
-_TEMPLATE = re.compile(r"\{(payload|len|ext|ids)(?::([^}]*))?\}")
+_TEMPLATE = re.compile(r"\{(payload|len|ext|ids|spaces)(?::([^}]*))?\}")
 
 
 @dataclass
@@ -32,9 +34,9 @@ class LiveSession:
     engine: EngineSession
     start: int  # index of this case's first frame in engine.frames
     pooled: bool
-    submitted: dict[int, Payload] = field(default_factory=dict)
-    requests: dict[int, dict[str, Any]] = field(default_factory=dict)
-    open_ids: set[int] = field(default_factory=set)
+    submitted: dict[RequestRef, Payload] = field(default_factory=dict)
+    requests: dict[RequestRef, dict[str, Any]] = field(default_factory=dict)
+    open_ids: set[RequestRef] = field(default_factory=set)
 
     def view(self) -> SessionView:
         frames = self.engine.frames
@@ -255,18 +257,23 @@ class ProtocolRunner:
         if payload.ids:
             ext.setdefault("ids", 1)
         grammar: bytes = str(step.get("grammar", "")).encode("utf-8")
+        codec_wire = CODEC_WIRE in self.capabilities
+        if grammar and codec_wire:
+            raise NotApplicable("the serve_codec dialect has no grammar section (protocol.md §5.2)")
+        rid: RequestRef = step["id"]
         frame = submit_frame(
-            int(step["id"]), int(step.get("slot", 0)), payload, int(step.get("max_tokens", 8)),
+            rid, int(step.get("slot", 0)), payload, int(step.get("max_tokens", 8)),
             float(step.get("temperature", 0)), float(step.get("top_p", 1)), ext, grammar,
+            keys_after_top_p=codec_wire,
         )
-        session.submitted[int(step["id"])] = payload
-        session.requests[int(step["id"])] = {
+        session.submitted[rid] = payload
+        session.requests[rid] = {
             "slot": int(step.get("slot", 0)),
             "max_tokens": int(step.get("max_tokens", 8)),
             "temperature": float(step.get("temperature", 0)),
             "ext": ext,
         }
-        session.open_ids.add(int(step["id"]))
+        session.open_ids.add(rid)
         return frame
 
     def _await(self, session: LiveSession, step: dict[str, Any]) -> None:
@@ -274,30 +281,29 @@ class ProtocolRunner:
         if "done" in step:
             for rid in step["done"]:
                 engine.wait_for(
-                    lambda f, rid=rid: f.kind in TERMINAL and f.request_id == rid,
+                    lambda f, rid=rid: f.kind in TERMINAL and names(f, rid),
                     self.timeout,
                     f"DONE or ERROR for request {rid}",
                     start=session.start,
                 )
-                session.open_ids.discard(int(rid))
+                session.open_ids.discard(rid)
         if "frame" in step:
             spec = step["frame"]
             wanted = int(spec.get("count", 1))
             matches = [0]
 
             def hit(frame: Frame) -> bool:
-                if frame.kind == spec["kind"] and (
-                    "id" not in spec or frame.request_id == spec["id"]
-                ):
+                if frame.kind == spec["kind"] and ("id" not in spec or names(frame, spec["id"])):
                     matches[0] += 1
                 return matches[0] >= wanted
 
             engine.wait_for(hit, self.timeout, f"{wanted} x {spec['kind']}", start=session.start)
             if spec["kind"] in TERMINAL and "id" in spec:
-                session.open_ids.discard(int(spec["id"]))
+                session.open_ids.discard(spec["id"])
 
     def _expand(self, text: str) -> bytes:
-        """Templates in raw sends: {payload:TEXT}, {len:TEXT}, {ext}, {ids}."""
+        """Templates in raw sends: {payload:TEXT}, {len:TEXT}, {ext}, {ids}, and {spaces:N}
+        (N blanks: a header line longer than an engine's limit yet otherwise valid)."""
         out = bytearray()
         position = 0
         for match in _TEMPLATE.finditer(text):
@@ -309,8 +315,10 @@ class ProtocolRunner:
                 out.extend(str(len(self.codec.encode(argument).data)).encode())
             elif name == "ext":
                 out.extend(b" 0 ids=1" if self.codec.ids_mode else b"")
-            else:
+            elif name == "ids":
                 out.extend(b" ids=1" if self.codec.ids_mode else b"")
+            else:
+                out.extend(b" " * int(argument))
             position = match.end()
         out.extend(text[position:].encode("utf-8"))
         return bytes(out)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from colibri.conformance.capabilities import COLIBRI, CORE
+from colibri.conformance.capabilities import COLIBRI, CORE, SERVE_CODEC
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.expectations import Expectations
 from colibri.conformance.outcome import ERROR, FAIL, PASS, SKIP, XFAIL, XPASS, Result
@@ -34,8 +34,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--colibri-target", type=Path,
                     help="target description file (spec/conformance-target.schema.json)")
     group.addoption("--colibri-model", type=Path, help="model directory (sent as SNAP)")
-    group.addoption("--colibri-profile", choices=(CORE, COLIBRI), default=COLIBRI,
-                    help="only the core profile's cases, or every case (default)")
+    group.addoption("--colibri-profile", choices=(CORE, COLIBRI, SERVE_CODEC), default=COLIBRI,
+                    help="only the core or the serve_codec profile's cases, or every case "
+                    "(colibri, the default)")
     group.addoption("--colibri-cases", action="append", default=[],
                     help="glob over case ids or areas (repeatable)")
     group.addoption("--colibri-expectations", type=Path,
@@ -51,8 +52,9 @@ def _enabled(config: pytest.Config) -> bool:
 
 def _cases(config: pytest.Config) -> list[Case]:
     cases = select_cases(load_cases("protocol"), config.getoption("colibri_cases"))
-    if config.getoption("colibri_profile") == CORE:
-        cases = [c for c in cases if c.profile == CORE]
+    profile = config.getoption("colibri_profile")
+    if profile in (CORE, SERVE_CODEC):
+        cases = [c for c in cases if c.profile == profile]
     return cases
 
 

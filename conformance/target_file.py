@@ -17,8 +17,9 @@ directory of links). ``tokenizer``: ``model`` (use the model's own, or ids=1 pay
 has none and the engine announces ids), ``byte-level`` (the suite writes a one-id-per-byte
 tokenizer.json, conformance/byte_tokenizer.py, into a model directory of links: for engines
 that always load ``<SNAP>/tokenizer.json``). ``capabilities`` are extensions the engine has
-but cannot announce (no CAPS line) and the suite cannot probe safely. Relative paths are
-relative to the file.
+but cannot announce (no CAPS line) and the suite cannot probe safely, and for an engine of
+colibri's serve_codec dialect (spec/protocol.md §5) ``codec_wire`` and the switches of its wire
+profile. Relative paths are relative to the file.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from colibri.conformance.capabilities import EXTENSIONS, unknown
+from colibri.conformance.capabilities import DECLARABLE, unknown
 
 from colibri.resources import spec_path
 
@@ -69,10 +70,11 @@ class TargetDescription:
             where = "/".join(str(p) for p in errors[0].absolute_path) or "(top)"
             raise TargetFileError(f"{source}: {where}: {errors[0].message}")
         declared = frozenset(document.get("capabilities", []))
-        strange = unknown(declared) + sorted(declared - EXTENSIONS - set(unknown(declared)))
+        strange = unknown(declared) + sorted(declared - DECLARABLE - set(unknown(declared)))
         if strange:
             raise TargetFileError(
-                f"{source}: capabilities {strange} are not protocol extensions"
+                f"{source}: capabilities {strange} are not protocol extensions or dialect "
+                "switches"
             )
         expectations = document.get("expectations")
         argv = shlex.split(document["command"])

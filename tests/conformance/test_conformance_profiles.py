@@ -2,8 +2,9 @@
 
 The seed-core double (tests/support/conformance_support/mutant_proxy.py, mode ``seed_core``:
 the reference engine on glm5-tiny behind a proxy that speaks only serve_protocol.md) must
-pass every `core` case and be reported as lacking each extension, never as failing one. It
-runs once (core cases only; the `colibri` cases skip without starting an engine).
+pass every `core` case and be reported as lacking each extension and the serve_codec dialect,
+never as failing them. It runs once (core cases only; the `colibri` and `serve_codec` cases
+skip without starting an engine).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from pathlib import Path
 import pytest
 from colibri.conformance.byte_tokenizer import byte_of_ids, tokenizer_json
 from colibri.conformance.capabilities import (
+    CODEC,
     COLIBRI,
     CORE,
     EXTENSIONS,
     REVISION_1,
     SEED_CORE,
+    SERVE_CODEC,
     from_caps,
     kinds_text,
     pattern_for,
@@ -114,12 +117,15 @@ def test_seed_core_double_is_reported_lacking_each_extension_never_failing() -> 
     _, results = _double()
     colibri = [r for r in results if r.profile == COLIBRI]
     assert colibri and all(r.status == SKIP and r.lacks for r in colibri)
-    assert set(lacking(results)) == EXTENSIONS
+    codec = [r for r in results if r.profile == SERVE_CODEC]
+    assert codec and all(r.status == SKIP and r.lacks for r in codec)
+    assert set(lacking(results)) == EXTENSIONS | CODEC
     counts = profile_counts(results)
     assert counts[CORE]["fail"] == 0 and counts[CORE][PASS] == len(
         [c for c in CASES if c.profile == CORE]
     )
     assert counts[COLIBRI][SKIP] == len(colibri)
+    assert counts[SERVE_CODEC] == {PASS: 0, "fail": 0, "xfail": 0, SKIP: len(codec)}
 
 
 def test_reports_carry_suite_and_spec_versions_and_each_case_profile(tmp_path: Path) -> None:

@@ -16,10 +16,12 @@ import sys
 import threading
 
 import pytest
+from colibri.conformance.capabilities import CODEC, SERVE_CODEC
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.engine import EngineError
 from colibri.conformance.expectations import Expectations
-from colibri.conformance.outcome import PASS, Result
+from colibri.conformance.outcome import PASS, SKIP, Result
+from colibri.conformance.profile_report import lacking, profile_counts
 from colibri.conformance.protocol_target import protocol_runner
 from colibri.conformance.runner import run_parallel
 from support.accelerated_support import BUILT, NOT_BUILT_REASON
@@ -125,6 +127,19 @@ def test_the_reference_runs_the_extension_cases(area: str) -> None:
     assert not isinstance(outcome, str), outcome
     ids = [c.id for c in CASES if c.area == area]
     assert ids and {i: outcome[i].status for i in ids} == dict.fromkeys(ids, PASS)
+
+
+def test_the_reference_is_reported_lacking_the_serve_codec_dialect() -> None:
+    """colibri engine speaks the GLM dialect (protocol.md §2), not the family engines' (§5):
+    every serve_codec case is skipped for the dialect's capabilities, none fails."""
+    outcome = _verdicts()["glm5-tiny"]
+    assert not isinstance(outcome, str), outcome
+    results = list(outcome.values())
+    codec = [r for r in results if r.profile == SERVE_CODEC]
+    assert codec and all(r.status == SKIP and r.lacks and set(r.lacks) <= CODEC for r in codec)
+    assert CODEC <= set(lacking(results))
+    assert profile_counts(results)[SERVE_CODEC] == {PASS: 0, "fail": 0, "xfail": 0,
+                                                    SKIP: len(codec)}
 
 
 BYTES_GOLDEN = [c for c in CASES if c.id == "protocol.golden.oracle-greedy-bytes"]

@@ -17,6 +17,10 @@ import threading
 
 from colibri.conformance.frames import Frame, FrameSplitter
 
+# A file beside this one: run as a script, its own folder is first on sys.path.
+from serve_codec_double import MODES as CODEC_MODES
+from serve_codec_double import main as codec_main
+
 MUTANTS = {
     "none": "transparent proxy",
     "drop_accept": "never sends ACCEPT",
@@ -57,6 +61,8 @@ MUTANTS = {
     # Not a mutant: the seed-core double (tests/conformance/test_conformance_profiles.py).
     "seed_core": "speaks only the seed's protocol (serve_protocol.md): no CAPS, ACCEPT, PROF "
     "or CONTEXT_EXCEEDED; STOP and SUBMITs with more than six fields are unknown lines",
+    # Not a mutant either: the serve_codec double (serve_codec_double.py) and its mutants.
+    **CODEC_MODES,
 }
 
 #: Frames of extensions the seed-core double never sends.
@@ -338,6 +344,8 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in MUTANTS:
         print(f"usage: mutant_proxy.py {{{'|'.join(MUTANTS)}}} ENGINE-ARGV...", file=sys.stderr)
         return 2
+    if argv[0] in CODEC_MODES:
+        return codec_main(argv[0], argv[1:])
     return Proxy(argv[0], argv[1:]).run()
 
 
