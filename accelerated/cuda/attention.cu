@@ -6,17 +6,15 @@
  *   context_h = sum_t softmax(score)_t latent_t      (per column j, t ascending)
  *   out_h     = kv_b_v_h context_h                   (warp dots)
  *
- * One block per head; the softmax's exponential is ccu_expf (not libm's expf, though equal
- * to it on all but rare inputs), so attention agrees with the CPU within kind (b). */
+ * One block per head. Every value is one ccu_orders.h item (ccu_mla_qabs_at, ccu_mla_score,
+ * ccu_softmax_*, ccu_mla_context_at, ccu_warp_dot), which the host tests run against
+ * csrc/attention.c bit for bit; this file only spreads the items over the block's threads and
+ * warps, with a barrier between stages. The softmax's exponential is ccu_expf, which differs
+ * from the CPU's expf on about 1 input in 1600 (ccu_orders.h), so attention agrees with the
+ * CPU within kind (b). */
 #include <math.h>
 
 #include "ccu_internal.cuh"
-
-/* A warp's dot of a[0:k] and b[0:k] in the float products' lane order. */
-static __device__ inline float warp_dot(const void *a, int dtype, int64_t row, const float *b,
-                                        int64_t k, int lane, int fused) {
-    return ccu_warp_tree(0, ccu_f_lane(a, dtype, row, k, b, lane, fused));
-}
 
 static __global__ void mla_heads(const float *q, int64_t nope, int64_t rope, int64_t vdim,
                                  int64_t kvl, const float *latent, const float *rope_key,
@@ -32,45 +30,27 @@ static __global__ void mla_heads(const float *q, int64_t nope, int64_t rope, int
     const int warps = (int)(blockDim.x >> 5);
     const int64_t n = keep ? n_keep : seen;
     float *scores = scores_all + head * seen;
-    for (int64_t j = threadIdx.x; j < kvl; j += blockDim.x) {
-        float acc = 0.0f;
-        for (int64_t i = 0; i < nope; i++)
-            acc = __fadd_rn(acc, __fmul_rn(qn[i], ccu_w_at(kv_b, dtype, (base + i) * kvl + j)));
-        qabs[j] = acc;
-    }
+    for (int64_t j = threadIdx.x; j < kvl; j += blockDim.x)
+        qabs[j] = ccu_mla_qabs_at(qn, nope, kv_b, dtype, base, kvl, j);
     __syncthreads();
     for (int64_t s = warp; s < n; s += warps) {
-        int64_t pos = keep ? keep[s] : s;
-        float a = warp_dot(latent, CCU_F32, pos, qabs, kvl, lane, fused);
-        float b = warp_dot(rope_key, CCU_F32, pos, qr, rope, lane, fused);
-        if (lane == 0) scores[s] = __fmul_rn(__fadd_rn(a, b), scale);
+        float sc = ccu_mla_score(latent, rope_key, keep ? keep[s] : s, qabs, kvl, qr, rope,
+                                 scale, lane, fused);
+        if (lane == 0) scores[s] = sc;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float m = -INFINITY;
-        for (int64_t s = 0; s < n; s++) m = scores[s] > m ? scores[s] : m;
-        mx = m;
-    }
+    if (threadIdx.x == 0) mx = ccu_softmax_max(scores, n);
     __syncthreads();
-    for (int64_t s = threadIdx.x; s < n; s += blockDim.x) scores[s] = ccu_expf(__fsub_rn(scores[s], mx));
+    for (int64_t s = threadIdx.x; s < n; s += blockDim.x)
+        scores[s] = ccu_softmax_exp(scores[s], mx);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        for (int64_t s = 0; s < n; s++) acc = __fadd_rn(acc, scores[s]);
-        sum = acc;
-    }
+    if (threadIdx.x == 0) sum = ccu_softmax_sum(scores, n);
     __syncthreads();
-    for (int64_t j = threadIdx.x; j < kvl; j += blockDim.x) {
-        float acc = 0.0f;
-        for (int64_t s = 0; s < n; s++) {
-            int64_t pos = keep ? keep[s] : s;
-            acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(scores[s], sum), latent[pos * kvl + j]));
-        }
-        ctx[j] = acc;
-    }
+    for (int64_t j = threadIdx.x; j < kvl; j += blockDim.x)
+        ctx[j] = ccu_mla_context_at(scores, sum, latent, keep, n, kvl, j);
     __syncthreads();
     for (int64_t v = warp; v < vdim; v += warps) {
-        float o = warp_dot(kv_b, dtype, base + nope + v, ctx, kvl, lane, fused);
+        float o = ccu_warp_dot(kv_b, dtype, base + nope + v, ctx, kvl, lane, fused);
         if (lane == 0) out[head * vdim + v] = o;
     }
 }
@@ -98,20 +78,14 @@ int ccu_mla_attention(const float *q_dev, int64_t heads, int64_t nope, int64_t r
     return CCU_OK;
 }
 
-/* One warp per key: acc += w[h] * relu(scale * q_h . key_t), heads ascending. */
+/* One warp per key (ccu_index_key). */
 static __global__ void index_keys(const float *q, const float *w, int64_t nh, int64_t hd,
                                   const float *keys, int64_t s, float scale, float *out,
                                   int fused) {
     const int lane = (int)(threadIdx.x & 31);
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; t < s; t += warps) {
-        float acc = 0.0f;
-        for (int64_t h = 0; h < nh; h++) {
-            float d = __fmul_rn(ccu_warp_tree(0, ccu_f_lane(keys, CCU_F32, t, hd, q + h * hd,
-                                                           lane, fused)), scale);
-            d = __shfl_sync(CCU_FULL_MASK, d, 0);
-            acc = __fadd_rn(acc, __fmul_rn(w[h], d > 0.0f ? d : 0.0f));
-        }
+        float acc = ccu_index_key(q, w, nh, hd, keys, t, scale, lane, fused);
         if (lane == 0) out[t] = acc;
     }
 }

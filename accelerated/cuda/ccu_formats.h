@@ -12,18 +12,13 @@
  * output element is one warp; lane l owns the input columns c = l (mod 32).
  *   - float weights: lane l accumulates p += w[c] * x[c] over the whole 32-column blocks
  *     (fused multiply-add where the avx2 build uses FMA), then the tail column of lane l, if
- *     any, with two roundings (the avx2 build's scalar tail); lanes meet in the tree
- *     j += j + 16, + 8, + 4, + 2, + 1 (ccu_tree32).
+ *     any, with two roundings (the avx2 build's scalar tail);
  *   - quantized weights: per scale group g, lane l sums p += q[c] * x[c] over its columns of
- *     the group in ascending order (q the unscaled decoded value), then t += s_g * p; lanes
- *     meet as u[l] = (t[l] + t[l+8]) + (t[l+16] + t[l+24]), then
- *     y = ((u0 + u4) + (u2 + u6)) + ((u1 + u5) + (u3 + u7)) (ccu_warp_sum).
+ *     the group in ascending order (q the unscaled decoded value), then t += s_g * p.
+ * The lanes then meet in the CPU build's tree (ccu_warp_tree, ccu_orders.h).
  * `fused` selects fmaf (the avx2 build's bits) or a multiply and an add each rounded (the
  * generic build's bits). On the device the products and sums are __fmul_rn / __fadd_rn,
- * which nvcc never contracts; on the host the shim is compiled with -ffp-contract=off.
- * Claim, verified on the host only (the GPU run is pending): a GPU kernel that gives lane l
- * exactly ccu_f_lanes / ccu_q_lanes and reduces with the same pairing reproduces the CPU
- * build's bits, so a row's value does not depend on batch, grid or block sizes. */
+ * which nvcc never contracts; on the host the shim is compiled with -ffp-contract=off. */
 #ifndef CCU_FORMATS_H
 #define CCU_FORMATS_H
 
@@ -334,29 +329,6 @@ CCU_HD void ccu_q_lanes(int fmt, const ccu_qview *v, int64_t o, const float *x, 
         for (int r = 0; r < CCU_ROW_TILE; r++)
             if (r < nr) t[r] = ccu_madd(fused, s, p[r], t[r]);
     }
-}
-
-/* The lane trees, as a warp computes them: step i adds lane l + offset(i) into lane l (a lane
- * whose partner is past lane 31 keeps its value, as __shfl_down_sync leaves it), and lane 0
- * ends with the sum. The device runs these offsets with __shfl_down_sync; the host runs
- * ccu_warp_sum below, so the host tests check the device's pairing itself.
- *   float products: 16, 8, 4, 2, 1 -> lane j += lane j + 16, + 8, ... (csrc/dot.c)
- *   quantized: 8, 16, 4, 2, 1 -> u[l] = (t[l] + t[l+8]) + (t[l+16] + t[l+24]), then
- *              ((u0 + u4) + (u2 + u6)) + ((u1 + u5) + (u3 + u7)) (coli_quant.h) */
-#define CCU_TREE_STEPS 5
-
-CCU_HD int ccu_tree_offset(int quantized, int step) {
-    if (step < 2) return quantized ? (step == 0 ? 8 : 16) : (step == 0 ? 16 : 8);
-    return 4 >> (step - 2);
-}
-
-/* A warp's shuffle-down sum emulated over 32 lane values (v is overwritten). */
-CCU_HD float ccu_warp_sum(float *v, int quantized) {
-    for (int step = 0; step < CCU_TREE_STEPS; step++) {
-        int s = ccu_tree_offset(quantized, step);
-        for (int l = 0; l + s < 32; l++) v[l] = ccu_add(v[l], v[l + s]);
-    }
-    return v[0];
 }
 
 /* --- fmt6's activation rotation (spec §14 "Rotation"; csrc/quant/q_rotate.c) ------------ */

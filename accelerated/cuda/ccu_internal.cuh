@@ -1,12 +1,13 @@
-/* Shared by the .cu sources: the weight record, error reporting, launch shapes and the warp
- * reductions that pair lanes exactly as ccu_formats.h's trees do. */
+/* Shared by the .cu sources: the weight record, error reporting and launch shapes. Their
+ * arithmetic and summation orders are ccu_formats.h's and ccu_orders.h's, which the host
+ * tests compile too. */
 #ifndef CCU_INTERNAL_CUH
 #define CCU_INTERNAL_CUH
 
 #include <cuda_runtime.h>
 
 #include "ccu_api.h"
-#include "ccu_formats.h"
+#include "ccu_orders.h"
 
 struct ccu_weight {
     int quantized;
@@ -45,23 +46,6 @@ static inline unsigned ccu_blocks(int64_t items, int64_t per_block) {
     int64_t b = (items + per_block - 1) / per_block;
     return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
-
-#define CCU_FULL_MASK 0xffffffffu
-
-/* ccu_warp_sum on a real warp: the same offsets through __shfl_down_sync; lane 0 has the
- * sum (the host tests run ccu_warp_sum itself against the CPU builds). */
-static __device__ inline float ccu_warp_tree(int quantized, float v) {
-#pragma unroll
-    for (int step = 0; step < CCU_TREE_STEPS; step++)
-        v = __fadd_rn(v, __shfl_down_sync(CCU_FULL_MASK, v, ccu_tree_offset(quantized, step)));
-    return v;
-}
-
-/* expf as glibc computes it, nearly: the float64 exp (1 ulp of a double) rounded to float
- * is the correctly rounded expf except within ~2^-29 ulp of a rounding boundary, and glibc's
- * expf is correctly rounded except in similarly rare cases. The device's own expf is off by
- * up to 2 ulp, which would make every SwiGLU and softmax differ from the CPU's. */
-static __device__ inline float ccu_expf(float x) { return (float)exp((double)x); }
 
 /* Products over device x / y (products.cu), used by moe.cu and attention.cu. */
 int ccu_products_init(void);

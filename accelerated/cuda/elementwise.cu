@@ -1,23 +1,20 @@
 /* RMSNorm (statistics in float64, spec §3.1), interleaved RoPE (§4), SwiGLU's gate and the
  * weighted expert sum (§7.2), with csrc/elementwise.c's and model.py's operations in their
- * order. The norm's float64 sum runs on one thread per row, ascending, as the CPU sums it,
- * so its bits are the CPU's. silu's exponential is ccu_expf (exp in float64, rounded once),
- * which equals glibc's expf except where a value lies within ~2^-29 ulp of a rounding
- * boundary: agreement is kind (b), bit-identical on all but such rare inputs. */
+ * order: each value is one ccu_orders.h item (ccu_rms_scale / ccu_rms_at, ccu_rope_pair,
+ * ccu_silu_mul_at, ccu_expert_sum_at), which the host tests run against the CPU builds bit
+ * for bit; this file only spreads the items over threads. The norm's float64 sum runs on one
+ * thread per row, ascending, as the CPU sums it. silu's exponential is ccu_expf, which
+ * differs from glibc's expf on about 1 input in 1600: agreement is kind (b). */
 #include "ccu_internal.cuh"
 
 static __global__ void rms_norm_rows(const float *x, int64_t d, const float *w, double eps,
                                      float *out) {
     __shared__ float scale;
     const float *xr = x + (int64_t)blockIdx.x * d;
-    if (threadIdx.x == 0) {
-        double sum = 0.0;
-        for (int64_t i = 0; i < d; i++) sum = __dadd_rn(sum, __dmul_rn((double)xr[i], (double)xr[i]));
-        scale = (float)(1.0 / sqrt(sum / (double)d + eps));
-    }
+    if (threadIdx.x == 0) scale = ccu_rms_scale(xr, d, eps);
     __syncthreads();
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
-        out[(int64_t)blockIdx.x * d + i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        out[(int64_t)blockIdx.x * d + i] = ccu_rms_at(xr[i], scale, w[i]);
 }
 
 int ccu_rms_norm(const float *x_dev, int64_t m, int64_t d, const float *w_dev, double eps,
@@ -39,12 +36,8 @@ static __global__ void rope_heads(float *x, int64_t heads, int64_t row_stride,
     int64_t r = blockIdx.x / heads, h = blockIdx.x % heads, half = d / 2;
     float *v = x + r * row_stride + h * head_stride;
     const float *c = cos + r * half, *s = sin + r * half;
-    for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-        float a = interleaved ? v[2 * j] : v[j];
-        float b = interleaved ? v[2 * j + 1] : v[half + j];
-        tmp[j] = __fsub_rn(__fmul_rn(a, c[j]), __fmul_rn(b, s[j]));
-        tmp[half + j] = __fadd_rn(__fmul_rn(b, c[j]), __fmul_rn(a, s[j]));
-    }
+    for (int64_t j = threadIdx.x; j < half; j += blockDim.x)
+        ccu_rope_pair(v, c, s, half, j, interleaved, &tmp[j], &tmp[half + j]);
     __syncthreads();
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) v[j] = tmp[j];
 }
@@ -63,10 +56,8 @@ int ccu_rope(float *x_dev, int64_t m, int64_t heads, int64_t row_stride, int64_t
 
 static __global__ void silu_mul_items(const float *g, const float *u, int64_t n, float *out) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, ccu_expf(-g[i])));
-        out[i] = __fmul_rn(__fmul_rn(g[i], sig), u[i]);
-    }
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = ccu_silu_mul_at(g[i], u[i]);
 }
 
 int ccu_silu_mul(const float *g_dev, const float *u_dev, int64_t n, float *out_dev) {
@@ -78,19 +69,15 @@ int ccu_silu_mul(const float *g_dev, const float *u_dev, int64_t n, float *out_d
     return CCU_OK;
 }
 
-/* model.py's order: out = 0; out = out + w_s * y_s for s ascending; out + shared; x + out. */
+/* out = the weighted sum (ccu_expert_sum_at), x = x + that sum. */
 static __global__ void expert_sum_items(const float *y, int64_t m, int64_t d, int64_t k,
                                         const float *w, const int64_t *slot_row,
                                         const int64_t *extra_row, float *out, float *x) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < m * d;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i / d, c = i % d;
-        float acc = 0.0f;
-        for (int64_t s = 0; s < k; s++)
-            acc = __fadd_rn(acc, __fmul_rn(w[r * k + s], y[slot_row[r * k + s] * d + c]));
-        if (extra_row) acc = __fadd_rn(acc, y[extra_row[r] * d + c]);
+        float acc = ccu_expert_sum_at(y, d, k, w, slot_row, extra_row, i / d, i % d);
         if (out) out[i] = acc;
-        if (x) x[i] = __fadd_rn(x[i], acc);
+        if (x) x[i] = ccu_add(x[i], acc);
     }
 }
 

@@ -1,11 +1,12 @@
 /* Products y = x @ W.T over float or quantized weights in device memory, and fmt6's
  * activation rotation. One warp computes output o for a tile of up to CCU_ROW_TILE rows:
- * lane l runs exactly ccu_f_lanes / ccu_q_lanes of ccu_formats.h (the CPU build's lane l,
- * per row), and the warp reduces each row with the CPU trees' pairing. Warps walk the
+ * that item is ccu_float_item / ccu_quant_item of ccu_orders.h (lane l runs the CPU build's
+ * lane l, per row, and the warp reduces each row with the CPU trees' pairing). Warps walk the
  * (tile, o) items grid-stride, so the grid and block sizes decide only which warp computes
  * an item, never its value; a row's result is the same alone or in any batch (sameness kind
- * (c)), and equal to the CPU build's bits (the claim the GPU tests check; verified on the
- * host by tests/accelerated/test_cuda_formats.py and test_cuda_ptx.py). */
+ * (c)), and equal to the CPU build's bits: the host runs the same items lane by lane against
+ * the CPU builds (tests/accelerated/test_cuda_formats.py), test_cuda_ptx.py reads what nvcc
+ * made of them, and the GPU tests check the device. */
 #include <mutex>
 
 #include "ccu_internal.cuh"
@@ -21,27 +22,19 @@ int ccu_products_init(void) {
 }
 
 /* Specialised on the dtype / format and on fused (folded away in the lane loops); every
- * instantiation runs the same ccu_formats.h functions. A warp item is (row tile, output o):
- * the weight row is read once for up to CCU_ROW_TILE activation rows, each of which gets its
- * own lanes and its own tree, so its bits do not depend on the tile it shares. */
+ * instantiation runs the same ccu_orders.h warp item, (row tile, output o), so a row's bits
+ * do not depend on the tile it shares. */
 template <int DTYPE, int FUSED>
 static __global__ void float_product(const void *w, int64_t rows, int64_t k, const float *x,
                                      int64_t m, int64_t ldx, float *y, int64_t ldy) {
     const int lane = (int)(threadIdx.x & 31);
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const int64_t tiles = (m + CCU_ROW_TILE - 1) / CCU_ROW_TILE;
-    float p[CCU_ROW_TILE];
     for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
          item < tiles * rows; item += warps) {
         int64_t r0 = (item / rows) * CCU_ROW_TILE, o = item % rows;
         int nr = (int)(m - r0 < CCU_ROW_TILE ? m - r0 : CCU_ROW_TILE);
-        ccu_f_lanes(w, DTYPE, o, k, x + r0 * ldx, ldx, nr, lane, FUSED, p);
-#pragma unroll
-        for (int r = 0; r < CCU_ROW_TILE; r++) {
-            if (r >= nr) break; /* nr is the same on every lane: the shuffles stay converged */
-            float v = ccu_warp_tree(0, p[r]);
-            if (lane == 0) y[(r0 + r) * ldy + o] = v;
-        }
+        ccu_float_item(w, DTYPE, o, k, x + r0 * ldx, ldx, nr, lane, FUSED, y + r0 * ldy, ldy);
     }
 }
 
@@ -52,18 +45,12 @@ static __global__ void quant_product(ccu_qview view, const float *x, int64_t m, 
     const int64_t rows = view.out_features;
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const int64_t tiles = (m + CCU_ROW_TILE - 1) / CCU_ROW_TILE;
-    float t[CCU_ROW_TILE];
     for (int64_t item = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
          item < tiles * rows; item += warps) {
         int64_t r0 = (item / rows) * CCU_ROW_TILE, o = item % rows;
         int nr = (int)(m - r0 < CCU_ROW_TILE ? m - r0 : CCU_ROW_TILE);
-        ccu_q_lanes(FMT, &view, o, x + r0 * ldx, ldx, nr, lane, FUSED, c_grid, t);
-#pragma unroll
-        for (int r = 0; r < CCU_ROW_TILE; r++) {
-            if (r >= nr) break;
-            float v = ccu_warp_tree(1, t[r]);
-            if (lane == 0) y[(r0 + r) * ldy + o] = v;
-        }
+        ccu_quant_item(FMT, &view, o, x + r0 * ldx, ldx, nr, lane, FUSED, c_grid, y + r0 * ldy,
+                       ldy);
     }
 }
 

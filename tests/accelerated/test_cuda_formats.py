@@ -1,13 +1,15 @@
 """The CUDA kernels' device math, checked on the CPU (no nvcc, no GPU needed).
 
 ``accelerated/cuda/ccu_formats.h`` holds every per-format decoding, scale lookup, size rule,
-conversion and per-lane summation step the .cu kernels run. The shim (tests/support/cuda_shim.c,
-built with the system cc) runs those functions lane by lane as a warp would, then the tests
+conversion and per-lane summation step the .cu kernels run, and ``ccu_orders.h`` the warp
+item of a product (its lanes and the shuffle tree). The shim (tests/support/cuda_shim.c, built
+with the system cc) runs those functions on an emulated warp, lane by lane, then the tests
 hold them against the CPU library: decoded values against the reference's ``dequantize``,
 products against ``coli_q_matmul`` / ``col_matmul`` of the avx2 build (fused multiply-add
 mode) and the generic build (two roundings), byte for byte -- the determinism claim of
 spec/DEVIATIONS.md ("CUDA kernels") as far as it can be verified without a GPU. Conversions
-are checked exhaustively over their whole input range.
+are checked exhaustively over their whole input range. The tree alone, and the attention and
+elementwise kernels, are test_cuda_orders.py's.
 """
 
 from __future__ import annotations
@@ -211,8 +213,8 @@ def test_float_warp_products_are_the_cpu_builds_bits(dtype: int, rows: int, k: i
         assert cpu_variant(variant).col_matmul(cpu_pool(variant), addr(x), m, k, k, addr(w),
                                                dtype, rows, addr(want), rows) == 0
         got = np.empty((m, rows), np.float32)
-        shim().shim_f_matmul(addr(w), dtype, rows, k, addr(x), m, addr(got), FUSED[variant],
-                             tile)
+        assert shim().shim_f_matmul(addr(w), dtype, rows, k, addr(x), m, addr(got),
+                                    FUSED[variant], tile) == 0
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), variant
 
 

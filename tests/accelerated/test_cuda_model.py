@@ -7,7 +7,7 @@ The device here is a test double that computes every "device" product with the C
 is placed where -- any mistake in routing a product, splitting a layer's experts or scattering
 their rows back changes them. It also counts its calls, so a test cannot pass by never
 reaching the device path. Nothing here says anything about the CUDA kernels themselves
-(tests/accelerated/test_cuda_formats.py and the GPU tests do).
+(tests/accelerated/test_cuda_formats.py, test_cuda_orders.py and the GPU tests do).
 """
 
 from __future__ import annotations

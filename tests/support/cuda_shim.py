@@ -1,7 +1,7 @@
 """The CUDA kernels' device math on the host: ``cuda_shim.c`` compiled with the system cc
-against ``accelerated/cuda/ccu_formats.h`` (no nvcc, no GPU), and the two CPU library
-variants it is held against (``avx2`` for the fused-multiply-add bits, ``generic`` for the
-twice-rounded ones)."""
+against ``accelerated/cuda/ccu_formats.h`` and ``ccu_orders.h`` (no nvcc, no GPU), and the
+two CPU library variants it is held against (``avx2`` for the fused-multiply-add bits,
+``generic`` for the twice-rounded ones)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,20 @@ _SHIM_PROTOTYPES = {
                               c_int64, c_void_p, c_void_p, c_void_p]),
     "shim_q_matmul": (c_int, [c_int, c_int, c_void_p, c_int64, c_void_p, c_int64, c_int64,
                               c_int64, c_void_p, c_void_p, c_int64, c_void_p, c_int, c_int]),
-    "shim_f_matmul": (None, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_int64, c_void_p,
-                             c_int, c_int]),
+    "shim_f_matmul": (c_int, [c_void_p, c_int, c_int64, c_int64, c_void_p, c_int64, c_void_p,
+                              c_int, c_int]),
+    "shim_warp_tree": (c_int, [c_void_p, c_int64, c_int, c_void_p]),
+    "shim_mla_attention": (c_int, [c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64,
+                                   c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_void_p,
+                                   c_int, ctypes.c_float, c_void_p, c_int]),
+    "shim_index_scores": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_void_p, c_int64,
+                                  ctypes.c_float, c_void_p, c_int]),
+    "shim_rms_norm": (None, [c_void_p, c_int64, c_int64, c_void_p, ctypes.c_double, c_void_p]),
+    "shim_rope": (None, [c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_void_p,
+                         c_void_p, c_int]),
+    "shim_silu_mul": (None, [c_void_p, c_void_p, c_int64, c_void_p]),
+    "shim_expert_sum": (None, [c_void_p, c_int64, c_int64, c_int64, c_void_p, c_void_p,
+                               c_void_p, c_void_p, c_void_p]),
     "shim_convert": (None, [c_int, c_void_p, c_int64, c_void_p]),
     "shim_rotate": (None, [c_void_p, c_int64, c_int64]),
 }
@@ -52,6 +64,16 @@ _CPU_PROTOTYPES = {
     "col_matmul": (c_int, [c_void_p, c_void_p, ctypes.c_size_t, ctypes.c_size_t,
                            ctypes.c_size_t, c_void_p, c_int, ctypes.c_size_t, c_void_p,
                            ctypes.c_size_t]),
+    "col_mla_attention": (c_int, [c_void_p, *[ctypes.c_size_t] * 6, c_void_p, c_void_p,
+                                  c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int,
+                                  ctypes.c_float, c_void_p]),
+    "col_index_scores": (c_int, [c_void_p, c_void_p, c_void_p, ctypes.c_size_t,
+                                 ctypes.c_size_t, c_void_p, ctypes.c_size_t, ctypes.c_float,
+                                 c_void_p]),
+    "col_rms_norm": (c_int, [c_void_p, ctypes.c_size_t, ctypes.c_size_t, c_void_p,
+                             ctypes.c_double, c_void_p]),
+    "col_rope": (c_int, [c_void_p, *[ctypes.c_size_t] * 5, c_void_p, c_void_p, c_int]),
+    "col_silu_mul": (c_int, [c_void_p, c_void_p, ctypes.c_size_t, c_void_p]),
 }
 
 
@@ -63,19 +85,29 @@ def _bind(lib: ctypes.CDLL, table: dict[str, tuple[object, list[object]]]) -> ct
 
 
 @cache
-def shim() -> ctypes.CDLL:
-    """The shim, built once per session into a temporary directory."""
+def _build_shim() -> ctypes.CDLL | str:
+    """The shim, or why cc refused it; built once per session into a temporary directory."""
     cc = compiler()
     if cc is None:
-        raise RuntimeError("no C compiler")
+        return "no C compiler"
     folder = Path(tempfile.mkdtemp(prefix="colibri-cuda-shim-"))
     atexit.register(shutil.rmtree, folder, True)  # the loaded library needs no file after exit
     out = folder / "libccu_shim.so"
-    subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
-                    "-fno-fast-math", "-Wall", "-Wextra", "-Werror", f"-I{HEADER_DIR}",
-                    f"-I{CSRC_DIR}", str(SHIM), "-o", str(out), "-lm"],
-                   check=True, capture_output=True)
+    built = subprocess.run([cc, "-std=c11", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
+                            "-fno-fast-math", "-Wall", "-Wextra", "-Werror", f"-I{HEADER_DIR}",
+                            f"-I{CSRC_DIR}", str(SHIM), "-o", str(out), "-lm"],
+                           capture_output=True, text=True, check=False)
+    if built.returncode:
+        return f"cc refused the CUDA headers' host build:\n{built.stderr}"
     return _bind(ctypes.CDLL(str(out)), _SHIM_PROTOTYPES)
+
+
+def shim() -> ctypes.CDLL:
+    """The shim; a failed build is reported by every test that needs it, and tried once."""
+    built = _build_shim()
+    if isinstance(built, str):
+        raise RuntimeError(built)
+    return built
 
 
 #: variant -> whether its products use fused multiply-adds (the shim's ``fused`` flag).
