@@ -95,6 +95,11 @@ class Handler(tornado.web.RequestHandler):
         self.streaming = False
         self.last_write = time.monotonic()
         self.anthropic = False
+        # spec/http.md 2.2: the body is JSON whatever `Content-Type` says. Tornado would parse
+        # a form content type's body before the handler runs and answer a malformed one (a
+        # multipart type without a boundary) with its own 400 in the wrong envelope; nothing
+        # here reads form arguments.
+        self.request._parse_body = lambda: None  # type: ignore[method-assign]
 
     # ---- tornado hooks --------------------------------------------------------------
 
@@ -105,8 +110,12 @@ class Handler(tornado.web.RequestHandler):
     def on_connection_close(self) -> None:
         self.gone = True
 
-    def log_exception(self, *args: Any) -> None:
-        log.exception("unhandled error on %s %s", self.request.method, self.request.path)
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        # Tornado raises HTTPError for what it refuses itself (a 405): an answer, not a fault.
+        if isinstance(value, tornado.web.HTTPError):
+            return
+        log.error("unhandled error on %s %s", self.request.method, self.request.path,
+                  exc_info=(typ, value, tb))
 
     def compute_etag(self) -> None:
         return None
@@ -410,6 +419,9 @@ class Handler(tornado.web.RequestHandler):
                          type="invalid_request_error" if status_code < 500 else "server_error",
                          code="method_not_allowed" if status_code == 405 else None)
         self.set_header("Content-Type", "application/json")
+        if status_code == 405:
+            # RFC 9110 15.5.6: a 405 names the methods the resource supports.
+            self.set_header("Allow", ", ".join(self.SUPPORTED_METHODS))
         self.finish(dumps(error.openai_body()).encode())
 
 

@@ -488,6 +488,20 @@ def _json(schema: str) -> Schema:
     return {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}
 
 
+#: The model the request examples name: `colibri serve --model DIR`'s default `--model-id`.
+EXAMPLE_MODEL = "glm-5.2-colibri"
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def _request(schema: str, **examples: Schema) -> Schema:
+    """A required JSON body with named examples. Each asks for two tokens at most, so a client
+    (or a fuzzer) that sends them all gets answers quickly even from a CPU engine."""
+    content = _json(schema)
+    content["application/json"]["examples"] = {name: {"value": value}
+                                               for name, value in examples.items()}
+    return {"required": True, "content": content}
+
+
 def _errors(envelope: str, *codes: int) -> dict[str, Any]:
     words = {400: "Invalid request (see spec/http.md, validation catalogue)",
              401: "Missing or invalid API key", 403: "Host not allowed",
@@ -506,16 +520,19 @@ def _sse(schema: str, text: str) -> Schema:
 
 def openapi_document() -> Schema:
     gen_errors = (400, 401, 403, 404, 429, 500, 503)
+    chat: Schema = {"model": EXAMPLE_MODEL, "messages": HELLO, "max_tokens": 2}
+    completion: Schema = {"model": EXAMPLE_MODEL, "prompt": "Once upon a time", "max_tokens": 2}
+    message: Schema = {"model": EXAMPLE_MODEL, "max_tokens": 2, "messages": HELLO}
     queue_header = {"x-colibri-queue-wait-ms": {
         "description": "Milliseconds the request waited for a KV slot.",
         "schema": {"type": "integer"}}}
 
-    def generation(summary: str, operation: str, request: str, description: str, body: str,
+    def generation(summary: str, operation: str, request: Schema, description: str, body: str,
                    chunk: str, stream_text: str, errors: dict[str, Any]) -> Schema:
         """A generation endpoint: POST ``request``, 200 with ``body`` JSON or ``chunk`` SSE."""
         return {"post": {
             "summary": summary, "operationId": operation,
-            "requestBody": {"required": True, "content": _json(request)},
+            "requestBody": request,
             "responses": {"200": {
                 "description": description,
                 "headers": queue_header,
@@ -533,17 +550,23 @@ def openapi_document() -> Schema:
             "responses": {"200": {"description": "The model", "content": _json("model")},
                           **_errors("error", 401, 403, 404)}}},
         "/v1/chat/completions": generation(
-            "OpenAI chat completion", "createChatCompletion", "chat_request",
+            "OpenAI chat completion", "createChatCompletion", _request(
+                "chat_request", plain=chat, stream={**chat, "stream": True, "stream_options": {
+                    "include_usage": True}}, logprobs={**chat, "logprobs": True,
+                                                       "top_logprobs": 2}),
             "JSON, or SSE `data:` chunks ending with `data: [DONE]`", "chat_completion",
             "chat_completion_chunk", "`data: <chunk>` events, then `data: [DONE]`",
             _errors("error", *gen_errors, 502)),
         "/v1/completions": generation(
-            "Legacy text completion", "createCompletion", "completion_request",
+            "Legacy text completion", "createCompletion", _request(
+                "completion_request", plain=completion, stream={**completion, "stream": True},
+                logprobs={**completion, "logprobs": 2}),
             "JSON, or SSE `data:` chunks ending with `data: [DONE]`", "completion",
             "completion_chunk", "`data: <chunk>` events, then `data: [DONE]`",
             _errors("error", *gen_errors)),
         "/v1/messages": generation(
-            "Anthropic Messages", "createMessage", "messages_request",
+            "Anthropic Messages", "createMessage", _request(
+                "messages_request", plain=message, stream={**message, "stream": True}),
             "JSON, or named SSE events (no [DONE])", "message",
             "message_stream_event", "`event: <type>` + `data: <event>` pairs",
             _errors("anthropic_error", *gen_errors)),
@@ -553,7 +576,8 @@ def openapi_document() -> Schema:
             "description": "The prompt tokens the engine would accept for the same Messages "
                            "request, counted with the served model's tokenizer; no engine "
                            "call, no KV slot.",
-            "requestBody": {"required": True, "content": _json("count_tokens_request")},
+            "requestBody": _request("count_tokens_request", plain={
+                "model": EXAMPLE_MODEL, "system": "Answer briefly.", "messages": HELLO}),
             "responses": {"200": {"description": "The count",
                                   "content": _json("count_tokens")},
                           "501": {"description": "The served model's tokenizer is unknown "
@@ -565,7 +589,10 @@ def openapi_document() -> Schema:
             "operationId": "systemOne",
             "description": "Scores every option through the engine's logprob channel; "
                            "generates nothing. `model` is not checked.",
-            "requestBody": {"required": True, "content": _json("systemone_request")},
+            "requestBody": _request("systemone_request", plain={
+                "state": "The invoice is dated 3 March and is due in 30 days. It has not been "
+                         "paid.",
+                "question": "Is the invoice overdue on 10 April?", "options": ["yes", "no"]}),
             "responses": {"200": {"description": "The decision", "headers": queue_header,
                                   "content": _json("systemone")},
                           "422": {"description": "Validation error, or a document or option "
@@ -604,15 +631,17 @@ def openapi_document() -> Schema:
             "responses": {"200": {"description": "OpenAPI 3.1",
                                   "content": {"application/json": {"schema": {
                                       "type": "object"}}}}}}},
-        "/{path}": {"get": {
-            "summary": "Static web/dist with SPA fallback", "operationId": "static",
+        # The template parameter belongs to the path item: OpenAPI 3.1 requires every
+        # operation under a templated path to declare it, the preflight included.
+        "/{path}": {
             "parameters": [{"name": "path", "in": "path", "required": True, "schema": STR}],
-            "responses": {"200": {"description": "A file of web/dist, or index.html"},
-                          **_errors("error", 401, 403, 404)}},
-                    "options": {"summary": "CORS preflight (any path)",
-                                "operationId": "preflight",
-                                "responses": {"204": {"description": "Preflight answer"},
-                                              "403": {"description": "Host not allowed"}}}},
+            "get": {
+                "summary": "Static web/dist with SPA fallback", "operationId": "static",
+                "responses": {"200": {"description": "A file of web/dist, or index.html"},
+                              **_errors("error", 401, 403, 404)}},
+            "options": {"summary": "CORS preflight (any path)", "operationId": "preflight",
+                        "responses": {"204": {"description": "Preflight answer"},
+                                      "403": {"description": "Host not allowed"}}}},
     }
     components = {name: _inline_refs(doc) for name, doc in schema_documents().items()}
     return {

@@ -58,6 +58,28 @@ def test_transfer_encoding_is_refused(server: LiveServer) -> None:
     assert b"Transfer-Encoding is not supported; send one Content-Length." in reply
 
 
+@pytest.mark.parametrize("content_type", ["multipart/form-data", "text/plain",
+                                          "application/x-www-form-urlencoded"])
+def test_content_type_is_not_checked(server: LiveServer, content_type: str) -> None:
+    """spec/http.md 2.2: the body is JSON whatever the type says, even a type Tornado would
+    parse as a form (and refuse, a multipart one without a boundary)."""
+    for path in ("/v1/chat/completions", "/v1/messages"):
+        reply = exchange(server.url, "POST", path, {
+            "model": M, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Content-Type": content_type})
+        assert reply["status"] == 200, reply
+
+
+def test_unknown_method_is_405_naming_the_methods(server: LiveServer) -> None:
+    """spec/http.md 2.1: `Allow` lists the methods, as RFC 9110 15.5.6 requires of a 405."""
+    reply = raw(server, b"DELETE /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Connection: close\r\n\r\n")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405")
+    assert b"\r\nAllow: GET, POST, OPTIONS\r\n" in head + b"\r\n"
+    assert b'"code":"method_not_allowed"' in body
+
+
 def test_json_responses_keep_the_connection(server: LiveServer) -> None:
     request = (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     with socket.create_connection(("127.0.0.1", server.server.port), timeout=10) as sock:
