@@ -32,6 +32,7 @@ from colibri.reference.quant import quantize
 from colibri.reference.quant.formats import Fmt
 from support.accelerated_support import ALL_FIXTURES, assert_decode_batch_invariant, reference
 from support.cuda_shim import addr, cpu_pool, cpu_variant, runnable_variants
+from support.expert_sum_case import expert_sum_case
 from support.reference_support import greedy
 
 from colibri.resources import fixture_model_dir
@@ -156,19 +157,11 @@ def test_rms_norm_rope_index_scores_and_expert_sum_are_the_cpu_bits(gpu: CudaDev
     assert _bits_equal(scores, k.index_scores(iq, hw, keys, 0.125))
     # The weighted expert sum in model.py's order: slots ascending from 0, the shared row, x.
     m, d, top = 3, 40, 4
-    y = rng.standard_normal((m * top + m, d)).astype(np.float32)
-    weights = rng.random((m, top)).astype(np.float32)
-    slot_row = rng.permutation(m * top).reshape(m, top).astype(np.int64)
-    extra = np.arange(m * top, m * top + m, dtype=np.int64)
-    resid = rng.standard_normal((m, d)).astype(np.float32)
-    summed = np.zeros((m, d), np.float32)
-    for s in range(top):
-        summed = summed + weights[:, s:s + 1] * y[slot_row[:, s]]
-    summed = summed + y[extra]
-    got_sum, got_x = np.empty((m, d), np.float32), resid.copy()
-    gpu.on_device("expert_sum", [y, weights, slot_row, extra, got_sum, got_x], None, m, d, top,
-                  None, None, None, None, None)
-    assert _bits_equal(got_sum, summed) and _bits_equal(got_x, resid + summed)
+    c = expert_sum_case(rng, m, d, top, shared=True)
+    got_sum, got_x = np.empty((m, d), np.float32), c.resid.copy()
+    gpu.on_device("expert_sum", [c.y, c.weights, c.slot_row, c.extra, got_sum, got_x], None, m,
+                  d, top, None, None, None, None, None)
+    assert _bits_equal(got_sum, c.summed) and _bits_equal(got_x, c.resid + c.summed)
     k.close()
 
 

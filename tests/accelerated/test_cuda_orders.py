@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.accelerated_support import needs_library
 from support.cuda_shim import FUSED, addr, cpu_pool, cpu_variant, runnable_variants, shim
+from support.expert_sum_case import expert_sum_case
 
 pytestmark = needs_library
 
@@ -136,22 +137,12 @@ def test_silu_gate_around_the_exponential_is_the_cpu_kernels_bits() -> None:
 @given(m=st.integers(1, 4), d=st.sampled_from([1, 40, 257]), top=st.integers(0, 6),
        shared=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_expert_sum_is_model_py_order(m: int, d: int, top: int, shared: bool, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    y = rng.standard_normal((m * top + m, d)).astype(np.float32)
-    weights = rng.random((m, top)).astype(np.float32)
-    slot_row = rng.permutation(m * top).reshape(m, top).astype(np.int64)
-    extra = np.arange(m * top, m * top + m, dtype=np.int64)
-    resid = rng.standard_normal((m, d)).astype(np.float32)
-    summed = np.zeros((m, d), np.float32)
-    for s in range(top):
-        summed = summed + weights[:, s:s + 1] * y[slot_row[:, s]]
-    if shared:
-        summed = summed + y[extra]
-    got, got_x = np.empty((m, d), np.float32), resid.copy()
-    shim().shim_expert_sum(addr(y), m, d, top, addr(weights), addr(slot_row),
-                           addr(extra) if shared else None, addr(got), addr(got_x))
-    assert np.array_equal(_bits(got), _bits(summed))
-    assert np.array_equal(_bits(got_x), _bits(resid + summed))
+    c = expert_sum_case(np.random.default_rng(seed), m, d, top, shared)
+    got, got_x = np.empty((m, d), np.float32), c.resid.copy()
+    shim().shim_expert_sum(addr(c.y), m, d, top, addr(c.weights), addr(c.slot_row),
+                           addr(c.extra) if shared else None, addr(got), addr(got_x))
+    assert np.array_equal(_bits(got), _bits(c.summed))
+    assert np.array_equal(_bits(got_x), _bits(c.resid + c.summed))
 
 
 @settings(max_examples=25)
