@@ -1,6 +1,6 @@
 """``--device cuda``: which products the CUDA kernels compute, and the VRAM expert tier.
 
-What runs where in this version (spec/DEVIATIONS.md, "CUDA kernels"): every dense product
+What runs where (spec/DEVIATIONS.md, "CUDA kernels"): every dense product
 (attention projections, indexer projections, router, dense MLPs, shared experts, lm_head,
 MTP's eh_proj) whose weight fits the device is uploaded once at load and computed by the CUDA
 kernels; a routed expert is computed there while the expert store holds it in tier 2 (VRAM),

@@ -3,8 +3,8 @@
 A wheel build (``pip install`` of the sdist) runs mypyc, which type-checks the control plane:
 it needs mypy and the types of everything the control plane imports. pip builds in an isolated
 environment holding only what the backend asks for, so it asks for the runtime dependencies
-themselves (read from pyproject.toml, so a new one cannot be forgotten here: llguidance once
-was, and every sdist install then fell back to the interpreted control plane) plus the stubs
+themselves (read from pyproject.toml, so a new one cannot be forgotten here: without one,
+every sdist install falls back to the interpreted control plane) plus the stubs
 of those that ship none. Editable and sdist builds need only setuptools, so ``pip install -e
 .`` stays quick.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared device check of issue 19 (CUDA): on a fresh GPU machine, from the repo root,
+# The prepared device check (CUDA): on a fresh GPU machine, from the repo root,
 # with only the working tree (and, where the image lacks them, the Python wheels that
 # tools/gpu_wheels.sh put in .whl/):
 #

@@ -4,7 +4,7 @@
  * activations' loads are 8 of a step's 11, and a 64-byte load that starts off a line
  * boundary touches two lines. With activations 16 bytes off (what malloc
  * and numpy give) an 8-row product on 256 MiB of weights read 21.6 GB/s against 33.0 aligned
- * (issue 13's closing note). Only the activations matter: the weights sit wherever the file
+ * (2-core EPYC Zen 5). Only the activations matter: the weights sit wherever the file
  * put them (a safetensors header is 8-byte aligned), and their loads are 3 in 11.
  *
  * Rows a whole even number of lines apart are copied too (col_spread_ld). The tiles read line

@@ -110,7 +110,7 @@ float col_dot_f32(const float *a, const float *b, size_t k) {
  * and down at k 1024 and 512) kept the near prefetch alone on Zen 4, where the far one
  * measured 0.82-1.19x, within that host's noise; on a 2-core EPYC Zen 5, avx2 build, weights
  * from memory, medians of 15 paired rounds, it gives k 1024 1.06-1.07x (2 rows) and
- * 1.06-1.08x (3 rows), k 512 1.05-1.11x, one and two threads, so every width now has it. */
+ * 1.06-1.08x (3 rows), k 512 1.05-1.11x, one and two threads, so every width has it. */
 #define FAR_AHEAD 4096
 
 /* The prefetch of the 2-3-row kernels' step at byte offset `at` of the weight row `p`: the two
@@ -241,8 +241,8 @@ _Static_assert(TILE_SEGMENT * sizeof(float) == 8 * 64, "tile_3x4 prefetches 8 li
  * time (1.5 KiB of weights and 2 KiB per quad for runs of 128 columns) and both quads use
  * the run's weights while they are there, instead of 12 KiB and 16 KiB (k = 1024) per pass,
  * which a second quad or a wider k pushed out of a 32 KiB L1 between passes. Zen 4, two
- * threads from memory, paired, with each quad taking all its runs in turn (the previous
- * kernel): runs of 128 columns 1.30x the GB/s of whole passes at 8 rows, k 1024, 1.32x at
+ * threads from memory, paired, with each quad taking all its runs in turn: runs of 128
+ * columns 1.30x the GB/s of whole passes at 8 rows, k 1024, 1.32x at
  * 2048, 1.68x at 6144. A prefill's later blocks, whose weights are already in L2, keep whole
  * passes (`segment` = k): runs there measured 0.94x on a 64-token prefill.
  *
@@ -254,15 +254,15 @@ _Static_assert(TILE_SEGMENT * sizeof(float) == 8 * 64, "tile_3x4 prefetches 8 li
  * or so ahead. Into L2, not L1:
  * with a 32 KiB L1 (Zen 4) the next tile evicted the activations the passes reuse (4-8 rows of
  * k 1024 from memory, paired: 1.19-1.32x the GB/s of an L1 prefetch). A few prefetches per
- * pass, fixed in the code, instead of a count carried through the inner step (the previous
- * kernel), which took integer registers and branches from it; that kernel also took each
- * quad through all its runs before the next quad, so the second quad met the weights in L2
- * again. Paired against that kernel, same bytes, weights
+ * pass, fixed in the code, instead of a count carried through the inner step, which takes
+ * integer registers and branches from it (and with each quad taken through all its runs
+ * before the next quad, the second quad meets the weights in L2 again). Paired against that
+ * alternative, same bytes, weights
  * from memory (2-core EPYC Zen 5, avx2 build, medians of 15 paired rounds), 8 rows at k 512,
  * 1024, 2048, 6144: one thread 1.14x, 1.27x, 1.19x, 1.10x the GB/s, two threads 1.14x,
  * 1.28x, 1.14x, 1.12x; 4 rows 0.99-1.24x (one) and 1.03-1.05x (two); the bench model's
  * 8-row decode step about 1.04x. The prefetch asking for the next tile's lines of the same
- * run (TILE_PREFETCH_AHEAD 0) read 0.90-0.92x the previous kernel's GB/s at k 6144 on one
+ * run (TILE_PREFETCH_AHEAD 0) read 0.90-0.92x the alternative's GB/s at k 6144 on one
  * thread; 2048 bytes on, 1.05-1.10x, with the other widths unchanged. */
 static void tile_3x4(const float *w, size_t k, const float *x, size_t ldx, size_t quads,
                      float *out, size_t ldo, const char *pf, size_t segment) {
@@ -410,7 +410,7 @@ static void row_major(const float *wn, size_t k, const float *x, size_t ldx, siz
 /* Activation rows per block when more than DOT_ROW_MAJOR meet one weight tile (a prefill):
  * as many as one 16-lane tile takes, or one 3 x 4 tile's four, whose 16 KiB (k = 1024) stay
  * in a 32 KiB L1 across the weight tile. Measured on a 2-core EPYC Zen 4, k 1024, one thread
- * from memory, paired: the avx2 build 1.53x / 1.26x the old 2 x 4 blocks at 16 / 64 rows in
+ * from memory, paired: the avx2 build 1.53x / 1.26x 2 x 4 register blocks at 16 / 64 rows in
  * blocks of 4, 1.27x / 1.01x in blocks of 8; the avx512 build 1.69x / 1.17x in blocks of 8,
  * 1.62x / 1.10x in blocks of 4 (both builds compared without the later blocks' prefetch,
  * which the avx512 build then kept: 1.02-1.07x). */
@@ -468,7 +468,7 @@ void col_dot_block(const float *w, size_t n0, size_t n1, const float *x, size_t 
     if (m == 1) {
         /* One row at a time, no software prefetch: a single sequential stream per thread is
          * what the hardware prefetcher follows best. Measured against two rows in flight with
-         * the next pair prefetched (the previous kernel) on a 2-core EPYC: 19 vs 17 GB/s on
+         * the next pair prefetched, on a 2-core EPYC: 19 vs 17 GB/s on
          * 2048 x 1024 weights, a decode step of the bench model 29.5 vs 32.4 ms. */
         for (size_t n = n0; n < n1; n++) out[n] = col_dot_f32(w + n * k, x, k);
         return;

@@ -76,7 +76,7 @@ def _roofline(summary: dict[str, Any], copy_bps: float, tokens_per_step: int) ->
     summary["achieved_over_copy_bandwidth"] = summary["achieved_gb_per_s"] * 1e9 / copy_bps
 
 
-#: The quantized pass (issue 13's q8_0 peer): experts int4-grouped-64, dense weights int8,
+#: The quantized pass (against llama.cpp's q8_0): experts int4-grouped-64, dense weights int8,
 #: and the embedding and lm_head int8-row, as llama.cpp's q8_0 GGUF stores ``output.weight``
 #: in q8_0 (a float32 lm_head was 32 of the step's 115 MB).
 QUANT_EXPERTS, QUANT_DENSE, QUANT_IO = "int4g64", "int8", "int8"

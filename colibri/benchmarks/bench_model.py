@@ -20,10 +20,10 @@ from colibri.reference.safetensors import write_safetensors
 BENCH_SEED = 1234
 #: Bumped whenever BENCH_CONFIG changes, so a cached model of an older geometry is not reused.
 #: Revision 2: ``index_head_dim`` 32 -> 64, because llama.cpp multiplies the indexer's q and k
-#: by a Hadamard matrix of size >= 64 and refuses a smaller head (issue 13's GGUF peer).
+#: by a Hadamard matrix of size >= 64 and refuses a smaller head (the llama.cpp peer's GGUF).
 BENCH_REVISION = 2
 
-#: colibri's make_glm_bench_model.py geometry (the issue's benchmark model).
+#: colibri's make_glm_bench_model.py geometry (colibri's benchmark model).
 BENCH_CONFIG: dict[str, Any] = {
     "architectures": ["GlmMoeDsaForCausalLM"],
     "model_type": "glm_moe_dsa",
@@ -125,7 +125,7 @@ def build_tensors(cfg: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-#: The GPU bench model (issue 19): the same architecture with 64 experts in 9 of 12 layers,
+#: The GPU bench model: the same architecture with 64 experts in 9 of 12 layers,
 #: about 3.9 GB as float32 (experts 3.6 GB), so a step's weights are far beyond any cache and
 #: the VRAM tier has something to split; generated on the GPU machine by tools/gpu_check.sh.
 GPU_BENCH_CONFIG: dict[str, Any] = {**BENCH_CONFIG, "num_hidden_layers": 12,

@@ -1,9 +1,9 @@
 """The device's measured copy bandwidth: a device-to-device copy of ``size`` bytes through
 the CUDA driver API (cuMemcpyDtoD, timed with CUDA events), best of ``repeats``.
 
-It is the ceiling the GPU bench divides achieved GB/s by (issue 19's target: >= 0.5 at batch
-1). Counted as the CPU bench counts its numpy copy: bytes read plus bytes written per second,
-so the ratio compares like with like. No toolkit, torch or the project's CUDA kernels are
+It is the ceiling the GPU bench divides achieved GB/s by (the target: >= 0.5 at batch 1).
+Counted as the CPU bench counts its numpy copy: bytes read plus bytes written per second, so the
+ratio compares like with like. No toolkit, torch or the project's CUDA kernels are
 needed, only the driver. Run as ``python -m colibri.benchmarks.cuda_copy [--gib N]``.
 """
 

@@ -1,5 +1,5 @@
 """Bench section ``cuda-decode``: the CUDA backend on the GPU bench model, beside the same
-model on the CPU, as ratios in one run (issue 19's performance report).
+model on the CPU, as ratios in one run (the GPU performance report).
 
 Phases, each a fresh process with its own deadline (a hang costs its deadline and leaves the
 other phases' results):

@@ -4,7 +4,7 @@ The reference engine (the same mux loop ``colibri engine`` runs) serves one requ
 on the benchmark model in a fresh process per slot count. Every slot stays busy for the whole
 measurement (stop tokens are disabled, budgets cover it), and only decode steps in which all
 N slots contributed a row are timed, after ``warmup`` such steps: aggregate tok/s =
-N x steps / seconds inside the batched forwards. Target (issue 6): 8 busy slots give at least
+N x steps / seconds inside the batched forwards. Target: 8 busy slots give at least
 3x the aggregate tok/s of one, because a batched step reads the shared weights once for every
 row; the report says whether this build meets it.
 """

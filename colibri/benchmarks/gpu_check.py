@@ -1,4 +1,4 @@
-"""The prepared device check (issue 19): on a GPU machine, from the repo root, after
+"""The prepared device check (CUDA): on a GPU machine, from the repo root, after
 ``tools/gpu_check.sh`` made the venv, ``python -m colibri.benchmarks.gpu_check --out DIR``
 
 1. records the environment (Python, the modules the suite needs, nvidia-smi, nvcc);

@@ -1,5 +1,5 @@
 """Bench section ``grammar``: the per-token cost of constrained decoding as a ratio of the
-decode step (issue 18), with the mask computed on the sampling thread and overlapped with
+decode step, with the mask computed on the sampling thread and overlapped with
 the forward (``colibri.engine.mask_overlap``), side by side in one run.
 
 The per-token figure is measured on the loop's own thread (``MuxEngine.grammar_seconds``:

@@ -10,9 +10,9 @@ same 256 MiB numpy copy, best of ``COPY_REPEATS`` = 8), the read-stream probe
 steps of ``batch`` rows. Each round gives
 
 * one row: achieved GB/s (the weight bytes each step reads, from its routes) ÷ that round's
-  copy bandwidth, the issue's "fraction of the roofline"; and ÷ the read stream, the share of
-  what the engine's own one-row product reaches on this machine when nothing else runs (a
-  host whose reads are slower than its copies — one Zen 3 round's were — shows there as a
+  copy bandwidth, the "fraction of the roofline" the targets name; and ÷ the read stream, the
+  share of what the engine's own one-row product reaches on this machine when nothing else runs (a
+  host whose reads are slower than its copies — one Zen 3 host's were — shows there as a
   low copy fraction beside a high read-stream one, where a slow step shows low in both); the
   same probe on one thread, and the engine's threads over it, say whether a second thread
   adds bandwidth at all (two usable CPUs that are SMT siblings of one core add little; the
@@ -57,7 +57,7 @@ from colibri.benchmarks.page_cache import model_files, refresh_for
 from colibri.benchmarks.page_mapping import checkpoint_mapping
 
 ROUNDS = 7
-#: Copies per probe: best of 8, as issue 13 defines the copy bandwidth (about 0.15 s a round).
+#: Copies per probe: best of 8, as the targets define the copy bandwidth (about 0.15 s a round).
 COPY_REPEATS = 8
 #: The read-stream probe: float32 weights of this many MiB, rows of READ_STREAM_COLS, best of
 #: READ_STREAM_REPEATS passes (about 0.05 s a round at 25 GB/s).

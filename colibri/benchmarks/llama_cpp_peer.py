@@ -9,7 +9,7 @@ colibri does not write GGUF itself; llama.cpp's own converter does, from the sdi
 ``vendor/llama.cpp/convert_hf_to_gguf.py`` (it needs torch and transformers, a tokenizer in
 the model directory, and an ``index_head_dim`` that is a multiple of 64):
 ``tools/llama_cpp_gguf.py --sdist llama_cpp_python-0.3.36.tar.gz --bench`` runs it on the
-bench model (README, accelerated engine).
+bench model (docs/performance.md, "The llama.cpp peer").
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from colibri.benchmarks.decode_steps import PROMPT, prefill_prompt, prefill_summary, run_worker
 
-#: llama.cpp's output types the bench compares against (f32 and q8_0, as issue 13 asks).
+#: llama.cpp's output types the bench compares against (f32 and q8_0, the targets' peers).
 FTYPES = ("f32", "q8_0")
 
 
@@ -36,7 +36,7 @@ def unavailable_reason(python: str, gguf: Path) -> str | None:
                 "(see --peer-python)")
     if not gguf.is_file():
         return (f"no GGUF at {gguf} (convert the bench model with "
-                "tools/llama_cpp_gguf.py; README, accelerated engine)")
+                "tools/llama_cpp_gguf.py; docs/performance.md)")
     return None
 
 

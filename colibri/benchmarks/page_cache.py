@@ -5,8 +5,8 @@ fast it streams depends on the folios the cache holds the file in, which depends
 program read the file first and how: a file read through a map (or written in large aligned
 chunks, ``colibri.reference.aligned_write``) is cached in folios of up to 2 MiB and mapped
 with one page-table entry each; one read by small scattered reads stays in 4 KiB folios until
-the cache drops it (llama.cpp's GGUF converter, the first reader of one session, left the bench
-checkpoint so). The same checkpoint in the two states, alternating in one process (2-core EPYC
+the cache drops it (llama.cpp's GGUF converter, run as the bench checkpoint's first reader,
+leaves it so). The same checkpoint in the two states, alternating in one process (2-core EPYC
 Zen 5, accelerated, two threads, 15 paired rounds): the one-row step 1.06-1.09x and the 8-row
 step 1.06x slower in 4 KiB folios. That is the size of a kernel change, and nothing in a run
 said which state it got, so the sections that time decoding refresh their files first: drop

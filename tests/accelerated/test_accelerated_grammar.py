@@ -1,4 +1,4 @@
-"""Constrained decoding is the same on both backends (issue 18): the mask is applied in the
+"""Constrained decoding is the same on both backends: the mask is applied in the
 control plane before the pick, so the accelerated backend's rows, within tolerance of the
 reference's, give the same constrained tokens (sameness kind (a), spec/model.md §15) for a
 JSON Schema and for the strict tool-call envelope the server builds."""

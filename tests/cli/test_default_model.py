@@ -27,7 +27,7 @@ def test_default_model_is_glm5_chat_small_with_the_fixture_tokenizer() -> None:
 
 def test_the_glm5_architecture_is_all_there() -> None:
     """MLA, a pruning DSA indexer, noaux_tc routing with a learned bias, a shared expert, a
-    dense first layer and an MTP head (issue 17, item 1)."""
+    dense first layer and an MTP head: the GLM-5 architecture, small."""
     model = load_model(default_model_dir())
     cfg = model.config
     assert cfg.first_k_dense_replace >= 1 and cfg.num_hidden_layers > cfg.first_k_dense_replace

@@ -30,7 +30,7 @@ def test_sdist_install_gives_a_working_doctor_and_accelerated_engine(tmp_path: P
     # What `pip install colibri-X.tar.gz` does: pip builds the wheel from the sdist in an
     # isolated environment that holds only what the build backend asks for, so this catches
     # a dependency the compiled control plane's type check needs and the backend forgot
-    # (llguidance once: every sdist install then ran the control plane interpreted).
+    # (without one, every sdist install runs the control plane interpreted).
     # pip runs from a bare environment of its own, as a user's would: mypy, inside the
     # isolated build, also reads the site-packages of the interpreter that runs pip, and the
     # test environment's hold every runtime dependency.

@@ -1,11 +1,11 @@
-"""`colibri serve` with no model serves the trained default and answers a sum (issue 17).
+"""`colibri serve` with no model serves the trained default and answers a sum.
 
 Greedy decoding is deterministic (spec/model.md §15 kind (a)), so the served answer is pinned
 through the official OpenAI SDK, end to end (the console script, the embedded model, the
 engine process, the chat template), against the reference engine's own greedy decoding of the
-prompt the chat template renders -- and it must be right: issue 17 is done when `make serve`
-answers this question with 42. How often the model is right on held-out sums is measured, not
-asserted, by ``colibri bench --section default-model`` (the model card's numbers).
+prompt the chat template renders -- and it must be right: the default model is held to
+`make serve` answering this question with 42. How often the model is right on held-out sums
+is measured, not asserted, by ``colibri bench --section default-model`` (the model card's numbers).
 """
 
 from __future__ import annotations

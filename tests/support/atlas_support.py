@@ -1,4 +1,4 @@
-"""A test model with *planted* specialists, for the expert atlas (issue 16).
+"""A test model with *planted* specialists, for the expert atlas.
 
 From the embedded default model: every token that occurs in the probes of exactly one
 category ``c`` gets a large component along a hidden dimension reserved for ``c`` (zeroed in
