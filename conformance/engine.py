@@ -44,6 +44,11 @@ class EngineError(RuntimeError):
     """The engine could not be started or stopped answering."""
 
 
+class EngineUnresponsive(EngineError):
+    """The engine is running and finished its handshake, but answers no request: every case
+    would wait out its timeout, so a run stops at once with this one message."""
+
+
 @dataclass(frozen=True)
 class EngineTarget:
     """What to run: a command line plus the model it serves."""

@@ -9,6 +9,10 @@ comes back shows, without assuming anything:
 - ``stop``: the STOP was answered ``ERROR <id> NOT_FOUND`` (an engine without STOP answers
   ``ERROR 0 BAD_REQUEST``, as for any unknown line).
 
+The probe also shows that the engine serves requests at all: one that finishes its handshake
+but sends no frame for the probe's SUBMIT raises ``EngineUnresponsive``, so a run against it
+ends with one message instead of every case waiting out its timeout.
+
 Nothing else is probed: an extension that could change or break the engine's state when it
 is not understood (ids=1, logprobs, persistence switches) is known only from CAPS or from
 the target description.
@@ -16,7 +20,12 @@ the target description.
 
 from __future__ import annotations
 
-from colibri.conformance.engine import EngineError, EngineSession, EngineTarget
+from colibri.conformance.engine import (
+    EngineError,
+    EngineSession,
+    EngineTarget,
+    EngineUnresponsive,
+)
 from colibri.conformance.prompts import PromptCodec
 
 PROBE_ID = 7
@@ -35,10 +44,20 @@ def probe_turn(target: EngineTarget, codec: PromptCodec, timeout: float) -> set[
         ext = " 0 ids=1" if codec.ids_mode else ""
         header = f"SUBMIT {PROBE_ID} 0 {len(payload)} 2 0 1{ext}\n"
         session.send(header.encode() + payload + b"\n")
-        session.wait_for(
-            lambda f: f.kind in ("DONE", "ERROR") and f.request_id == PROBE_ID,
-            timeout, "the probe request's DONE", start=start,
-        )
+        try:
+            session.wait_for(
+                lambda f: f.kind in ("DONE", "ERROR") and f.request_id == PROBE_ID,
+                timeout, "the probe request's DONE", start=start,
+            )
+        except EngineError as exc:
+            if session.alive and not any(f.request_id == PROBE_ID
+                                           for f in session.frames[start:]):
+                raise EngineUnresponsive(
+                    f"the engine finished its handshake but sent no frame for a one-token "
+                    f"SUBMIT within {timeout:.0f}s ({exc}): it is not serving requests, so "
+                    "no case was run"
+                ) from exc
+            raise
         turn = [f for f in session.frames[start:] if f.kind not in ("HITS", "REPIN")]
         kinds = [f.kind for f in turn]
         mine = [f.kind for f in turn if f.request_id == PROBE_ID]
@@ -54,6 +73,8 @@ def probe_turn(target: EngineTarget, codec: PromptCodec, timeout: float) -> set[
             found.add("stop")
         session.close_stdin()
         session.await_exit(timeout)
+    except EngineUnresponsive:
+        raise
     except EngineError:
         # An engine that cannot serve the probe shows nothing: no extension is assumed.
         return found

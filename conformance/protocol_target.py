@@ -35,6 +35,7 @@ def protocol_runner(
     env: dict[str, str] | None = None,
     capabilities: set[str] | None = None,
     description: TargetDescription | None = None,
+    startup_timeout: float | None = None,
 ) -> ProtocolRunner:
     """Find the engine's capabilities and ready a runner.
 
@@ -58,6 +59,8 @@ def protocol_runner(
             target, state_dir=description.state_dir,
             startup_timeout=description.startup_timeout,
         )
+    if startup_timeout is not None:  # the command line's word is the last
+        target = replace(target, startup_timeout=startup_timeout)
     grammar = load_grammar(protocol_json or spec_dir() / "protocol.json")
     codec = PromptCodec.for_model(model_dir, "ids" if prompts == "bytes" else prompts)
     if prompts == "bytes":
@@ -77,8 +80,11 @@ def protocol_runner(
         except ByteTokenizerError:
             pass
     found = set(SEED_CORE) | announced
+    # Every target serves the probe turn (an engine that answers no request ends the run
+    # here, once); only a target without CAPS takes capabilities from it.
+    probed = probe_turn(target, codec, min(timeout, 30.0))
     if "caps" not in announced:
-        found |= probe_turn(target, codec, min(timeout, 30.0))
+        found |= probed
     if description is not None:
         found |= description.capabilities
     if not codec.ids_mode:

@@ -10,7 +10,7 @@ from typing import TextIO, cast
 from colibri.conformance.cases import Case, load_cases
 from colibri.conformance.expectations import Expectations
 from colibri.conformance.http_profiles import select_profiles
-from colibri.conformance.outcome import Result
+from colibri.conformance.outcome import ERROR, FAIL, XPASS, Result
 from colibri.conformance.profile_report import write_profile_summary
 from colibri.conformance.report import summary_table, verdict, write_json, write_junit
 from colibri.conformance.runner import (
@@ -39,6 +39,22 @@ class RunOptions:
     jobs: int = 1
     #: Only the cases of these profiles (conformance/http_profiles.py); all when empty.
     profiles: list[str] = field(default_factory=list)
+
+
+#: How much of a failure's message its progress line carries (the report has all of it).
+REASON_CHARS = 160
+
+
+def progress_line(result: Result) -> str:
+    """``STATUS case-id``, and for a failure or error its reason inline (first line, cut to
+    ``REASON_CHARS``), so an engine author sees why as the run goes."""
+    line = f"{result.status.upper():5} {result.case_id}"
+    if result.status in (FAIL, ERROR, XPASS) and result.message:
+        reason = result.message.strip().splitlines()[0]
+        if len(reason) > REASON_CHARS:
+            reason = reason[: REASON_CHARS - 1] + "…"
+        line += f"  -- {reason}"
+    return line
 
 
 def finish(
@@ -70,7 +86,7 @@ def finish(
 
     def progress(result: Result) -> None:
         if not options.quiet:
-            out.write(f"{result.status.upper():5} {result.case_id}\n")
+            out.write(progress_line(result) + "\n")
             out.flush()
 
     if options.jobs > 1 and hasattr(executor, "clone"):

@@ -11,6 +11,17 @@ from pathlib import Path
 DEFAULT_ENGINE = f"{shlex.quote(sys.executable)} -m colibri engine"
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that names every default (a runner's timeouts above all), so a user never has to
+    guess how long a silent engine is waited for."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
@@ -60,7 +71,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reruns", type=int, default=2, help="extra attempts for flaky cases")
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds to wait for any one expected answer"
+        "--timeout", type=float, default=30.0,
+        help="seconds to wait for any one expected answer; an engine that answers no request "
+        "at all is found once, by a probe turn, and ends the run",
     )
     parser.add_argument(
         "--list", action="store_true", dest="list_only", help="list the selected cases and exit"
@@ -74,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     suites = parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
 
-    protocol = suites.add_parser("protocol", help="engine wire protocol (stdin/stdout)")
+    protocol = suites.add_parser("protocol", help="engine wire protocol (stdin/stdout)",
+                                 formatter_class=_DefaultsShown)
     protocol.add_argument(
         "--engine-cmd",
         default=DEFAULT_ENGINE,
@@ -107,10 +121,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     protocol.add_argument(
         "--protocol-json", type=Path, help="grammar file (default: spec/protocol.json)"
     )
+    protocol.add_argument(
+        "--startup-timeout", type=float, default=None, metavar="SECONDS",
+        help="seconds an engine may take from start to READY and its STAT (default: the "
+        "target description's startup_timeout, else 120; a large model's load may need more)",
+    )
     _common(protocol)
     protocol.set_defaults(handler=run_protocol)
 
-    http = suites.add_parser("http", help="HTTP surface (OpenAI / Anthropic compatible)")
+    http = suites.add_parser("http", help="HTTP surface (OpenAI / Anthropic compatible)",
+                             formatter_class=_DefaultsShown)
     http.add_argument("--base-url", help="server to test, e.g. http://127.0.0.1:8000")
     http.add_argument(
         "--server-cmd",
@@ -183,7 +203,7 @@ def run_protocol(args: argparse.Namespace) -> int:
     try:
         runner = protocol_runner(
             args.engine_cmd, model, args.prompts, args.protocol_json, args.timeout,
-            description=description,
+            description=description, startup_timeout=args.startup_timeout,
         )
     except (EngineError, GrammarError) as exc:
         print(f"colibri conformance: {exc}", file=sys.stderr)
