@@ -11,6 +11,7 @@ from typing import Any
 
 from colibri.commands.gpu_options import add_gpu_arguments, apply_gpu_arguments, gpu_error
 from colibri.engine.registry import BACKENDS
+from colibri.engine.settings import MIN_CTX
 
 
 def _env_int(name: str, default: int) -> int:
@@ -45,17 +46,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the backend `colibri engine` runs (default: reference)")
     engine.add_argument("--engine-cmd", default=os.environ.get("COLI_ENGINE_CMD"),
                         help="any conformant engine command line (env COLI_ENGINE_CMD)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     parser.add_argument("--model-id", default=os.environ.get("COLI_MODEL_ID"),
                         help="the only accepted `model` (env COLI_MODEL_ID; default: the "
                              "embedded model's name, or glm-5.2-colibri with --model)")
-    parser.add_argument("--api-key", default=os.environ.get("COLI_API_KEY") or None)
-    parser.add_argument("--kv-slots", type=int, default=_env_int("COLI_KV_SLOTS", 1))
-    parser.add_argument("--max-queue", type=int, default=_env_int("COLI_MAX_QUEUE", 8))
+    parser.add_argument("--api-key", default=os.environ.get("COLI_API_KEY") or None,
+                        help="require this bearer key on /v1 routes (env COLI_API_KEY; "
+                             "default: none)")
+    parser.add_argument("--kv-slots", type=int, default=_env_int("COLI_KV_SLOTS", 1),
+                        help="conversations the engine keeps at once, each with its own KV "
+                             "cache (env COLI_KV_SLOTS; default: 1)")
+    parser.add_argument("--ctx", type=int, default=None, metavar="TOKENS",
+                        help="the engine's context in tokens, prompt and reply together (its "
+                             "CTX; default: 4096, or the model's limit where smaller)")
+    parser.add_argument("--max-queue", type=int, default=_env_int("COLI_MAX_QUEUE", 8),
+                        help="requests that may wait for a slot before 429 (env "
+                             "COLI_MAX_QUEUE; default: 8)")
     parser.add_argument("--queue-timeout", type=float,
-                        default=_env_float("COLI_QUEUE_TIMEOUT", 300.0))
-    parser.add_argument("--max-tokens", type=int, default=1024)
+                        default=_env_float("COLI_QUEUE_TIMEOUT", 300.0),
+                        help="seconds a request may wait for a slot before 503 (env "
+                             "COLI_QUEUE_TIMEOUT; default: 300)")
+    parser.add_argument("--max-tokens", type=int, default=1024,
+                        help="the largest max_tokens a request may ask for, and the default "
+                             "(default: 1024)")
     parser.add_argument("--cors-origin", action="append", default=[],
                         help="exact origin to allow (repeat; '+origin' appends to defaults)")
     parser.add_argument("--allowed-host", action="append", default=[],
@@ -168,6 +183,12 @@ def run(args: argparse.Namespace) -> int:
     model_dir = args.model or str(resources.default_model_dir())
     spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd, args.backend)
     env = engine_env(spec, config)
+    ctx = getattr(args, "ctx", None)
+    if ctx is not None:
+        if ctx < MIN_CTX:
+            print(f"colibri serve: --ctx must be at least {MIN_CTX}, got {ctx}", file=sys.stderr)
+            return 1
+        env["CTX"] = str(ctx)  # set before --auto-tier, which never overrides it
     problem = gpu_error(args.gpu, args.vram_gb)
     if problem is not None:
         print(f"colibri serve: {problem}", file=sys.stderr)

@@ -51,7 +51,8 @@ def test_engine_refuses_a_malformed_gpu_flag() -> None:
     assert "colibri engine: --gpu must be auto, none or a list of device ordinals" in done.stderr
 
 
-def test_serve_hands_the_mapping_to_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def serve_env(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> tuple[int, dict[str, str]]:
+    """(`colibri serve ARGV`'s exit status, the environment it would start the engine with)."""
     import argparse
 
     from colibri.server import runner
@@ -66,11 +67,24 @@ def test_serve_hands_the_mapping_to_the_engine(monkeypatch: pytest.MonkeyPatch) 
         return 0
 
     monkeypatch.setattr(runner, "serve_forever", fake_serve_forever)
-    monkeypatch.setenv("CUDA_EXPERT_GB", "3")
     parser = argparse.ArgumentParser()
     serve.add_arguments(parser)
-    args = parser.parse_args(["--gpu", "0,1", "--vram-gb", "auto"])
-    assert serve.run(args) == 0
+    return serve.run(parser.parse_args(argv)), seen
+
+
+def test_serve_hands_the_mapping_to_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_EXPERT_GB", "3")
+    code, seen = serve_env(monkeypatch, ["--gpu", "0,1", "--vram-gb", "auto"])
+    assert code == 0
     assert (seen["COLI_CUDA"], seen["COLI_GPUS"], seen["CUDA_EXPERT_GB"],
             seen["CUDA_DENSE"]) == ("1", "0,1", "auto", "1")
-    assert serve.run(parser.parse_args(["--gpu", "x"])) == 1
+    assert serve_env(monkeypatch, ["--gpu", "x"])[0] == 1
+
+
+def test_serve_ctx_reaches_the_engine_and_is_checked(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("CTX", raising=False)
+    code, seen = serve_env(monkeypatch, ["--ctx", "8192"])
+    assert code == 0 and seen["CTX"] == "8192"
+    assert serve_env(monkeypatch, ["--ctx", "3"])[0] == 1
+    assert "--ctx must be at least 8, got 3" in capsys.readouterr().err
