@@ -243,6 +243,10 @@ def build(model: Path, request: Request, host: Mapping[str, int] | None = None,
             fit_slots = slots
     resident = min(n_experts, hot + warm)
     warnings = []
+    if dense > ram_budget:
+        warnings.append(f"the dense weights ({dense / GB:.1f} GB) are larger than the RAM budget "
+                        f"({ram_budget / GB:.1f} GB): they cannot all stay in memory, so steps "
+                        "read them back from disk")
     if cap < 1:
         warnings.append("the RAM budget holds less than one expert per layer: every routed "
                         "expert is read from disk")
@@ -356,12 +360,14 @@ def auto_tier_usage(usage: Path | None, env: Mapping[str, str]) -> Path | None:
 def shipped_config(name: str) -> Path:
     from colibri import resources
 
-    path = resources.fixtures_dir() / "configs" / f"{name}.json"
-    if not path.is_file():
-        raise PlanError(f"no shipped config named {name!r} (have: " + ", ".join(
-            sorted(p.stem for p in (resources.fixtures_dir() / "configs").glob("*.json")))
-            + ")")
-    return path
+    shipped = sorted((resources.fixtures_dir() / "configs").glob("*.json"))
+    exact = [p for p in shipped if p.stem == name]
+    # A family name stands for its one shipped size ("glm5" is glm5-744b).
+    family = [p for p in shipped if p.stem.startswith(name + "-")]
+    if exact or len(family) == 1:
+        return (exact or family)[0]
+    raise PlanError(f"no shipped config named {name!r} (have: "
+                    + ", ".join(p.stem for p in shipped) + ")")
 
 
 __all__ = ["PlanError", "Request", "auto_tier_usage", "build", "environment_for_plan",

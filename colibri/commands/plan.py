@@ -11,12 +11,17 @@ from pathlib import Path
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
-        "plan", help="memory plan for the expert tiers and KV slots of a model on this machine")
+        "plan", help="memory plan for the expert tiers and KV slots of a model on this machine",
+        description="How a model fits this machine: the dense weights, KV slots and runtime "
+        "the RAM budget must hold, how many routed experts stay warm in RAM or hot in VRAM and "
+        "how many are read from disk, and the engine environment (RAM_GB, KV_SLOTS, CTX) that "
+        "realises it. A config alone is enough (--config glm5: the real GLM-5 sizes); warnings "
+        "say what does not fit. spec/plan.md defines every number.")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--model", type=Path, default=None,
                        help="model directory or a config.json (default: the embedded model)")
     where.add_argument("--config", default=None, metavar="NAME",
-                       help="a shipped config, e.g. glm5-744b (the real GLM-5 sizes)")
+                       help="a shipped config: glm5 (glm5-744b, the real GLM-5 sizes)")
     parser.add_argument("--ctx", type=int, default=None,
                         help="context length (default: min(4096, max_position_embeddings))")
     parser.add_argument("--kv-slots", type=int, default=None,

@@ -36,6 +36,19 @@ def test_glm5_config_alone() -> None:
     assert ram["cache_slots_per_layer"] == ram["expert_cache_bytes"] // (expected * 76)
 
 
+def test_a_family_name_and_a_budget_under_the_dense_weights() -> None:
+    assert shipped_config("glm5") == GLM5
+    with pytest.raises(PlanError, match="no shipped config named 'glm'"):
+        shipped_config("glm")
+    small = build(GLM5, Request(ram_gb=20), HOST, [])
+    dense_gb = small["tiers"]["ram"]["dense_bytes"] / 1e9
+    assert dense_gb > 20 and any(
+        w.startswith(f"the dense weights ({dense_gb:.1f} GB) are larger than the RAM budget "
+                     "(20.0 GB)") for w in small["warnings"])
+    roomy = build(GLM5, Request(ram_gb=200), HOST, [])
+    assert not any("dense weights" in w for w in roomy["warnings"])
+
+
 def test_more_ram_fits_more_and_slots_cost_kv() -> None:
     small = build(GLM5, Request(ram_gb=200, expert_format="int4-g64"), HOST, [])
     big = build(GLM5, Request(ram_gb=600, expert_format="int4-g64"), HOST, [])
