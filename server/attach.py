@@ -102,11 +102,14 @@ def footer(reply: Reply, seconds: float) -> str:
     """colibri's `N tok · Ts · x tok/s`; a leading `~` when the server sent no usage and the
     count is estimated from the characters (4 per token)."""
     if reply.completion_tokens is not None:
-        tokens, mark = reply.completion_tokens, ""
-    else:
-        tokens, mark = max(1, len(reply.text + reply.reasoning) // 4), "~"
+        return rate_line(reply.completion_tokens, seconds)
+    return "~" + rate_line(max(1, len(reply.text + reply.reasoning) // 4), seconds)
+
+
+def rate_line(tokens: int, seconds: float) -> str:
+    """`N tok · Ts · x tok/s` over a reply's wall time (``colibri chat`` prints it too)."""
     rate = tokens / seconds if seconds > 0 else 0.0
-    return f"{mark}{tokens} tok · {seconds:.1f}s · {rate:.1f} tok/s"
+    return f"{tokens} tok · {seconds:.1f}s · {rate:.1f} tok/s"
 
 
 def models(url: str, api_key: str | None) -> list[str]:

@@ -3,7 +3,10 @@
 The engine runs as a child process (``colibri engine --legacy``) and is driven only through
 the legacy wire protocol (spec/protocol.md section 3): each input line is a turn, ``:more``
 continues the last answer (``\\x02MORE``), ``:reset`` clears the conversation (``\\x02RESET``),
-``:quit`` or end of input leaves. Answers stream to stdout; each turn's STAT goes to stderr.
+``:quit`` or end of input leaves. Answers stream to stdout; each turn ends with a footer on
+stderr (tokens, seconds, tok/s, as ``--attach`` prints it). The engine keeps the conversation
+on disk (``COLI_PERSIST``, spec/protocol.md §4): a chat that resumes one says so at start, and
+``--new`` starts a fresh one instead.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from __future__ import annotations
 import argparse
 import codecs
 import os
+import re
+import select
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -34,12 +41,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--ngen", type=int, default=None, help="tokens per answer (NGEN)")
     parser.add_argument("--temperature", type=float, default=None, help="COLI_TEMP (0.7)")
     parser.add_argument("--engine-cmd", help="engine command line (default: colibri engine)")
+    parser.add_argument("--new", action="store_true",
+                        help="start a fresh conversation instead of resuming the one the "
+                             "engine saved on disk")
     add_backend_arguments(parser)
     # `--attach [URL]`: talk to a running `colibri serve` over SSE instead (colibri.server.attach).
     from colibri.server import attach
 
     attach.add_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def _footer(stat: bytes, seconds: float) -> str:
+    """The turn's footer from its legacy STAT (``STAT <produced> <tok/s> <hit %> ...``) and
+    its wall time, as ``--attach`` prints one; the STAT itself when it is not that."""
+    from colibri.server.attach import rate_line
+
+    fields = stat.decode("ascii", "replace").split()
+    if len(fields) < 4 or fields[0] != "STAT" or not fields[1].isdigit():
+        return stat.decode("ascii", "replace")
+    return f"{rate_line(int(fields[1]), seconds)} · {fields[3]}% expert hits"
 
 
 def _read_reply(stdout: IO[bytes], out: IO[str]) -> bytes:
@@ -70,6 +91,41 @@ def _read_reply(stdout: IO[bytes], out: IO[str]) -> bytes:
             pending = pending[safe:]
 
 
+#: The engine's start-up line when slot 0's conversation was loaded from disk.
+_RESUMED = re.compile(rb"\[KV\] slot 0: resumed conversation from disk: (\d+) tokens")
+
+
+def _available(stream: IO[bytes]) -> bytes:
+    """What the engine has written to ``stream`` so far, without waiting for more."""
+    out = b""
+    while select.select([stream], [], [], 0)[0]:
+        chunk = os.read(stream.fileno(), 65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _forward(stream: IO[bytes]) -> None:
+    """The engine's later log lines go on to our stderr (reading them keeps its pipe from
+    filling)."""
+    for line in iter(stream.readline, b""):
+        sys.stderr.write(line.decode("utf-8", "replace"))
+        sys.stderr.flush()
+
+
+def _start_up_log(engine: subprocess.Popen[bytes]) -> int:
+    """Show what the engine logged before READY and return how many tokens of a saved
+    conversation it resumed (0: none). The engine's stderr is line-buffered and written before
+    READY, so all of it is in the pipe by the time READY was read."""
+    assert engine.stderr is not None
+    log = _available(engine.stderr)
+    sys.stderr.write(log.decode("utf-8", "replace"))
+    threading.Thread(target=_forward, args=(engine.stderr,), daemon=True).start()
+    found = _RESUMED.search(log)
+    return int(found.group(1)) if found else 0
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "attach", None):
         from colibri.server import attach
@@ -91,18 +147,31 @@ def run(args: argparse.Namespace) -> int:
             command += ["--model", str(args.model)]
         if args.ctx is not None:
             command += ["--ctx", str(args.ctx)]
-    engine = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    engine = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env)
     assert engine.stdin is not None and engine.stdout is not None
     try:
         while True:
             line = engine.stdout.readline()
             if not line:
+                assert engine.stderr is not None
+                sys.stderr.write(engine.stderr.read().decode("utf-8", "replace"))
                 print("colibri chat: the engine exited before it was ready", file=sys.stderr)
                 return engine.wait() or 1
             if line == READY:
                 break
         engine.stdout.readline()  # STAT
         engine.stdout.readline()  # TIERS
+        resumed = _start_up_log(engine)
+        if resumed and args.new:
+            engine.stdin.write(b"\x02RESET\n")
+            engine.stdin.flush()
+            _read_reply(engine.stdout, sys.stdout)
+            print(f"[a new conversation: the saved one ({resumed} tokens) was cleared]",
+                  file=sys.stderr)
+        elif resumed:
+            print(f"[continuing the conversation saved on disk ({resumed} tokens): type :reset, "
+                  "or start with --new, for a fresh one]", file=sys.stderr)
         interactive = sys.stdin.isatty()
         while True:
             if interactive:
@@ -121,11 +190,12 @@ def run(args: argparse.Namespace) -> int:
                 frame = text.encode("utf-8") + b"\n"
             engine.stdin.write(frame)
             engine.stdin.flush()
+            started = time.monotonic()
             stat = _read_reply(engine.stdout, sys.stdout)
             if frame == b"\x02RESET\n":
                 print("[conversation cleared]", file=sys.stderr)
             else:
-                print(f"[{stat.decode('ascii', 'replace')}]", file=sys.stderr)
+                print(f"[{_footer(stat, time.monotonic() - started)}]", file=sys.stderr)
     except (EOFError, BrokenPipeError) as exc:
         print(f"colibri chat: {exc}", file=sys.stderr)
         return 1

@@ -4,6 +4,7 @@ in the middle of saving the KV file."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -226,3 +227,30 @@ def test_colibri_chat_drives_a_private_legacy_engine() -> None:
     assert answers[0] == answers[2]  # greedy, and :reset really started over
     assert all(len(a.split()) == 4 for a in answers)
     assert "[conversation cleared]" in proc.stderr.decode()
+    # Each turn's footer is the readable one --attach prints, not the raw STAT.
+    footers = re.findall(r"\[(\d+) tok · [0-9.]+s · [0-9.]+ tok/s · [0-9.]+% expert hits\]",
+                         proc.stderr.decode())
+    assert footers == ["4", "4", "4"]
+
+
+def test_colibri_chat_says_when_it_resumes_and_new_starts_fresh(tmp_path: Path) -> None:
+    env = _env(COLI_STATE_DIR=str(tmp_path), NGEN="4", COLI_TEMP="0")
+    del env["SERVE_BATCH"]
+
+    def chat(*flags: str, turn: bytes = b"3 14 159\n") -> subprocess.CompletedProcess[bytes]:
+        done = subprocess.run([sys.executable, "-m", "colibri", "chat", "--model", str(TINY),
+                               *flags], input=turn + b":quit\n", capture_output=True, env=env,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr.decode()
+        return done
+
+    first = chat()
+    assert "continuing the conversation" not in first.stderr.decode()
+    resumed = chat(turn=b"")
+    saved = re.search(r"\[continuing the conversation saved on disk \((\d+) tokens\): type "
+                      r":reset, or start with --new, for a fresh one\]", resumed.stderr.decode())
+    assert saved is not None and int(saved.group(1)) > 0
+    fresh = chat("--new")
+    assert f"[a new conversation: the saved one ({saved.group(1)} tokens) was cleared]" in (
+        fresh.stderr.decode())
+    assert fresh.stdout == first.stdout  # greedy from an empty conversation, as the first was
