@@ -82,7 +82,12 @@ web/dist/index.html: $(shell find web/src web/index.html web/package.json web/pa
                        web/vite.config.ts web/tsconfig.json -type f 2>/dev/null)
 	cd web && npm ci --no-audit --no-fund --silent && npm run build --silent
 
-serve: $(VENV)/.stamp-runtime build
+# Serving the default model runs the reference engine, interpreted: it needs the bytecode and
+# the dashboard, and the C library for `--accelerated`; the mypyc control plane (most of a fresh
+# build's time) and CUDA are built by `make build` when wanted.
+SERVE_PARTS := build-native build-bytecode build-web
+serve: $(VENV)/.stamp-build
+	@$(MAKE) --no-print-directory -j$(words $(SERVE_PARTS)) --output-sync=target $(SERVE_PARTS)
 	$(BIN)/colibri serve
 
 lint: $(VENV)/.stamp-test

@@ -97,13 +97,20 @@ def _stamp(cc: str, variant: Variant) -> str:
     return digest.hexdigest()
 
 
+def is_current(cc: str, variant: Variant, out: Path) -> bool:
+    """The variant's library exists and was built from these sources, flags and compiler."""
+    target = out / variant.name / LIBRARY_NAME
+    stamp_file = target.with_suffix(".stamp")
+    return (target.exists() and stamp_file.exists()
+            and stamp_file.read_text() == _stamp(cc, variant))
+
+
 def build_variant(cc: str, variant: Variant, out: Path) -> Path:
     """Compile one variant unless its stamp is current; returns the library path."""
     target = out / variant.name / LIBRARY_NAME
-    stamp_file = target.with_suffix(".stamp")
-    stamp = _stamp(cc, variant)
-    if target.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+    if is_current(cc, variant, out):
         return target
+    stamp = _stamp(cc, variant)
     error = compile_library(target, stamp, lambda partial: [
         cc, *BASE_FLAGS, *variant.flags, f"-I{SOURCE_DIR}", *(str(s) for s in sources()), "-o",
         str(partial), "-lm"])
@@ -189,14 +196,22 @@ def main(argv: list[str] | None = None) -> int:
         print("colibri accelerated build skipped: no C compiler found (set CC, or install "
               "cc/gcc/clang); --accelerated will not be available", file=sys.stderr)
         return 0 if not args.sanitize else 1
+    cc = compiler()
+    assert cc is not None
+    wanted = [SANITIZE] if args.sanitize else variants()
+    stale = {v.name for v in wanted if not is_current(cc, v, DEFAULT_OUT)}
     try:
         built = [build_sanitized()] if args.sanitize else build()
         env = sanitizer_env() if command else None
     except BuildError as exc:
         print(f"colibri accelerated build failed: {exc}", file=sys.stderr)
         return 1
+    # One line per library compiled now; one line in all when every one was current.
     for path in built:
-        print(f"built {path}")
+        if path.parent.name in stale:
+            print(f"built {path}")
+    if not stale:
+        print(f"C library in {DEFAULT_OUT} is current ({len(built)} variant(s))")
     if command:
         return subprocess.run(command, env=env, check=False).returncode
     return 0

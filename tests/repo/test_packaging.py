@@ -118,9 +118,9 @@ def test_sdist_install_gives_a_working_doctor_and_accelerated_engine(tmp_path: P
 
 
 def test_make_build_installs_what_a_wheel_build_compiles_with() -> None:
-    """`make serve` installs only the `build` extra before mypyc type-checks the control plane,
-    so that extra must carry every stub package the wheel backend adds for the same step (it
-    once lacked types-regex and `make serve` stopped on a fresh clone)."""
+    """`make build` installs only the `build` extra before mypyc type-checks the control plane,
+    so that extra must carry every stub package the wheel backend adds for the same step
+    (without one, `make build` stops on a fresh clone)."""
     import tomllib
 
     sys.path.insert(0, str(REPO / "tools"))
