@@ -20,6 +20,20 @@ describe("systemone", () => {
     expect(v.unsure).toBe(true);
   });
 
+  it("says how much of the model's probability the allowed answers hold, and warns when it is tiny", () => {
+    const sure = view({ answer: "no", choices: [{ option: "no", p: 0.9, logprob: Math.log(0.6) }, { option: "yes", p: 0.1, logprob: Math.log(0.066) }] });
+    expect(sure.covered).toBeCloseTo(0.666);
+    expect(sure.outOfDepth).toBe(false);
+    // Both answers unlikely: normalised, "no" still looks certain; the total gives it away.
+    const lost = view({ answer: "no", choices: [{ option: "no", p: 1, logprob: -12.9 }, { option: "yes", p: 0, logprob: -30.2 }] });
+    expect(lost.unsure).toBe(false);
+    expect(lost.covered).toBeCloseTo(Math.exp(-12.9) + Math.exp(-30.2));
+    expect(lost.outOfDepth).toBe(true);
+    const bare = view({ answer: "a", choices: [{ option: "a", p: 0.7 }, { option: "b", p: 0.3 }] });
+    expect(bare.covered).toBeNull();
+    expect(bare.outOfDepth).toBe(false);
+  });
+
   it("drops malformed choices rather than drawing NaN", () => {
     const v = view({ answer: "a", choices: [{ option: "a", p: 1 }, { option: "b", p: Number.NaN }, {} as never] });
     expect(v.choices).toHaveLength(1);

@@ -23,6 +23,13 @@ export interface SystemOneReply {
 /** Normalised entropy at or above which the page says the model is unsure. */
 export const UNSURE_AT = 0.5;
 
+/**
+ * Total probability (the sum of each allowed answer's exp(logprob)) under which the page warns
+ * that the model is out of its depth: `p` is normalised over the allowed answers, so a
+ * confident-looking answer can rest on a model that would have said something else entirely.
+ */
+export const COVERED_AT_LEAST = 0.01;
+
 export interface SystemOneView {
   answer: string;
   choices: SystemOneChoice[];
@@ -32,6 +39,11 @@ export interface SystemOneView {
   normalised: number;
   unsure: boolean;
   serverEntropy: number | null;
+  /** Σ exp(logprob) over the allowed answers: how much of the model's probability they hold
+   * (null when the server sent no logprobs). */
+  covered: number | null;
+  /** The allowed answers hold less than COVERED_AT_LEAST of the model's probability. */
+  outOfDepth: boolean;
 }
 
 export function parseOptions(text: string): string[] {
@@ -60,6 +72,8 @@ export function view(reply: SystemOneReply): SystemOneView {
   }
   const n = choices.length;
   const normalised = n > 1 ? h / Math.log2(n) : 0;
+  const logprobs = choices.map((c) => c.logprob).filter((l): l is number => typeof l === "number" && Number.isFinite(l));
+  const covered = n > 0 && logprobs.length === n ? logprobs.reduce((a, l) => a + Math.exp(l), 0) : null;
   return {
     answer: typeof reply.answer === "string" ? reply.answer : (choices[0]?.option ?? ""),
     choices,
@@ -67,5 +81,7 @@ export function view(reply: SystemOneReply): SystemOneView {
     normalised,
     unsure: n > 1 && normalised >= UNSURE_AT,
     serverEntropy: typeof reply.entropy === "number" ? reply.entropy : null,
+    covered,
+    outOfDepth: covered !== null && covered < COVERED_AT_LEAST,
   };
 }

@@ -89,6 +89,13 @@ export function SystemOne() {
           <h2>
             Answer: <span className="answer">{out.v.answer}</span>
           </h2>
+          {out.v.covered !== null && (
+            <p className={out.v.outOfDepth ? "warning" : "muted"} data-testid="s1-covered">
+              {out.v.outOfDepth
+                ? `Out of its depth: the allowed answers hold only ${formatShare(out.v.covered)} of the model's probability; it would have answered something else.`
+                : `The allowed answers hold ${formatShare(out.v.covered)} of the model's probability.`}
+            </p>
+          )}
           {out.v.unsure ? (
             <p className="warning" data-testid="s1-unsure">
               The model is unsure: the answers are nearly equally likely (normalised entropy {out.v.normalised.toFixed(2)} ≥ {UNSURE_AT}).
@@ -127,4 +134,10 @@ export function SystemOne() {
       )}
     </section>
   );
+}
+
+/** A share as a percentage, in scientific notation when it is below 0.01 %. */
+function formatShare(x: number): string {
+  const pct = x * 100;
+  return pct >= 0.01 ? `${pct.toFixed(pct >= 10 ? 1 : 2)} %` : `${pct.toExponential(1)} %`;
 }
