@@ -90,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
     backend = available_backend(args, "error")
     if backend is None:
         return 2
+    if backend == "accelerated":
+        from colibri.control_plane import describe
+
+        # As `colibri engine` does: which control plane runs goes to stderr, never stdout.
+        print(describe(), file=sys.stderr)
     model_dir: Path = args.model or default_model_dir()
     problem = _check_sampling(args)
     if problem is not None:

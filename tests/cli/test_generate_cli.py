@@ -76,3 +76,19 @@ def test_generate_bad_input_is_a_clear_error(
 def test_generate_refuses_a_missing_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "/nonexistent/model", "--ids", "1"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_generate_accelerated_says_which_control_plane_runs() -> None:
+    import subprocess
+    import sys
+
+    from support.accelerated_support import BUILT, NOT_BUILT_REASON
+
+    if not BUILT:
+        pytest.skip(NOT_BUILT_REASON)
+    done = subprocess.run([sys.executable, "-m", "colibri", "generate", "--accelerated",
+                           "--model", str(fixture_model_dir("glm5-tiny")), "--ids", "3 14 159",
+                           "--max-tokens", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("[CONTROL] ")  # the line `colibri engine` prints
+    assert "[CONTROL]" not in done.stdout and len(done.stdout.split()) == 2
