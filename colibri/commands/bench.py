@@ -93,6 +93,44 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     if args.output is not None:
         args.output.write_text(text + "\n")
+    # stdout is the JSON document; a reader's summary of it goes to stderr.
+    for line in summary_lines(report["sections"], args.cache_dir):
+        print(line, file=sys.stderr)
     # A section asked for by name that cannot run here (cuda-decode without a GPU) fails the
     # command; in a run of every section it is only reported.
     return 1 if set(refused) & set(args.section) else 0
+
+
+#: How many of a section's ratios its summary line shows (the JSON has them all).
+SUMMARY_RATIOS = 4
+
+
+def _ratios(value: Any, path: str = "") -> list[tuple[str, float]]:
+    """Every number in a section's result whose key, or a key above it, names a ratio, with
+    its dotted path."""
+    out: list[tuple[str, float]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if isinstance(item, (int, float)) and not isinstance(item, bool) and any(
+                    word in where for word in ("ratio", "speedup")):
+                out.append((where, float(item)))
+            else:
+                out.extend(_ratios(item, where))
+    return out
+
+
+def summary_lines(sections: dict[str, Any], cache_dir: Path) -> list[str]:
+    """A short table of the run (each section's wall time and first ratios) and where the
+    generated benchmark models are kept, with their size on disk."""
+    lines = [f"{'section':26} {'wall s':>7}  ratios (all in the JSON)"]
+    for name, result in sections.items():
+        ratios = ", ".join(f"{k} {v:.2f}" for k, v in _ratios(result)[:SUMMARY_RATIOS])
+        state = "refused" if "refused" in result else ratios or "-"
+        lines.append(f"{name:26} {result.get('section_wall_s', 0.0):7.1f}  {state}")
+    if cache_dir.is_dir():
+        size = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
+        lines.append(f"generated benchmark models are kept in {cache_dir} ({size / 1e9:.2f} GB; "
+                     "--cache-dir moves them, deleting the folder frees the space)")
+    return lines
+

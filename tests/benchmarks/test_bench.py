@@ -103,3 +103,23 @@ def test_grammar_section_measures_every_mode_over_the_whole_budget(
         assert entry[f"{mode}_grammar_us_per_token"] > 0
         assert entry[f"{mode}_grammar_over_decode_step"] > 0
     assert "grammar" in load_sections()
+
+
+def test_the_summary_names_each_section_its_ratios_and_the_model_cache(tmp_path: Path) -> None:
+    from colibri.commands.bench import SUMMARY_RATIOS, summary_lines
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "w.safetensors").write_bytes(b"\0" * 3000)
+    sections = {
+        "decode": {"section_wall_s": 12.34, "ratios": {"accelerated_vs_reference": 3.456},
+                   "engines": {"llama": {"speedup": 0.5, "tok_s": 99.0}}},
+        "many": {"section_wall_s": 1.0, **{f"r{i}_ratio": float(i) for i in range(9)}},
+        "cuda": {"section_wall_s": 0.1, "refused": "no GPU"},
+    }
+    lines = summary_lines(sections, tmp_path)
+    assert lines[1].split() == ["decode", "12.3", "ratios.accelerated_vs_reference", "3.46,",
+                                "engines.llama.speedup", "0.50"]
+    assert lines[2].count("_ratio") == SUMMARY_RATIOS
+    assert lines[3].split()[-1] == "refused"
+    assert lines[4].startswith(f"generated benchmark models are kept in {tmp_path} (0.00 GB")
+    assert summary_lines({}, tmp_path / "absent") == [lines[0]]
