@@ -4,174 +4,24 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
 
 from colibri.server import validation as v
+from colibri.server.anthropic_request import render_request
 from colibri.server.context import JSON, Exchange, ServerState, conversation_slot, dumps
 from colibri.server.context import wait_header as queue_wait_header
+from colibri.server.engine_request import check_prompt, submit_request
 from colibri.server.errors import bad
-from colibri.server.openai_api import check_prompt, submit_request
-from colibri.server.piped_turn import run_piped
+from colibri.server.generation import Accepted, EngineTurn, Quiet
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
-from colibri.server.template import Rendered, check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
 from colibri.server.toolcalls import ToolCall, parse_tool_calls
 
 SIGNATURE = "colibri-local"
-BLOCKS_MESSAGE = ("Colibri supports `text`, `image`, `tool_use` and `tool_result` content "
-                  "blocks only.")
-
-
-def _system(body: JSON) -> str | None:
-    system = body.get("system")
-    if system is None or system == "":
-        return None
-    if isinstance(system, str):
-        return system
-    if isinstance(system, list) and all(
-            isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-            for b in system):
-        return "".join(b["text"] for b in system) or None
-    raise bad("`system` must be a string or an array of text blocks.", "system")
-
-
-def _tool_result_text(content: Any) -> Any:
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content
-                       if isinstance(b, dict) and b.get("type") == "text")
-    return "" if content is None else content
-
-
-def translate_messages(body: JSON) -> list[JSON]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("`messages` must be a non-empty array.", "messages")
-    out: list[JSON] = []
-    system = _system(body)
-    if system is not None:
-        out.append({"role": "system", "content": system})
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise bad("Each message must be an object.", f"messages.{i}")
-        role = message.get("role")
-        if role not in ("user", "assistant"):
-            raise bad(f"Input message role {role!r} is not supported. Anthropic messages are "
-                      "`user` or `assistant`; a system prompt goes in the top-level `system`.",
-                      f"messages.{i}.role", "unsupported_role")
-        content = message.get("content")
-        if isinstance(content, str):
-            out.append({"role": role, "content": content})
-            continue
-        if not isinstance(content, list):
-            raise bad("Message content must be a string or an array of blocks.",
-                      f"messages.{i}.content")
-        texts: list[str] = []
-        reasoning = None
-        calls: list[JSON] = []
-        results: list[JSON] = []
-        for j, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, dict) else None
-            param = f"messages.{i}.content.{j}"
-            if kind == "text" and isinstance(block.get("text"), str):
-                texts.append(block["text"])
-            elif kind == "image" and role == "user":
-                raise bad("Colibri currently supports text message content only.", param,
-                          "unsupported_content_type")
-            elif kind == "thinking" and role == "assistant":
-                if not isinstance(block.get("thinking"), str) or not isinstance(
-                        block.get("signature"), str):
-                    raise bad("A `thinking` block needs string `thinking` and `signature`.",
-                              param)
-                reasoning = block["thinking"]
-            elif kind == "tool_use" and role == "assistant":
-                if not isinstance(block.get("name"), str):
-                    raise bad("A `tool_use` block needs a string `name`.", param)
-                args = block.get("input") or {}
-                if not isinstance(args, dict):
-                    raise bad("`input` must be an object.", param)
-                calls.append({"id": block.get("id") or "toolu_" + uuid.uuid4().hex[:24],
-                              "type": "function", "function": {
-                                  "name": block["name"],
-                                  "arguments": json.dumps(args, ensure_ascii=False)}})
-            elif kind == "tool_result" and role == "user":
-                results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                                "content": _tool_result_text(block.get("content"))})
-            else:
-                raise bad(BLOCKS_MESSAGE, f"{param}.type", "unsupported_content_type")
-        if role == "user":
-            out.extend(results)
-            if texts or not results:
-                out.append({"role": "user", "content": "".join(texts)})
-        else:
-            turn: JSON = {"role": "assistant", "content": "".join(texts) or None}
-            if reasoning is not None:
-                turn["reasoning_content"] = reasoning
-            if calls:
-                turn["tool_calls"] = calls
-            out.append(turn)
-    return out
-
-
-def translate_tools(body: JSON) -> tuple[list[JSON] | None, Any]:
-    tools = body.get("tools")
-    translated = None
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise bad("`tools` must be an array.", "tools")
-        translated = []
-        for i, tool in enumerate(tools):
-            if not isinstance(tool, dict):
-                raise bad("Each tool must be an object.", f"tools.{i}")
-            if not isinstance(tool.get("name"), str):
-                raise bad("Each tool requires a string `name`.", f"tools.{i}.name")
-            schema = tool.get("input_schema", {"type": "object", "properties": {}})
-            if not isinstance(schema, dict):
-                raise bad("`input_schema` must be an object.", f"tools.{i}.input_schema")
-            fn: JSON = {"name": tool["name"]}
-            if isinstance(tool.get("description"), str):
-                fn["description"] = tool["description"]
-            fn["parameters"] = schema
-            strict = tool.get("strict")
-            if strict is not None and not isinstance(strict, bool):
-                raise bad("`strict` must be a boolean.", f"tools.{i}.strict")
-            if strict:
-                fn["strict"] = True
-            translated.append({"type": "function", "function": fn})
-    choice = body.get("tool_choice")
-    mapped: Any = None
-    if choice is not None:
-        if not isinstance(choice, dict):
-            raise bad("`tool_choice` must be an object.", "tool_choice")
-        kind = choice.get("type")
-        if kind == "auto":
-            mapped = "auto"
-        elif kind == "any":
-            mapped = "required"
-        elif kind == "none":
-            mapped = "none"
-        elif kind == "tool":
-            if not isinstance(choice.get("name"), str):
-                raise bad("`tool_choice.name` is required when type is `tool`.",
-                          "tool_choice")
-            mapped = {"type": "function", "function": {"name": choice["name"]}}
-        else:
-            raise bad("`tool_choice.type` must be auto, any, none, or tool.", "tool_choice",
-                      "unsupported_value")
-    return translated or None, mapped
 
 
 def _input_schema_param(index: int, _tool: JSON) -> str:
     return f"tools.{index}.input_schema"
-
-
-def _thinking(body: JSON, think_default: bool) -> bool:
-    if "thinking" not in body:
-        return think_default
-    thinking = body["thinking"]
-    if not isinstance(thinking, dict):
-        raise bad("`thinking` must be an object.", "thinking")
-    return thinking.get("type") == "enabled"
 
 
 def _stop_reason(length_limited: bool, calls: list[ToolCall]) -> str:
@@ -180,31 +30,71 @@ def _stop_reason(length_limited: bool, calls: list[ToolCall]) -> str:
     return "max_tokens" if length_limited else "end_turn"
 
 
-def _event(name: str, data: JSON) -> bytes:
-    return f"event: {name}\ndata: ".encode() + dumps(data).encode() + b"\n\n"
+class MessageStream:
+    """The events of one streamed message: a thinking block (index 0) while the model
+    reasons, then one text block, then a block per tool call, each with its own index."""
 
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.thinking = False
+        self.text = -1
+        self.next = 0
 
-def render_request(body: JSON, think_default: bool,
-                   need_max_tokens: bool) -> tuple[list[JSON], JSON, Rendered]:
-    """Translate a Messages body and render its GLM prompt, in spec/http.md §9's order; the
-    prompt is the one the engine gets (and `count_tokens` counts)."""
-    translated = translate_messages(body)
-    tools, choice = translate_tools(body)
-    thinking = _thinking(body, think_default)
-    if need_max_tokens and body.get("max_tokens") is None:
-        raise bad("`max_tokens` is required.", "max_tokens")
-    openai_body: JSON = {"messages": translated, "max_tokens": body.get("max_tokens"),
-                         "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-                         "stream": body.get("stream", False),
-                         "cache_slot": body.get("cache_slot")}
-    if tools is not None:
-        openai_body["tools"] = tools
-    if choice is not None:
-        openai_body["tool_choice"] = choice
-    continued = check_continuation(translated, openai_body)
-    rendered = render_chat(translated, thinking=thinking, effort="high" if thinking else None,
-                           tools=v.lenient_tool_spec(openai_body), continued=continued)
-    return translated, openai_body, rendered
+    async def send(self, name: str, data: JSON) -> None:
+        await self.exchange.send_sse(
+            f"event: {name}\ndata: ".encode() + dumps(data).encode() + b"\n\n")
+
+    async def start(self, message: JSON, thinking: bool) -> None:
+        await self.send("message_start", {"type": "message_start", "message": message})
+        block: JSON = ({"type": "thinking", "thinking": "", "signature": ""} if thinking
+                       else {"type": "text", "text": ""})
+        self.thinking, self.text, self.next = thinking, -1 if thinking else 0, 1
+        await self.send("content_block_start", {"type": "content_block_start", "index": 0,
+                                                "content_block": block})
+
+    async def piece(self, kind: str, text: str) -> None:
+        if kind == "reasoning" and self.thinking:
+            await self.send("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                    "delta": {"type": "thinking_delta",
+                                                              "thinking": text}})
+            return
+        await self.close_thinking()
+        if self.text < 0:
+            self.text, self.next = self.next, self.next + 1
+            await self.send("content_block_start", {
+                "type": "content_block_start", "index": self.text,
+                "content_block": {"type": "text", "text": ""}})
+        await self.send("content_block_delta", {"type": "content_block_delta",
+                                                "index": self.text,
+                                                "delta": {"type": "text_delta", "text": text}})
+
+    async def close_thinking(self) -> None:
+        if self.thinking:
+            self.thinking = False
+            await self.send("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                    "delta": {"type": "signature_delta",
+                                                              "signature": SIGNATURE}})
+            await self.send("content_block_stop", {"type": "content_block_stop", "index": 0})
+
+    async def finish(self, calls: list[ToolCall], reason: str, output_tokens: int) -> None:
+        await self.close_thinking()
+        if self.text >= 0:
+            await self.send("content_block_stop", {"type": "content_block_stop",
+                                                   "index": self.text})
+        for index, call in enumerate(calls, self.next):
+            await self.send("content_block_start", {
+                "type": "content_block_start", "index": index, "content_block": {
+                    "type": "tool_use", "id": call.id, "name": call.name, "input": {}}})
+            await self.send("content_block_delta", {
+                "type": "content_block_delta", "index": index, "delta": {
+                    "type": "input_json_delta",
+                    "partial_json": json.dumps(call.arguments, ensure_ascii=False)}})
+            await self.send("content_block_stop", {"type": "content_block_stop",
+                                                   "index": index})
+        await self.send("message_delta", {
+            "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
+            "usage": {"output_tokens": output_tokens}})
+        await self.send("message_stop", {"type": "message_stop"})
 
 
 async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
@@ -223,106 +113,41 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
         slot = conversation_slot(translated, config.kv_slots)
     stream = v.stream_flag(openai_body)
     check_prompt(rendered.prompt, "messages")
-    tools_spec = shaping.tools
+    tools = shaping.tools
     split = ThinkingSplit(rendered.starts_in_reasoning) if (
-        rendered.starts_in_reasoning or tools_spec is not None) else None
-    pipe = OutputPipeline(stop_filter((), False, chat=True), split, tools_spec is not None,
-                          stream)
+        rendered.starts_in_reasoning or tools is not None) else None
+    pipe = OutputPipeline(stop_filter((), False, chat=True), split, tools is not None, stream)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = config.model_id
     thinking_on = rendered.starts_in_reasoning
-
-    state_open = {"thinking": False, "text": -1, "next": 0}
-
-    async def send(name: str, data: JSON) -> None:
-        await exchange.send_sse(_event(name, data))
-
-    async def close_thinking() -> None:
-        if state_open["thinking"]:
-            state_open["thinking"] = False
-            await send("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                               "delta": {"type": "signature_delta",
-                                                         "signature": SIGNATURE}})
-            await send("content_block_stop", {"type": "content_block_stop", "index": 0})
-
-    async def emit(pieces: list[tuple[str, str]]) -> None:
-        if not stream:
-            return
-        for kind, text in pieces:
-            if kind == "reasoning" and state_open["thinking"]:
-                await send("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                   "delta": {"type": "thinking_delta",
-                                                             "thinking": text}})
-                continue
-            await close_thinking()
-            if state_open["text"] < 0:
-                state_open["text"] = state_open["next"]
-                state_open["next"] += 1
-                await send("content_block_start", {
-                    "type": "content_block_start", "index": state_open["text"],
-                    "content_block": {"type": "text", "text": ""}})
-            await send("content_block_delta", {"type": "content_block_delta",
-                                               "index": state_open["text"],
-                                               "delta": {"type": "text_delta", "text": text}})
+    events = MessageStream(exchange)
 
     async with state.admitted(slot, exchange) as admission:
         request = submit_request(shaping, rendered.prompt, admission.slot, 0, {})
-
-        async def on_accept(_prompt_tokens: int) -> None:
-            if not stream:
-                return
-            await exchange.start_sse(queue_wait_header(admission))
-            await send("message_start", {"type": "message_start", "message": {
-                "id": mid, "type": "message", "role": "assistant", "model": model,
-                "content": [], "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": 0, "output_tokens": 0}}})
-            if thinking_on:
-                state_open["thinking"] = True
-                state_open["next"] = 1
-                await send("content_block_start", {
-                    "type": "content_block_start", "index": 0,
-                    "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
-            else:
-                state_open["text"] = 0
-                state_open["next"] = 1
-                await send("content_block_start", {
-                    "type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": ""}})
-
-        async def ping() -> None:
-            await send("ping", {"type": "ping"})
-
-        result = await run_piped(state, request, exchange, pipe, stream=stream,
-                                 on_accept=on_accept, emit=emit, keepalive=ping,
-                                 drop_empty_pieces=True)
+        async with EngineTurn(state, request, exchange, pipe, stream=stream) as turn:
+            async for step in turn:
+                if not stream:
+                    continue
+                if isinstance(step, Accepted):
+                    await exchange.start_sse(queue_wait_header(admission))
+                    await events.start({
+                        "id": mid, "type": "message", "role": "assistant", "model": model,
+                        "content": [], "stop_reason": None, "stop_sequence": None,
+                        "usage": {"input_tokens": 0, "output_tokens": 0}}, thinking_on)
+                elif isinstance(step, Quiet):
+                    await events.send("ping", {"type": "ping"})
+                else:
+                    for kind, piece in step.pieces:
+                        await events.piece(kind, piece)
+        result = turn.outcome()
         calls: list[ToolCall] = []
         text: str = pipe.answer
-        if tools_spec is not None:
-            content, calls = parse_tool_calls(pipe.answer, tools_spec)
+        if tools is not None:
+            content, calls = parse_tool_calls(pipe.answer, tools)
             text = content or ""
         reason = _stop_reason(result.stats.length_limited, calls)
         if stream:
-            await close_thinking()
-            if state_open["text"] >= 0:
-                await send("content_block_stop", {"type": "content_block_stop",
-                                                  "index": state_open["text"]})
-            index = state_open["next"]
-            for call in calls:
-                await send("content_block_start", {
-                    "type": "content_block_start", "index": index, "content_block": {
-                        "type": "tool_use", "id": call.id, "name": call.name, "input": {}}})
-                await send("content_block_delta", {
-                    "type": "content_block_delta", "index": index, "delta": {
-                        "type": "input_json_delta",
-                        "partial_json": json.dumps(call.arguments, ensure_ascii=False)}})
-                await send("content_block_stop", {"type": "content_block_stop",
-                                                  "index": index})
-                index += 1
-            await send("message_delta", {
-                "type": "message_delta",
-                "delta": {"stop_reason": reason, "stop_sequence": None},
-                "usage": {"output_tokens": result.stats.completion_tokens}})
-            await send("message_stop", {"type": "message_stop"})
+            await events.finish(calls, reason, result.stats.completion_tokens)
             return
         blocks: list[JSON] = []
         if thinking_on:

@@ -7,6 +7,7 @@ duration only.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -48,6 +49,9 @@ POST_ROUTES: dict[str, Endpoint] = {
 }
 #: What this server answers, in /v1/models and /health (colibri's capability names).
 CAPABILITIES = ["chat", "systemone"]
+#: `GET /experts.json` when no atlas was written (spec/http.md §10, schemas/atlas_absent.json).
+ATLAS_ABSENT: JSON = {"atlas": "absent", "message": "No expert atlas has been written on "
+                      "this server; colibri atlas analyze --web writes one."}
 #: The one POST route colibri serves without checking `model` (it answers any model id).
 MODEL_FREE = "/v1/systemone"
 
@@ -91,7 +95,7 @@ class Handler(tornado.web.RequestHandler):
     def initialize(self, state: ServerState) -> None:
         self.state = state
         self.request_id = "req_" + uuid.uuid4().hex
-        self.gone = False
+        self.gone = asyncio.Event()
         self.streaming = False
         self.last_write = time.monotonic()
         self.anthropic = False
@@ -108,7 +112,7 @@ class Handler(tornado.web.RequestHandler):
         self.set_header("Server", "colibri")
 
     def on_connection_close(self) -> None:
-        self.gone = True
+        self.gone.set()
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         # Tornado raises HTTPError for what it refuses itself (a 405): an answer, not a fault.
@@ -124,7 +128,7 @@ class Handler(tornado.web.RequestHandler):
 
     async def send_json(self, status: int, body: JSON,
                         headers: dict[str, str] | None = None) -> None:
-        if self.gone:
+        if self.gone.is_set():
             return
         data = dumps(body).encode()
         self.set_status(status)
@@ -150,7 +154,7 @@ class Handler(tornado.web.RequestHandler):
         await self._flush()
 
     async def send_sse(self, data: bytes) -> None:
-        if self.gone:
+        if self.gone.is_set():
             return
         self.write(data)
         await self._flush()
@@ -160,7 +164,7 @@ class Handler(tornado.web.RequestHandler):
             await self.flush()
             self.last_write = time.monotonic()
         except tornado.iostream.StreamClosedError:
-            self.gone = True
+            self.gone.set()
 
     # ---- shared checks --------------------------------------------------------------
 
@@ -262,7 +266,8 @@ class Handler(tornado.web.RequestHandler):
             self._cors()
             self.finish(openapi_document())
             return
-        if path == "/experts.json" and self._atlas():
+        if path == "/experts.json":
+            self._atlas()
             return
         if not path.startswith("/v1/") and self._static(path):
             return
@@ -314,18 +319,22 @@ class Handler(tornado.web.RequestHandler):
                           "last_exit": sup.last_exit, "seeds": sup.supports_seeds}
         await self.send_json(code, body)
 
-    def _atlas(self) -> bool:
+    def _atlas(self) -> None:
         """The expert atlas `colibri atlas analyze --web` wrote (a state path, so a dashboard
-        build cannot replace it); False when there is none (web/dist may still have one)."""
+        build cannot replace it), else a `web/dist/experts.json`, else the documented empty
+        state: a fresh install has no atlas, and saying so is an answer, not a failure."""
         configured = self.state.config.atlas_path
         target = Path(configured) if configured else resources.atlas_path()
-        if not target.is_file():
-            return False
+        if target.is_file():
+            data = target.read_bytes()
+        elif self._static("/experts.json"):
+            return
+        else:
+            data = dumps(ATLAS_ABSENT).encode()
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-cache")
         self._cors()
-        self.finish(target.read_bytes())
-        return True
+        self.finish(data)
 
     def _static(self, path: str) -> bool:
         """Serve a web/dist file or the SPA fallback; False when the path is not static."""
@@ -373,7 +382,7 @@ class Handler(tornado.web.RequestHandler):
             self._abort()
         except EngineFailure as exc:
             log.warning("engine failure on %s: %s", path, exc)
-            if self.streaming or self.gone:
+            if self.streaming or self.gone.is_set():
                 self._abort()
             else:
                 await self._error(engine_error())
@@ -384,7 +393,7 @@ class Handler(tornado.web.RequestHandler):
         stream = getattr(connection, "stream", None)
         if stream is not None:
             stream.close()
-        self.gone = True
+        self.gone.set()
         # Nothing more may be written: keep Tornado from finishing the response itself.
         self._finished = True
 

@@ -3,6 +3,7 @@ and the per-request exchange the HTTP layer implements."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -12,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from colibri.server.errors import ClientCancelled
-from colibri.server.generation import EngineResult
 from colibri.server.metrics import GenerationMetrics
 from colibri.server.scheduler import Admission, Scheduler
 from colibri.server.supervisor import EngineSupervisor
@@ -52,7 +52,8 @@ class ServerConfig:
 class Exchange(Protocol):
     """One HTTP request as the endpoint logic sees it."""
 
-    gone: bool
+    #: Set once the client has left (its connection closed); awaited by a running turn.
+    gone: asyncio.Event
     last_write: float
     streaming: bool
 
@@ -79,7 +80,7 @@ class ServerState:
     @contextlib.asynccontextmanager
     async def admitted(self, slot: int | None, exchange: Exchange) -> AsyncIterator[Admission]:
         """Hold a KV slot for the body; the outcome counter follows how the body ended."""
-        admission = await self.scheduler.acquire(slot, lambda: exchange.gone)
+        admission = await self.scheduler.acquire(slot, exchange.gone.is_set)
         outcome = "failed"
         try:
             yield admission
@@ -88,7 +89,7 @@ class ServerState:
             outcome = "cancelled"
             raise
         finally:
-            if outcome == "failed" and exchange.gone:
+            if outcome == "failed" and exchange.gone.is_set():
                 outcome = "cancelled"
             self.scheduler.release(admission, outcome)
 
@@ -108,25 +109,6 @@ def conversation_slot(messages: list[Any], kv_slots: int) -> int:
 
 def wait_header(admission: Admission) -> dict[str, str]:
     return {"x-colibri-queue-wait-ms": str(round(admission.wait_s * 1000))}
-
-
-def colibri_stats(result: EngineResult) -> JSON:
-    stats = result.stats
-    tele = result.telemetry
-    return {
-        "stats": {"prompt_tokens": stats.prompt_tokens,
-                  "completion_tokens": stats.completion_tokens,
-                  "tokens_per_second": stats.tokens_per_second,
-                  "cache_hit_percent": stats.cache_hit_percent, "rss_gb": stats.rss_gb,
-                  "length_limited": stats.length_limited},
-        "perf": tele.perf, "topk": None, "entropy": tele.entropy, "gpus": tele.gpus,
-        "repin": tele.repin,
-    }
-
-
-def usage(result: EngineResult) -> JSON:
-    p, c = result.stats.prompt_tokens, result.stats.completion_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def dumps(obj: Any) -> str:

@@ -2,8 +2,9 @@
 
 Each engine token occupies a span of characters of the raw engine text. The text the client
 gets is a region of that raw text (after stop handling) with reasoning and marker bytes
-removed; a token reports only its characters inside that region, so ``"".join(tokens)`` is
-always the returned text.
+removed; the output pipeline that produced the text marks those characters
+(``OutputPipeline.answer_mask``), and a token reports only its marked characters, so
+``"".join(tokens)`` is always the returned text.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from typing import Any
 
 from colibri.server.errors import APIError
 from colibri.server.generation import EngineResult, TokenSpan
-from colibri.server.stops import StopFilter
 
 JSON = dict[str, Any]
-MARKERS = ("<think>", "</think>")
 
 
 def incomplete() -> APIError:
@@ -26,36 +25,6 @@ def incomplete() -> APIError:
 
 def _num(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def content_mask(raw: str, stops: StopFilter, starts_in_reasoning: bool,
-                 split: bool) -> list[bool]:
-    start = stops.dropped_prefix
-    end = stops.cut if stops.cut is not None else len(raw)
-    mask = [False] * len(raw)
-    if split:
-        region = raw[start:end]
-        if starts_in_reasoning:
-            at = region.find("</think>")
-            if at < 0:
-                return mask
-            start += at + len("</think>")
-        for i in range(start, end):
-            mask[i] = True
-        pos = start
-        while pos < end:
-            hits = [(raw.find(m, pos, end), m) for m in MARKERS]
-            found = [(p, m) for p, m in hits if p >= 0]
-            if not found:
-                break
-            p, marker = min(found)
-            for i in range(p, p + len(marker)):
-                mask[i] = False
-            pos = p + len(marker)
-    else:
-        for i in range(start, end):
-            mask[i] = True
-    return mask
 
 
 def _entries(raw: str, spans: list[TokenSpan], mask: list[bool]) -> list[tuple[TokenSpan, str,

@@ -13,17 +13,14 @@ from colibri.server.context import (
     JSON,
     Exchange,
     ServerState,
-    colibri_stats,
     conversation_slot,
     dumps,
-    usage,
     wait_header,
 )
-from colibri.server.engine_client import SubmitRequest
+from colibri.server.engine_request import check_prompt, submit_request
 from colibri.server.errors import bad
-from colibri.server.generation import EngineResult
-from colibri.server.piped_turn import run_piped
-from colibri.server.pipeline import OutputPipeline, Piece, stop_filter
+from colibri.server.generation import Accepted, EngineResult, EngineTurn, Quiet
+from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
 from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
@@ -105,22 +102,6 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
                     v.ignore_leading_stop(body), strict)
 
 
-def check_prompt(prompt: str, param: str) -> None:
-    """The wire protocol refuses NUL in a payload; say so before taking a slot."""
-    if "\x00" in prompt:
-        raise bad("NUL bytes are not supported in prompts.", param)
-
-
-def submit_request(shaping: v.Shaping, prompt: str, slot: int, logprobs: int,
-                   seed: dict[str, int]) -> SubmitRequest:
-    ext: dict[str, int] = {}
-    if logprobs:
-        ext["logprobs"] = logprobs
-    ext.update(seed)
-    return SubmitRequest(slot, prompt.encode(), shaping.max_tokens, shaping.temperature,
-                         shaping.top_p, shaping.grammar, ext)
-
-
 class SSE:
     """Chunk writer for one OpenAI stream (same id/created on every chunk)."""
 
@@ -139,6 +120,26 @@ class SSE:
 
     async def done(self) -> None:
         await self.exchange.send_sse(b"data: [DONE]\n\n")
+
+
+def colibri_stats(result: EngineResult) -> JSON:
+    stats = result.stats
+    tele = result.telemetry
+    return {
+        "stats": {"prompt_tokens": stats.prompt_tokens,
+                  "completion_tokens": stats.completion_tokens,
+                  "tokens_per_second": stats.tokens_per_second,
+                  "cache_hit_percent": stats.cache_hit_percent, "rss_gb": stats.rss_gb,
+                  "length_limited": stats.length_limited},
+        "perf": tele.perf, "topk": None, "entropy": tele.entropy, "gpus": tele.gpus,
+        "repin": tele.repin,
+    }
+
+
+def usage(result: EngineResult) -> JSON:
+    p, c = result.stats.prompt_tokens, result.stats.completion_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
 
 
 def _finish_reason(result: EngineResult, calls: list[ToolCall]) -> str:
@@ -169,23 +170,20 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
         request = submit_request(plan.shaping, plan.prompt, admission.slot,
                                  max(plan.logprobs, 1) if plan.logprobs is not None else 0,
                                  seed)
-
-        async def on_accept(_prompt_tokens: int) -> None:
-            if plan.stream:
-                await exchange.start_sse(wait_header(admission))
-                await sse.chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                  "logprobs": None, "finish_reason": None}])
-
-        async def emit(pieces: list[Piece]) -> None:
-            if plan.stream:
-                for kind, text in pieces:
-                    await sse.chunk([_delta(kind, text)])
-
-        async def keepalive() -> None:
-            await sse.chunk([_delta("reasoning", state.config.keepalive_text)])
-
-        result = await run_piped(state, request, exchange, pipe, stream=plan.stream,
-                                 on_accept=on_accept, emit=emit, keepalive=keepalive)
+        async with EngineTurn(state, request, exchange, pipe, stream=plan.stream) as turn:
+            async for step in turn:
+                if not plan.stream:
+                    continue
+                if isinstance(step, Accepted):
+                    await exchange.start_sse(wait_header(admission))
+                    await sse.chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}])
+                elif isinstance(step, Quiet):
+                    await sse.chunk([_delta("reasoning", state.config.keepalive_text)])
+                else:
+                    for kind, text in step.pieces:
+                        await sse.chunk([_delta(kind, text)])
+        result = turn.outcome()
         calls: list[ToolCall] = []
         content: str | None = pipe.answer
         if tools is not None:
@@ -214,7 +212,7 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
             message["tool_calls"] = [c.openai() for c in calls]
         logprob_body = None
         if plan.logprobs is not None:
-            mask = lp.content_mask(result.raw_text, stops, plan.starts_in_reasoning, True)
+            mask = pipe.answer_mask(len(result.raw_text))
             logprob_body = lp.chat_logprobs(result, mask, pipe.answer, plan.logprobs)
         await exchange.send_json(200, {
             "id": rid, "object": "chat.completion", "created": created,
@@ -254,21 +252,19 @@ async def completion(state: ServerState, body: JSON, exchange: Exchange) -> None
     async with state.admitted(slot, exchange) as admission:
         request = submit_request(shaping, prompt, admission.slot, logprobs, seed)
 
-        async def on_accept(_prompt_tokens: int) -> None:
-            if stream:
-                await exchange.start_sse(wait_header(admission))
-
-        async def emit(pieces: list[Piece]) -> None:
-            if stream:
-                for _, text in pieces:
-                    await sse.chunk([choice(text, None)])
-
-        async def keepalive() -> None:
-            await sse.chunk([choice(config.keepalive_text, None)])
-
-        result = await run_piped(state, request, exchange, pipe, stream=stream,
-                                 on_accept=on_accept, emit=emit, keepalive=keepalive,
-                                 context_param="prompt")
+        async with EngineTurn(state, request, exchange, pipe, stream=stream,
+                              context_param="prompt") as turn:
+            async for step in turn:
+                if not stream:
+                    continue
+                if isinstance(step, Accepted):
+                    await exchange.start_sse(wait_header(admission))
+                elif isinstance(step, Quiet):
+                    await sse.chunk([choice(config.keepalive_text, None)])
+                else:
+                    for _, text in step.pieces:
+                        await sse.chunk([choice(text, None)])
+        result = turn.outcome()
         finish = "length" if result.stats.length_limited else "stop"
         if stream:
             await sse.chunk([choice("", finish)])
@@ -280,7 +276,7 @@ async def completion(state: ServerState, body: JSON, exchange: Exchange) -> None
         text = pipe.answer
         logprob_body = None
         if logprobs:
-            mask = lp.content_mask(result.raw_text, stops, False, False)
+            mask = pipe.answer_mask(len(result.raw_text))
             text, logprob_body = lp.completion_logprobs(result, mask, text, echo)
         await exchange.send_json(200, {
             "id": rid, "object": "text_completion", "created": created,

@@ -1,9 +1,13 @@
-"""The output pipeline: engine text → stop filter → reasoning split → tool gate → client."""
+"""The output pipeline: engine text → stop filter → reasoning split → tool gate → client.
+
+The pipeline also keeps where in the raw engine text each character of the answer came from,
+so log-probabilities describe exactly the text it produced (``answer_mask``).
+"""
 
 from __future__ import annotations
 
 from colibri.server.stops import GLM_IMPLICIT_STOPS, StopFilter
-from colibri.server.thinking import ThinkingSplit
+from colibri.server.thinking import Part, ThinkingSplit
 from colibri.server.toolcalls import ToolStreamGate
 
 Piece = tuple[str, str]
@@ -27,31 +31,44 @@ class OutputPipeline:
         self.reasoning = ""
         #: The whole answer text after the split (tool calls are parsed from it).
         self.answer = ""
+        #: Raw-text ``[start, end)`` of each piece of ``answer``, in order.
+        self.answer_spans: list[tuple[int, int]] = []
 
     @property
     def stopped(self) -> bool:
         return self.stops.matched
 
     def feed(self, text: str) -> list[Piece]:
-        return self._after_stops(self.stops.feed(text), final=False)
+        kept = self.stops.feed(text)
+        return self._after_stops(kept, self.stops.released_at, final=False)
 
     def finish(self) -> list[Piece]:
-        return self._after_stops(self.stops.finish(), final=True)
+        kept = self.stops.finish()
+        return self._after_stops(kept, self.stops.released_at, final=True)
 
-    def _after_stops(self, text: str, final: bool) -> list[Piece]:
+    def answer_mask(self, size: int) -> list[bool]:
+        """Which of the raw text's ``size`` characters are in ``answer``."""
+        mask = [False] * size
+        for start, end in self.answer_spans:
+            mask[start:end] = [True] * (end - start)
+        return mask
+
+    def _after_stops(self, text: str, at: int, final: bool) -> list[Piece]:
+        parts: list[Part]
         if self.split is None:
-            pieces = [("content", text)] if text else []
+            parts = [("content", text, at)] if text else []
         else:
-            pieces = self.split.feed(text) if text else []
+            parts = self.split.feed(text, at) if text else []
             if final:
-                pieces += self.split.finish()
+                parts += self.split.finish()
         out: list[Piece] = []
-        for kind, piece in pieces:
+        for kind, piece, start in parts:
             if kind == "reasoning":
                 self.reasoning += piece
                 out.append((kind, piece))
                 continue
             self.answer += piece
+            self.answer_spans.append((start, start + len(piece)))
             shown = self.gate.feed(piece) if self.gate is not None else piece
             if shown:
                 out.append(("content", shown))

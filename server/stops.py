@@ -25,6 +25,8 @@ class StopFilter:
         self.consumed = 0
         self.dropped_prefix = 0
         self.cut: int | None = None
+        #: Where, in the raw text, the text the last ``feed``/``finish`` returned begins.
+        self.released_at = 0
 
     def feed(self, chunk: str) -> str:
         if self.matched:
@@ -50,17 +52,20 @@ class StopFilter:
             self.matched = True
             self.cut = base + pos
             self.pending = ""
+            self.released_at = base
             self._note(out)
             return out
         keep = self._held_suffix(text)
         release, self.pending = text[: len(text) - keep], text[len(text) - keep:]
         out += release
+        self.released_at = base
         self._note(out)
         return out
 
     def finish(self) -> str:
         if self.matched:
             return ""
+        self.released_at = self.consumed - len(self.pending)
         out, self.pending = self.pending, ""
         self._note(out)
         return out

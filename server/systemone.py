@@ -16,7 +16,7 @@ from typing import Any
 from colibri.server.context import Exchange, ServerState, wait_header
 from colibri.server.engine_client import SubmitRequest
 from colibri.server.errors import APIError
-from colibri.server.generation import EngineResult, TokenSpan, run_engine
+from colibri.server.generation import EngineResult, EngineTurn, TokenSpan
 
 from colibri.text import chat_format as glm
 
@@ -142,14 +142,11 @@ async def _score(state: ServerState, exchange: Exchange, slot: int, text: str,
     if kept:
         ext["echo_at"] = prompt_bytes
     request = SubmitRequest(slot, text.encode(), 0, 0.0, 1.0, b"", ext)
-
-    async def nothing(*_args: Any) -> None:
-        return None
-
     try:
-        return await run_engine(state.supervisor, request, state.metrics,
-                                on_accept=nothing, on_text=nothing, on_idle=nothing,
-                                stopped=lambda: False, cancelled=lambda: exchange.gone)
+        async with EngineTurn(state, request, exchange) as turn:
+            async for _ in turn:
+                pass  # a scoring turn shows nothing until it is done
+        return turn.outcome()
     except APIError as error:
         if error.code != "context_length_exceeded":
             raise

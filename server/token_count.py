@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import functools
 
-from colibri.server.anthropic_api import render_request
+from colibri.server.anthropic_request import render_request
 from colibri.server.context import JSON, Exchange, ServerState
+from colibri.server.engine_request import check_prompt
 from colibri.server.errors import APIError
-from colibri.server.openai_api import check_prompt
 
 from colibri.text.tokenizer import Tokenizer
 

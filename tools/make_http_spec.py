@@ -431,6 +431,9 @@ ATLAS = obj({
             "label": {"type": "string", "pattern": "^(generalist|specialist: .+)$"}})}},
 })
 
+# What /experts.json answers while no atlas has been written.
+ATLAS_ABSENT = obj({"atlas": const("absent"), "message": STR})
+
 SCHEMAS: dict[str, tuple[str, Schema]] = {
     "error": ("OpenAI error envelope", ERROR),
     "anthropic_error": ("Anthropic error envelope", ANTHROPIC_ERROR),
@@ -455,6 +458,7 @@ SCHEMAS: dict[str, tuple[str, Schema]] = {
     "systemone": ("POST /v1/systemone reply", SYSTEMONE),
     "validation_error": ("422 validation error (`detail` list)", VALIDATION_ERROR),
     "atlas": ("GET /experts.json: the expert atlas (dashboard shape)", ATLAS),
+    "atlas_absent": ("GET /experts.json when no atlas was written", ATLAS_ABSENT),
 }
 
 
@@ -622,10 +626,14 @@ def openapi_document() -> Schema:
             "responses": {"200": {"description": "PROF turns", "content": _json("profile")},
                           **_errors("error", 403)}}},
         "/experts.json": {"get": {
-            "summary": "The expert atlas (`colibri atlas analyze --web`), when one was written",
+            "summary": "The expert atlas (`colibri atlas analyze --web`), or that there is none",
             "operationId": "atlas",
-            "responses": {"200": {"description": "experts.json", "content": _json("atlas")},
-                          **_errors("error", 403, 404)}}},
+            "responses": {"200": {
+                "description": "experts.json, or the empty state while none was written",
+                "content": {"application/json": {"schema": {"oneOf": [
+                    {"$ref": "#/components/schemas/atlas"},
+                    {"$ref": "#/components/schemas/atlas_absent"}]}}}},
+                **_errors("error", 403)}}},
         "/openapi.json": {"get": {
             "summary": "This document", "operationId": "openapi",
             "responses": {"200": {"description": "OpenAPI 3.1",

@@ -185,6 +185,7 @@ def test_permutation_null_keeps_category_sizes(tmp_path: Path) -> None:
 
 
 def test_server_serves_the_written_atlas(tmp_path: Path) -> None:
+    from colibri.server.app import ATLAS_ABSENT
     from colibri.server.context import ServerConfig
     from support.http_transcript import exchange
     from support.server_harness import launch
@@ -192,7 +193,10 @@ def test_server_serves_the_written_atlas(tmp_path: Path) -> None:
     atlas = tmp_path / "state" / "experts.json"
     live = launch(ServerConfig(model_id="m", atlas_path=str(atlas)))
     try:
-        assert exchange(live.url, "GET", "/experts.json")["status"] == 404  # not written yet
+        # Not written yet: the documented empty state, an answer rather than a 404.
+        absent = exchange(live.url, "GET", "/experts.json")
+        assert absent["status"] == 200 and absent["body"] == ATLAS_ABSENT
+        assert "atlas" in absent["body"] and "categories" not in absent["body"]
         result = analyze(load_runs(synthetic(tmp_path / "stats")), 30, 2)
         atlas.parent.mkdir(parents=True)
         atlas.write_text(json.dumps(web_document(result)))

@@ -13,6 +13,7 @@ from colibri.server.context import ServerConfig, conversation_slot
 from colibri.server.engine_client import SubmitRequest, submit_header
 from colibri.server.errors import APIError, ClientCancelled, context_exceeded
 from colibri.server.metrics import GenerationMetrics, render
+from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.runner import ConfigError, validate
 from colibri.server.scheduler import Scheduler
 from colibri.server.stops import GLM_IMPLICIT_STOPS, StopFilter
@@ -69,9 +70,9 @@ def test_stop_filter_output_never_contains_a_stop(text: str, cut: int) -> None:
 
 def run_split(chunks: list[str], thinking: bool) -> tuple[str, str]:
     split = ThinkingSplit(thinking)
-    pieces = [p for c in chunks for p in split.feed(c)] + split.finish()
-    return ("".join(t for k, t in pieces if k == "reasoning"),
-            "".join(t for k, t in pieces if k == "content"))
+    parts = [p for c in chunks for p in split.feed(c)] + split.finish()
+    return ("".join(t for k, t, _ in parts if k == "reasoning"),
+            "".join(t for k, t, _ in parts if k == "content"))
 
 
 @pytest.mark.parametrize(("chunks", "thinking", "want"), [
@@ -91,6 +92,30 @@ def test_thinking_split_colibri_cases(chunks: list[str], thinking: bool,
 @given(st.text(alphabet="ab</think>", max_size=40), st.integers(0, 40), st.booleans())
 def test_thinking_split_is_chunking_invariant(text: str, cut: int, thinking: bool) -> None:
     assert run_split([text[:cut], text[cut:]], thinking) == run_split([text], thinking)
+
+
+# ---- the answer mask (log-probabilities) ------------------------------------------------
+
+
+@given(st.text(alphabet="ab S<|user>/think\n", max_size=50),
+       st.lists(st.integers(0, 50), max_size=6), st.booleans(), st.booleans(),
+       st.sampled_from([(), ("STOP",), ("ab",)]))
+def test_the_answer_mask_selects_exactly_the_answer(text: str, cuts: list[int], chat: bool,
+                                                    reasoning: bool,
+                                                    stops: tuple[str, ...]) -> None:
+    # Logprobs report the characters the pipeline marked; they must spell its answer, however
+    # the engine text was chunked and wherever stops, markers and reasoning fell.
+    points = sorted({min(c, len(text)) for c in cuts})
+    chunks = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+    pipe = OutputPipeline(stop_filter(stops, False, chat),
+                          ThinkingSplit(reasoning) if chat else None, False, False)
+    for chunk in chunks:
+        pipe.feed(chunk)
+        if pipe.stopped:
+            break
+    pipe.finish()
+    mask = pipe.answer_mask(len(text))
+    assert "".join(c for c, keep in zip(text, mask, strict=True) if keep) == pipe.answer
 
 
 # ---- tool calls ---------------------------------------------------------------------

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { AtlasFormatError, layers, parseAtlas, topAffinities, topics } from "./atlas";
+import { ApiError } from "./api";
+import { AtlasFormatError, atlasFailure, atlasState, layers, parseAtlas, topAffinities, topics } from "./atlas";
 
 const web = {
   categories: ["code", "math", "poetry"],
@@ -44,5 +45,29 @@ describe("atlas", () => {
   it("refuses a document without categories", () => {
     expect(() => parseAtlas({ experts: {} })).toThrow(AtlasFormatError);
     expect(() => parseAtlas("x")).toThrow(AtlasFormatError);
+  });
+});
+
+describe("the Explore view's state", () => {
+  it("reads colibri's empty state (no atlas written) as absent, with the server's words", () => {
+    const message = "No expert atlas has been written on this server; colibri atlas analyze --web writes one.";
+    expect(atlasState({ atlas: "absent", message })).toEqual({ kind: "absent", why: message });
+    expect(atlasState({ atlas: "absent" })).toEqual({ kind: "absent", why: "This server has no expert atlas." });
+  });
+
+  it("reads an atlas as an atlas, and a body that is neither as an error", () => {
+    const state = atlasState(web);
+    expect(state.kind).toBe("ok");
+    expect(state.kind === "ok" && state.atlas.experts).toHaveLength(3);
+    expect(atlasState({ atlas: "present" })).toEqual({ kind: "error", message: "experts.json has no `categories` list" });
+    expect(atlasState(null).kind).toBe("error");
+  });
+
+  it("another server's 404 and a refused key mean no atlas; other failures are errors; an abort is ignored", () => {
+    expect(atlasFailure(new ApiError("Not found.", { status: 404 }))).toEqual({ kind: "absent", why: "GET /experts.json answered 404." });
+    expect(atlasFailure(new ApiError("Invalid or missing API key.", { status: 401 }))).toEqual({ kind: "absent", why: "Invalid or missing API key." });
+    expect(atlasFailure(new ApiError("offline", { kind: "network" }))).toEqual({ kind: "absent", why: "offline" });
+    expect(atlasFailure(new ApiError("boom", { status: 500 }))).toEqual({ kind: "error", message: "boom" });
+    expect(atlasFailure(new ApiError("Cancelled.", { kind: "aborted" }))).toBeNull();
   });
 });

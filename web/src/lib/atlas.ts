@@ -4,6 +4,7 @@
  * top, label) and the full one (`--out`: a list of records with layer, expert, spec,
  * top_topic, p).
  */
+import { ApiError } from "./api";
 
 export interface AtlasExpert {
   layer: number;
@@ -117,4 +118,37 @@ export function topAffinities(e: AtlasExpert, k = 3): [string, number][] {
     .sort((a, b) => b[1] - a[1])
     .slice(0, k)
     .map(([c, v]) => [c, Math.round(v * 100)]);
+}
+
+/** What the Brain page's Explore view shows. */
+export type AtlasState = { kind: "loading" } | { kind: "absent"; why: string } | { kind: "error"; message: string } | { kind: "ok"; atlas: Atlas };
+
+/**
+ * A `/experts.json` body as the Explore view's state. colibri answers
+ * `{"atlas": "absent", "message": …}` while no atlas was written (spec/http.md §10): an empty
+ * state, told apart from an atlas by its `atlas` key.
+ */
+export function atlasState(doc: unknown): AtlasState {
+  if (doc !== null && typeof doc === "object" && (doc as { atlas?: unknown }).atlas === "absent") {
+    const message = (doc as { message?: unknown }).message;
+    return { kind: "absent", why: typeof message === "string" ? message : "This server has no expert atlas." };
+  }
+  try {
+    return { kind: "ok", atlas: parseAtlas(doc) };
+  } catch (e) {
+    return { kind: "error", message: (e as Error).message };
+  }
+}
+
+/**
+ * A failed `/experts.json` read as the Explore view's state; null when the read was aborted.
+ * Another server answers 404 (it has no such path) and a keyed one 401: both mean there is no
+ * atlas to show, not an error.
+ */
+export function atlasFailure(e: unknown): AtlasState | null {
+  if (e instanceof ApiError && e.kind === "aborted") return null;
+  if (e instanceof ApiError && (e.status === 404 || e.status === 401 || e.kind === "network")) {
+    return { kind: "absent", why: e.status === 404 ? "GET /experts.json answered 404." : e.message };
+  }
+  return { kind: "error", message: (e as Error).message };
 }

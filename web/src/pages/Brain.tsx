@@ -1,6 +1,15 @@
 import { type MouseEvent, useCallback, useEffect, useRef, useState } from "react";
 import { ApiError, getJSON, rootUrl } from "../lib/api";
-import { type Atlas, type AtlasExpert, layers as layerSummary, parseAtlas, topAffinities, topics } from "../lib/atlas";
+import {
+  type Atlas,
+  type AtlasExpert,
+  type AtlasState,
+  atlasFailure,
+  atlasState,
+  layers as layerSummary,
+  topAffinities,
+  topics,
+} from "../lib/atlas";
 import {
   cellColour,
   decayFlash,
@@ -19,7 +28,6 @@ import { usePoll, useSession } from "../session";
 export const EXPERTS_POLL_MS = 1500;
 
 type Live = { kind: "loading" } | { kind: "absent" } | { kind: "error"; message: string } | { kind: "ok"; body: ExpertsBody; grid: ExpertGrid };
-type AtlasState = { kind: "loading" } | { kind: "absent"; why: string } | { kind: "error"; message: string } | { kind: "ok"; atlas: Atlas };
 
 /** Map a grid row to an absolute layer: the atlas's own layer list when it matches, else colibri's GLM-5.2 rule. */
 function layerOf(row: number, rows: number, atlas: Atlas | null): number | null {
@@ -265,16 +273,15 @@ export function Brain() {
     session.state !== "unauthorized",
   );
 
-  // The atlas is a static file, read once; its absence is an empty state, not an error.
+  // The atlas is a static file, read once; colibri answers an empty state while none was
+  // written, so a fresh install's dashboard logs no failed request.
   useEffect(() => {
     const ctl = new AbortController();
     getJSON<unknown>(session.conn, rootUrl(session.conn, "/experts.json"), ctl.signal)
-      .then((doc) => setAtlas({ kind: "ok", atlas: parseAtlas(doc) }))
+      .then((doc) => setAtlas(atlasState(doc)))
       .catch((e: unknown) => {
-        if (e instanceof ApiError && e.kind === "aborted") return;
-        if (e instanceof ApiError && (e.status === 404 || e.status === 401 || e.kind === "network")) {
-          setAtlas({ kind: "absent", why: e.status === 404 ? "GET /experts.json answered 404." : e.message });
-        } else setAtlas({ kind: "error", message: (e as Error).message });
+        const state = atlasFailure(e);
+        if (state) setAtlas(state);
       });
     return () => ctl.abort();
   }, [session.conn]);
