@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { brightness, cellColour, decayFlash, decodeHits, decodeMap, ExpertsFormatError, heatText, mapSignature, tierName } from "./experts";
+import { brightness, cellColour, decayFlash, decodeHits, decodeMap, ExpertsFormatError, gridCell, heatText, MAX_CELL, mapSignature, tierName } from "./experts";
 
 describe("decodeMap", () => {
   it("reads tier from the top two bits and heat from the low six, row-major", () => {
@@ -71,3 +71,16 @@ describe("colours", () => {
     expect(a).not.toBe(b);
   });
 });
+
+describe("gridCell", () => {
+  it("fills the canvas's width with few experts, up to MAX_CELL", () => {
+    expect(gridCell(1200, 16)).toBe(75); // the default model: 16 experts fill 1200 px
+    expect(gridCell(1200, 4)).toBe(MAX_CELL);
+  });
+
+  it("shrinks to 2 px for wide grids and never divides by zero", () => {
+    expect(gridCell(600, 256)).toBe(2);
+    expect(gridCell(600, 0)).toBe(MAX_CELL);
+  });
+});
+

@@ -91,6 +91,15 @@ export function decayFlash(flash: Float32Array): boolean {
 }
 
 /** Tier colour at the heat's brightness, blended toward white by the flash (0..1). */
+/** The largest cell the live grid draws: a model with few experts per layer still fills
+ * the canvas's width, without squares so large the grid stops reading as a grid. */
+export const MAX_CELL = 96;
+
+/** Side of one expert's cell, in CSS pixels, for a grid of `cols` experts in `width` pixels. */
+export function gridCell(width: number, cols: number): number {
+  return Math.max(2, Math.min(MAX_CELL, Math.floor(width / Math.max(1, cols))));
+}
+
 export function cellColour(tier: number, heat: number, flash = 0): [number, number, number] {
   const base = TIER_COLOURS[tier] ?? TIER_COLOURS[0]!;
   const k = brightness(heat);

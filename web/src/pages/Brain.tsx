@@ -16,6 +16,7 @@ import {
   decodeHits,
   decodeMap,
   type ExpertGrid,
+  gridCell,
   type ExpertsBody,
   heatText,
   mapSignature,
@@ -54,7 +55,7 @@ function LiveGrid({ live, atlas }: { live: Extract<Live, { kind: "ok" }>; atlas:
   const [width, setWidth] = useState(600);
   const [hover, setHover] = useState<{ x: number; y: number; text: string[] } | null>(null);
   const { grid, body } = live;
-  const cell = Math.max(2, Math.min(28, Math.floor(width / Math.max(1, grid.cols))));
+  const cell = gridCell(width, grid.cols);
   const gap = cell >= 8 ? 1 : 0;
 
   useEffect(() => {
