@@ -192,9 +192,11 @@ function Explore({ state }: { state: AtlasState }) {
         <h2>No expert atlas on this server</h2>
         <p>{state.why}</p>
         <p>
-          The atlas is the output of colibri’s atlas analysis in its dashboard format (<code>analyze --web experts.json</code>: routing
-          statistics per topic, base-rate corrected, with a replication gate). Publish that file where the server serves{" "}
-          <code>/experts.json</code> and this view shows the regions, the specialists per topic and the specialisation per layer.
+          The atlas is the output of colibri’s atlas analysis in its dashboard format: routing statistics per topic, base-rate
+          corrected, with a replication gate. <code>colibri atlas sweep --out atlas</code> runs the probes through the served model,
+          then <code>colibri atlas analyze --stats atlas/stats --web</code> writes the file this server serves as{" "}
+          <code>/experts.json</code>; reload and this view shows the regions, the specialists per topic and the specialisation per
+          layer.
         </p>
       </div>
     );
