@@ -18,11 +18,12 @@ import numpy as np
 from colibri.accelerated.kernels import KernelError
 from colibri.accelerated.model import Model, open_model
 from colibri.accelerated.native import LibraryNotBuilt
-from colibri.reference.backend import KVStateBackend, model_fingerprint
-from colibri.reference.expert_store import TieredExpertStore
 from colibri.reference.experts import stored_expert_bytes
 from colibri.reference.indexer_presence import log_indexer
 
+from colibri.backend_kit.kv_state_backend import KVStateBackend
+from colibri.backend_kit.model_fingerprint import model_fingerprint
+from colibri.backend_kit.tiered_expert_store import TieredExpertStore
 from colibri.engine.backend import Device
 from colibri.engine.registry import BackendOptions, BackendUnavailable
 

@@ -21,8 +21,9 @@ import numpy.typing as npt
 from colibri.accelerated.kernels import EMISSING, F32, KernelInvalidArgument, Kernels, _ptr
 from colibri.accelerated.layer_block import LayerBlock
 from colibri.accelerated.weights import Expert
-from colibri.reference.kv_cache import KVState
-from colibri.reference.timing import PhaseClock
+
+from colibri.backend_kit.kv_state import KVState
+from colibri.backend_kit.phase_clock import PhaseClock
 
 I32 = npt.NDArray[np.int32]
 

@@ -33,7 +33,8 @@ from colibri.accelerated.kernels import (
 )
 from colibri.accelerated.weights import Expert, Layer
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
-from colibri.reference.kv_cache import KVLayer
+
+from colibri.backend_kit.kv_state import KVLayer
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]

@@ -15,7 +15,7 @@ scores, and the weighted sum of a row's expert outputs in ascending expert id or
 row's logits are the same bytes alone or in any batch and for any thread count (spec §10,
 §15 kind (c)).
 
-States are ``colibri.reference.kv_cache.KVState`` (a plain data container: tokens, hidden
+States are ``colibri.backend_kit.kv_state.KVState`` (a plain data container: tokens, hidden
 states, growable per-layer cache arrays), so the COLIKV1 codec and persistence are shared.
 """
 
@@ -45,11 +45,11 @@ from colibri.accelerated.weights import (
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.indexer_presence import mtp_indexer_mode, resolve_indexer
-from colibri.reference.kv_cache import KVLayer, KVState
-from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
-from colibri.reference.timing import PhaseClock
 
+from colibri.backend_kit.kv_state import KVLayer, KVState
+from colibri.backend_kit.phase_clock import PhaseClock
+from colibri.backend_kit.row_driver import LayerRows, RowModel
 from colibri.host_topology import usable_cpus
 
 I32 = npt.NDArray[np.int32]
@@ -95,7 +95,7 @@ class Model(RowModel):
         cfg = self.config
         self.checkpoint = checkpoint
         self.kernels = kernels
-        #: PERF/PROF phases, as the reference times them (reference/timing.py).
+        #: PERF/PROF phases, as the reference times them (backend_kit/phase_clock.py).
         self.clock = PhaseClock()
         t = WeightLoader(checkpoint, kernels.all_finite)
         d, v = cfg.hidden_size, cfg.vocab_size

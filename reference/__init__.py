@@ -13,20 +13,22 @@ Reading order of the forward pass (each module cites its spec/model.md section):
    forms), ``dsa.py`` (§6, the indexer that narrows the keys a query sees).
 5. Feed-forward: ``mlp.py`` (SwiGLU, §7.3), ``moe.py`` (§7), ``router.py`` (§7.1),
    ``experts.py`` (§7.2, where expert weights come from), ``activations.py``.
-6. The incremental path: ``forward_rows`` (``row_model.py``, shared with the accelerated
-   engine) runs the same layers as rows over a ``kv_cache.KVState`` (§10), through
-   ``Model``'s layer and head hooks; ``prefill``/``decode``/``decode_batch`` are its
-   shorthands, ``mtp.py`` and ``mtp_draft`` the draft head (§9).
+6. The incremental path: ``Model``'s row hooks run the same layers as rows over a KV cache
+   (§10); the bookkeeping around them (``forward_rows`` and its shorthands ``prefill``/
+   ``decode``/``decode_batch``, the ``KVState``) is the backend kit's row driver
+   (``colibri/backend_kit/``), shared with the accelerated engine; ``mtp.py`` and
+   ``mtp_draft`` are the draft head (§9).
 7. Around the math: ``quant/`` (§14, quantized containers), ``safetensors.py``,
-   ``expert_store.py`` / ``expert_lru.py`` (tiers), ``timing.py`` (the PERF phase clock),
-   ``kv_codec.py`` and ``backend.py`` (the numpy backend behind ``colibri.engine``'s seam).
+   ``expert_lru.py`` (the decoded-expert cache), ``phase_times.py`` (what the PERF phases
+   are added to), and ``backend.py``: ``ReferenceModel`` (the math on the kit's row driver,
+   what ``load_model`` returns) and the numpy backend behind ``colibri.engine``'s seam.
 """
 
+from colibri.reference.backend import ReferenceModel, load_model
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, ExpertWeights, MappedExpertStore
-from colibri.reference.kv_cache import KVState
-from colibri.reference.model import Model, load_model
+from colibri.reference.model import Model
 
 from colibri.text.tokenizer import Tokenizer
 
@@ -34,10 +36,10 @@ __all__ = [
     "CheckpointError",
     "ExpertStore",
     "ExpertWeights",
-    "KVState",
     "MappedExpertStore",
     "Model",
     "ModelConfig",
+    "ReferenceModel",
     "Tokenizer",
     "load_model",
 ]

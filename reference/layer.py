@@ -18,13 +18,14 @@ Spec: spec/model.md §3.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from colibri.reference import dsa
 from colibri.reference.config import ModelConfig
 from colibri.reference.experts import ExpertStore
-from colibri.reference.kv_cache import KVLayer
 from colibri.reference.mla import (
     absorb_queries,
     expand_contexts,
@@ -35,8 +36,8 @@ from colibri.reference.mla import (
 from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.moe import moe
 from colibri.reference.norms import rms_norm
+from colibri.reference.phase_times import PhaseTimes
 from colibri.reference.tensors import F32, I32, I64, dense_matmul, row_matmul
-from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import LayerWeights
 
 
@@ -48,15 +49,20 @@ class LayerContext:
     store: ExpertStore
     #: "full" (runs its indexer), "shared" (reuses the last full layer's selection) or None.
     indexer_mode: str | None
-    #: Attention and expert products add their seconds here (reference/timing.py).
-    clock: PhaseClock
+    #: Attention and expert products add their seconds here (reference/phase_times.py).
+    clock: PhaseTimes
 
 
-def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
-    widths = {"latent": cfg.kv_lora_rank, "rope_key": cfg.qk_rope_head_dim}
-    if indexer_mode == "full":
-        widths["index_key"] = cfg.index_head_dim
-    return widths
+#: What ``row_layer`` returns: the rows' new hidden states, each row's DSA keep-set for the
+#: next shared layer (None: all keys), and the experts each row chose ([rows, k]; None: dense).
+RowLayerResult = tuple[F32, list[I64 | None], I32 | None]
+
+
+class LayerCache(Protocol):
+    """One layer's cache of one sequence, by array name ("latent", "rope_key", "index_key"):
+    rows are positions (or MTP slots), written and read in place."""
+
+    def __getitem__(self, name: str) -> F32: ...
 
 
 def _feed_forward(
@@ -136,11 +142,11 @@ def row_layer(
     lw: LayerWeights,
     ctx: LayerContext,
     positions: list[int],
-    caches: list[KVLayer],
+    caches: Sequence[LayerCache],
     slots: list[int],
     prev_keep: list[I64 | None],
     rope: tuple[F32, F32],
-) -> tuple[F32, list[I64 | None], I32 | None]:
+) -> RowLayerResult:
     """M rows -> (y [M, D], the kept key slots of each row (None meaning all), the experts
     each row chose [M, k] (None on a dense layer)).
 

@@ -1,10 +1,11 @@
 """The model: embedding, decoder layers, final norm, lm_head; full-sequence and incremental.
 
 ``forward(ids)`` is the textbook full-sequence pass (naive MLA, gemm products) that the oracle
-fixtures check. ``prefill`` / ``decode`` / ``decode_batch`` run the incremental path over a
-``KVState`` (absorbed MLA over the latent cache, row-by-row products); their bookkeeping is
-``row_model.RowModel``, shared with the accelerated engine, and this class supplies the
-layer and head hooks. The incremental path is
+fixtures check. The incremental path (absorbed MLA over the latent cache, row-by-row
+products) is this class's row hooks: embed, rope, a decoder layer over rows, the head, the
+MTP input and layer. The bookkeeping around them (KV states, positions, routes; ``prefill`` /
+``decode`` / ``decode_batch``) is the backend kit's row driver, shared with the accelerated
+engine; ``reference/backend.py``'s ``ReferenceModel`` joins the two. The incremental path is
 batch-invariant by construction: a row's logits are the same bytes whether it is decoded alone,
 inside any batch, or as one position of a prefill.
 
@@ -15,30 +16,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 from colibri.reference.config import ModelConfig
-from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, MappedExpertStore
 from colibri.reference.indexer_presence import mtp_indexer_mode, resolve_indexer
-from colibri.reference.kv_cache import KVLayer
-from colibri.reference.layer import LayerContext, full_sequence_layer, row_layer
+from colibri.reference.layer import (
+    LayerCache,
+    LayerContext,
+    RowLayerResult,
+    full_sequence_layer,
+    row_layer,
+)
 from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
 from colibri.reference.norms import rms_norm
+from colibri.reference.phase_times import PhaseTimes
 from colibri.reference.rope import cos_sin
-from colibri.reference.row_model import LayerRows, RowModel
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
-from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import TensorLoader, load_layer
 
 
-class Model(RowModel):
+class Model:
     def __init__(
         self,
         config: ModelConfig,
         checkpoint: Checkpoint,
+        times: PhaseTimes,
         expert_store: ExpertStore | None = None,
         loader: TensorLoader | None = None,
     ) -> None:
@@ -77,8 +81,8 @@ class Model(RowModel):
             mapped.check_present()
             expert_store = mapped
         self.experts: ExpertStore = expert_store
-        #: Seconds of attention, expert products and lm_head since the last reset.
-        self.clock = PhaseClock()
+        #: Attention, expert products and lm_head add their seconds here.
+        self.times = times
 
     def _load_mtp(self, loader: TensorLoader) -> MtpWeights:
         cfg = self.config
@@ -97,7 +101,7 @@ class Model(RowModel):
     # helpers
 
     def _context(self, layer: int) -> LayerContext:
-        return LayerContext(self.config, self.experts, self.indexer_modes[layer], self.clock)
+        return LayerContext(self.config, self.experts, self.indexer_modes[layer], self.times)
 
     def _rope(self, positions: Sequence[int]) -> tuple[F32, F32]:
         """RoPE cos/sin of ``positions``, computed once per forward and shared by every layer."""
@@ -130,14 +134,15 @@ class Model(RowModel):
             x, allowed = full_sequence_layer(x, lw, self._context(i), allowed, rope)
         started = time.perf_counter()
         logits = dense_matmul(rms_norm(x, self.final_norm, self.config.rms_norm_eps), self.lm_head)
-        self.clock.head_s += time.perf_counter() - started
+        self.times.head_s += time.perf_counter() - started
         return x, logits
 
     # -----------------------------------------------------------------------------------------
-    # the row hooks of RowModel (prefill, decode, decode_batch, forward_rows, mtp_draft)
+    # the row hooks of the kit's row driver (backend_kit/row_driver.py)
 
-    def _decoder_rows(self, layer: int, x: F32, positions: list[int], caches: list[KVLayer],
-                      keeps: list[I64 | None], rope: tuple[F32, F32]) -> LayerRows:
+    def _decoder_rows(self, layer: int, x: F32, positions: list[int],
+                      caches: Sequence[LayerCache], keeps: list[I64 | None],
+                      rope: tuple[F32, F32]) -> RowLayerResult:
         return row_layer(x, self.layers[layer], self._context(layer), positions, caches,
                          positions, keeps, rope)
 
@@ -155,34 +160,10 @@ class Model(RowModel):
                          self.config.rms_norm_eps)
         return row_matmul(concat_halves(e, g), self.mtp.eh_proj)
 
-    def _mtp_rows(self, z: F32, positions: list[int], caches: list[KVLayer], slots: list[int],
-                  rope: tuple[F32, F32]) -> LayerRows:
+    def _mtp_rows(self, z: F32, positions: list[int], caches: Sequence[LayerCache],
+                  slots: list[int], rope: tuple[F32, F32]) -> RowLayerResult:
         assert self.mtp is not None
-        ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.clock)
+        ctx = LayerContext(self.config, self.experts, self.mtp_indexer_mode, self.times)
         return row_layer(z, self.mtp.layer, ctx, positions, caches, slots,
                          [None] * len(positions), rope)
 
-
-def load_model(
-    model_dir: str | Path,
-    expert_store: ExpertStore | None = None,
-    loader: TensorLoader | None = None,
-) -> Model:
-    """Open a model directory (config.json + safetensors). Weights are memory-mapped.
-
-    ``expert_store`` replaces where routed experts come from (quantised, tiered...);
-    ``loader`` replaces how the other tensors become float32 (it must wrap this directory's
-    checkpoint, e.g. ``MyLoader(Checkpoint(model_dir))``).
-    """
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a directory")
-    config = ModelConfig.from_dir(path)
-    checkpoint = loader.checkpoint if loader is not None else Checkpoint(path)
-    if expert_store is None and any(name.endswith(".qs") for name in checkpoint.tensors):
-        # A colibri container (quantized weights: U8 payload + .qs scales) gets the
-        # dequantizing expert store.
-        from colibri.reference.quant.loading import quantized_expert_store
-
-        expert_store = quantized_expert_store(path, config)
-    return Model(config, checkpoint, expert_store, loader)

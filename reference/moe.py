@@ -17,9 +17,9 @@ import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.experts import ExpertStore
 from colibri.reference.mlp import Matmul, swiglu
+from colibri.reference.phase_times import PhaseTimes
 from colibri.reference.router import select_experts
 from colibri.reference.tensors import F32, I32
-from colibri.reference.timing import PhaseClock
 from colibri.reference.weights import LayerWeights
 
 
@@ -36,7 +36,7 @@ def route(x: F32, lw: LayerWeights, cfg: ModelConfig, mm: Matmul) -> tuple[I32, 
 
 
 def moe(
-    x: F32, lw: LayerWeights, store: ExpertStore, cfg: ModelConfig, mm: Matmul, clock: PhaseClock
+    x: F32, lw: LayerWeights, store: ExpertStore, cfg: ModelConfig, mm: Matmul, clock: PhaseTimes
 ) -> tuple[F32, I32]:
     """(y [T, D], the experts each token chose [T, k] in the router's order). The expert
     products add to ``clock.matmul_s``; reading an expert's weights does not."""

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from colibri.reference import KVState, Model
+    from colibri.backend_kit.kv_state import KVState
+    from colibri.reference import ReferenceModel
 
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 #: Tokens of the longer prompt that prefill throughput is measured on.
@@ -35,7 +36,7 @@ def routes_from_json(raw: list[list[list[Any]]]) -> list[list[Route]]:
     return [[(int(layer), tuple(int(e) for e in ids)) for layer, ids in s] for s in raw]
 
 
-def step_routes(model: Model, routes: Any) -> list[Route]:
+def step_routes(model: ReferenceModel, routes: Any) -> list[Route]:
     """A step's routes array ([rows, sparse layers, k]) as (layer, expert ids) pairs, row by row."""
     cfg = model.config
     layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_sparse(i)]
@@ -45,7 +46,7 @@ def step_routes(model: Model, routes: Any) -> list[Route]:
 
 
 def timed_greedy_decode(
-    model: Model, state: KVState, logits: Any, steps: int
+    model: ReferenceModel, state: KVState, logits: Any, steps: int
 ) -> tuple[list[int], list[float], list[list[Route]]]:
     """``steps`` greedy decode steps from ``logits``: the tokens, each step's seconds and the
     routes each step chose."""
@@ -65,7 +66,7 @@ def timed_greedy_decode(
     return ids, times, chosen
 
 
-def timed_prefill(model: Model, prompt: list[int], repeats: int) -> list[float]:
+def timed_prefill(model: ReferenceModel, prompt: list[int], repeats: int) -> list[float]:
     """Seconds to prefill ``prompt`` into a fresh state and get its last logits, ``repeats``
     times (weights already paged in: the caller decoded first)."""
     times: list[float] = []

@@ -110,9 +110,9 @@ def test_bad_router_arguments_are_refused() -> None:
 def run_with_store(fused: bool, budget: int) -> tuple[Any, list[np.ndarray]]:
     from colibri.accelerated import load_model
     from colibri.accelerated.model import Model
-    from colibri.reference.expert_store import TieredExpertStore
     from colibri.reference.experts import stored_expert_bytes
 
+    from colibri.backend_kit.tiered_expert_store import TieredExpertStore
     from colibri.engine.backend import usage_rows
 
     m = load_model(fixture_model_dir("glm5-tiny"), threads=1)

@@ -14,14 +14,14 @@ from colibri.accelerated.backend import AcceleratedBackend
 from colibri.accelerated.cuda_model import CudaKernels, GpuPlacement, place_model
 from colibri.accelerated.kernels import Kernels
 from colibri.accelerated.model import open_model
-from colibri.reference.backend import model_fingerprint
-from colibri.reference.expert_store import TieredExpertStore
 from colibri.reference.experts import stored_expert_bytes
 from support.accelerated_support import needs_library
 from support.cuda_standin import CpuStandIn
 from support.engine_harness import EngineRun, ids, run_engine, submit
 
 from colibri import resources
+from colibri.backend_kit.model_fingerprint import model_fingerprint
+from colibri.backend_kit.tiered_expert_store import TieredExpertStore
 from colibri.engine.backend import Backend, usage_rows
 
 pytestmark = needs_library

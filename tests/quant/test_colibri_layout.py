@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.conformance.sameness import Tolerance, max_excess
-from colibri.reference import Model, ModelConfig, load_model
+from colibri.reference import ModelConfig, ReferenceModel, load_model
 from colibri.reference.backend import open_backend
 from colibri.reference.errors import CheckpointError
 from colibri.reference.indexer_presence import without_indexer
@@ -101,7 +101,7 @@ def accelerated_logits(model_dir: Path) -> np.ndarray:
 def reference_without_indexer(model_dir: Path) -> np.ndarray:
     """The same checkpoint run from a config that declares no indexer."""
     declared = load_model(model_dir)
-    model = Model(without_indexer(declared.config), declared.checkpoint, declared.experts)
+    model = ReferenceModel(without_indexer(declared.config), declared.checkpoint, declared.experts)
     return model.forward(IDS)
 
 
@@ -190,7 +190,7 @@ def test_indexer_off_matches_the_oracle_of_a_model_whose_indexer_never_selects(
 def test_indexer_off_is_the_model_declared_without_one(tmp_path: Path) -> None:
     model_dir = strip_indexer("glm5-tiny-dsa", tmp_path / "dsa-noidx")
     fixture = fixture_model_dir("glm5-tiny-dsa")
-    causal = Model(without_indexer(ModelConfig.from_dir(fixture)), Checkpoint(fixture))
+    causal = ReferenceModel(without_indexer(ModelConfig.from_dir(fixture)), Checkpoint(fixture))
     got = load_model(model_dir).forward(IDS)
     assert got.tobytes() == causal.forward(IDS).tobytes()
     assert got.tobytes() != load_model(fixture).forward(IDS).tobytes()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from colibri.reference.config import ModelConfig
-from colibri.reference.expert_store import TieredExpertStore
 from colibri.reference.experts import ExpertWeights
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -15,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from support.vram_double import InMemoryVram
 
 from colibri import resources
+from colibri.backend_kit.tiered_expert_store import TieredExpertStore
 from colibri.engine.backend import TIER_DISK, TIER_RAM, TIER_VRAM, Repin, usage_rows
 
 CFG = ModelConfig.from_dir(resources.fixture_model_dir("glm5-tiny"))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
-from colibri.reference.model import Model
+from colibri.reference import ReferenceModel
 
 from colibri.engine.generate import greedy_tokens, sampled_tokens
 from colibri.engine.rng import Rng
@@ -38,12 +38,12 @@ _ROWS = [[np.nan, 1.0, 3.0, 3.0], [2.0, np.nan, 2.0, -np.inf], [np.nan, np.nan, 
 
 
 def test_greedy_skips_nan_and_takes_the_first_maximum() -> None:
-    ids = list(greedy_tokens(cast(Model, _ScriptedModel(_ROWS)), [0], 3))
+    ids = list(greedy_tokens(cast(ReferenceModel, _ScriptedModel(_ROWS)), [0], 3))
     assert ids == [2, 0, 0]
 
 
 def test_greedy_matches_temperature_zero_sampling() -> None:
-    greedy = list(greedy_tokens(cast(Model, _ScriptedModel(_ROWS)), [0], 3))
-    sampled = list(sampled_tokens(cast(Model, _ScriptedModel(_ROWS)), [0], 3,
+    greedy = list(greedy_tokens(cast(ReferenceModel, _ScriptedModel(_ROWS)), [0], 3))
+    sampled = list(sampled_tokens(cast(ReferenceModel, _ScriptedModel(_ROWS)), [0], 3,
                                   temperature=0.0, top_p=1.0, rng=Rng(1)))
     assert greedy == sampled

@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from colibri.reference import KVState, Model
+from colibri.reference import ReferenceModel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.reference_support import model, oracle
+
+from colibri.backend_kit.kv_state import KVState
 
 NAMES = ("glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny")
 
@@ -22,7 +24,7 @@ compositions = st.lists(
 )
 
 
-def _state_after(m: Model, ids: list[int]) -> KVState:
+def _state_after(m: ReferenceModel, ids: list[int]) -> KVState:
     state = m.new_state()
     m.prefill(state, ids)
     return state

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+KIT = "colibri.backend_kit"
 PACKAGES = {
     "colibri.engine": ROOT / "colibri" / "engine",
+    KIT: ROOT / "colibri" / "backend_kit",
     "colibri.text": ROOT / "colibri" / "text",
     "colibri.reference": ROOT / "reference",
     "colibri.accelerated": ROOT / "accelerated",
@@ -22,14 +24,46 @@ ENGINE_ALL = ("colibri.engine", *BACKENDS)
 #: package -> the colibri packages it must not import. The engine may name a backend's module
 #: only as data (registry strings), never in an import statement.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "colibri.server": ENGINE_ALL,
-    "colibri.conformance": (*ENGINE_ALL, "colibri.server"),
-    "colibri.engine": (*BACKENDS, "colibri.server", "colibri.conformance"),
+    "colibri.server": (*ENGINE_ALL, KIT),
+    "colibri.conformance": (*ENGINE_ALL, KIT, "colibri.server"),
+    "colibri.engine": (*BACKENDS, KIT, "colibri.server", "colibri.conformance"),
     "colibri.reference": ("colibri.accelerated", "colibri.server", "colibri.conformance"),
-    "colibri.text": (*ENGINE_ALL, "colibri.server", "colibri.conformance"),
+    KIT: ("colibri.accelerated", "colibri.reference.backend", "colibri.server",
+          "colibri.conformance"),
+    "colibri.text": (*ENGINE_ALL, KIT, "colibri.server", "colibri.conformance"),
 }
 #: What a backend may take from the engine: the seam and the registry's options.
 BACKEND_MAY_IMPORT = ("colibri.engine.backend", "colibri.engine.registry")
+#: The one module of reference/ built on the engine and the kit: the numpy backend. Every other
+#: module of reference/ is the math, the config and the formats, and imports neither.
+REFERENCE_BACKEND = Path("backend.py")
+#: What the kit may take from the engine: the Backend interface.
+KIT_MAY_IMPORT_FROM_ENGINE = ("colibri.engine.backend",)
+#: What the kit may take from reference/: pure data (config, tensor aliases, the expert
+#: weights record and the decoded-expert LRU) and the checkpoint's weight loader. Model math
+#: a kit module needs is passed in by the backend.
+KIT_MAY_IMPORT_FROM_REFERENCE = (
+    "colibri.reference.config",
+    "colibri.reference.expert_lru",
+    "colibri.reference.experts",
+    "colibri.reference.tensors",
+    "colibri.reference.weights",
+)
+#: What accelerated/ may take from reference/: pure data and loaders (config, errors,
+#: checkpoint and container readers, tensor layout, weight loaders, quant formats), never math.
+ACCELERATED_MAY_IMPORT_FROM_REFERENCE = (
+    "colibri.reference.config",
+    "colibri.reference.errors",
+    "colibri.reference.experts",
+    "colibri.reference.indexer_presence",
+    "colibri.reference.layout",
+    "colibri.reference.quant.codec",
+    "colibri.reference.quant.container",
+    "colibri.reference.quant.expert_store",
+    "colibri.reference.quant.formats",
+    "colibri.reference.safetensors",
+    "colibri.reference.weights",
+)
 
 
 def imports(folder: Path) -> list[tuple[Path, int, str]]:
@@ -70,6 +104,104 @@ def test_backends_take_only_the_seam_from_the_engine(backend: str) -> None:
         and name != "colibri.engine"
     ]
     assert bad == []
+
+
+def _outside(name: str, package: str, allowed: tuple[str, ...]) -> bool:
+    """``name`` is in ``package`` but none of ``allowed`` (the bare package name of a
+    ``from package import module`` is judged by the module it names)."""
+    return (within(name, package) and name != package
+            and not any(within(name, a) for a in allowed))
+
+
+def reference_arrows(folder: Path) -> list[str]:
+    """reference/'s imports of the engine or the kit, outside the numpy backend."""
+    return [
+        f"{path.relative_to(folder)}:{line} imports {name}"
+        for path, line, name in imports(folder)
+        if path.relative_to(folder) != REFERENCE_BACKEND
+        and (within(name, "colibri.engine") or within(name, KIT))
+    ]
+
+
+def kit_arrows(folder: Path) -> list[str]:
+    """The kit's imports of either backend: of reference/ beyond its pure data, of
+    accelerated/ at all; and of the engine beyond the Backend interface."""
+    return [
+        f"{path.relative_to(folder)}:{line} imports {name}"
+        for path, line, name in imports(folder)
+        if within(name, "colibri.accelerated")
+        or _outside(name, "colibri.reference", KIT_MAY_IMPORT_FROM_REFERENCE)
+        or _outside(name, "colibri.engine", KIT_MAY_IMPORT_FROM_ENGINE)
+    ]
+
+
+def accelerated_reference_arrows(folder: Path) -> list[str]:
+    """accelerated/'s imports of reference/ beyond the pure data and loaders."""
+    return [
+        f"{path.relative_to(folder)}:{line} imports {name}"
+        for path, line, name in imports(folder)
+        if _outside(name, "colibri.reference", ACCELERATED_MAY_IMPORT_FROM_REFERENCE)
+    ]
+
+
+def test_reference_imports_neither_the_engine_nor_the_kit() -> None:
+    assert reference_arrows(PACKAGES["colibri.reference"]) == []
+
+
+def test_the_kit_imports_neither_backend() -> None:
+    assert kit_arrows(PACKAGES[KIT]) == []
+
+
+def test_accelerated_takes_only_pure_data_from_reference() -> None:
+    assert accelerated_reference_arrows(PACKAGES["colibri.accelerated"]) == []
+
+
+def _plant(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_the_backend_rules_see_planted_violations(tmp_path: Path) -> None:
+    reference = _plant(tmp_path / "reference", {
+        "layer.py": "from colibri.backend_kit.kv_state import KVLayer\n",
+        "moe.py": "def f():\n    import colibri.engine.backend\n",
+        "quant/backend.py": "from colibri.backend_kit import phase_clock\n",
+        "backend.py": "from colibri.backend_kit.row_driver import RowModel\n"
+                      "from colibri.engine.backend import Step\n",
+    })
+    assert reference_arrows(reference) == [
+        "layer.py:1 imports colibri.backend_kit.kv_state",
+        "layer.py:1 imports colibri.backend_kit.kv_state.KVLayer",
+        "moe.py:2 imports colibri.engine.backend",
+        "quant/backend.py:1 imports colibri.backend_kit",
+        "quant/backend.py:1 imports colibri.backend_kit.phase_clock",
+    ]
+    kit = _plant(tmp_path / "kit", {
+        "a.py": "from colibri.reference.config import ModelConfig\n"
+                "from colibri.reference import rope\n"
+                "from colibri.engine.backend import Step\n",
+        "b.py": "import colibri.accelerated.model\n"
+                "from colibri.reference.backend import ReferenceModel\n"
+                "from colibri.engine.mux import run\n",
+    })
+    assert kit_arrows(kit) == [
+        "a.py:2 imports colibri.reference.rope",
+        "b.py:1 imports colibri.accelerated.model",
+        "b.py:2 imports colibri.reference.backend",
+        "b.py:2 imports colibri.reference.backend.ReferenceModel",
+        "b.py:3 imports colibri.engine.mux",
+        "b.py:3 imports colibri.engine.mux.run",
+    ]
+    accelerated = _plant(tmp_path / "accelerated", {
+        "model.py": "from colibri.reference.quant.formats import Fmt\n"
+                    "def f():\n    from colibri.reference.dsa import select\n",
+    })
+    assert accelerated_reference_arrows(accelerated) == [
+        "model.py:3 imports colibri.reference.dsa",
+        "model.py:3 imports colibri.reference.dsa.select",
+    ]
 
 
 def test_the_checker_sees_a_forbidden_arrow(tmp_path: Path) -> None:

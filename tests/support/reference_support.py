@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from colibri.reference import Model, ModelConfig, load_model
+from colibri.reference import ModelConfig, ReferenceModel, load_model
 from colibri.reference.safetensors import Checkpoint, read_all, write_safetensors
 
 from colibri.resources import fixture_model_dir
@@ -22,20 +22,20 @@ ORACLE_FIXTURES = (
 
 
 @cache
-def model(name: str) -> Model:
+def model(name: str) -> ReferenceModel:
     return load_model(fixture_model_dir(name))
 
 
-def fresh_model(name: str) -> Model:
+def fresh_model(name: str) -> ReferenceModel:
     return load_model(fixture_model_dir(name))
 
 
-def causal_model(name: str) -> Model:
+def causal_model(name: str) -> ReferenceModel:
     """The fixture read as if its config declared no DSA indexer: every layer is plain
     causal MLA (the experiments' "indexer off", as a config rather than a model switch)."""
     path = fixture_model_dir(name)
     config = dataclasses.replace(ModelConfig.from_dir(path), indexer_types=None)
-    return Model(config, Checkpoint(path))
+    return ReferenceModel(config, Checkpoint(path))
 
 
 @cache
@@ -63,7 +63,7 @@ def rewrite_tensors(model_dir: Path, change: Any) -> None:
     write_safetensors(path, tensors)
 
 
-def greedy(m: Model, prompt: list[int], new_tokens: int) -> list[int]:
+def greedy(m: ReferenceModel, prompt: list[int], new_tokens: int) -> list[int]:
     state = m.new_state()
     logits = m.prefill(state, prompt)[-1]
     ids = list(prompt)

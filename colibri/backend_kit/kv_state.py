@@ -6,6 +6,9 @@ rotated shared rope key [rope]) and, on DSA layers that run an indexer, the inde
 MTP head's input). Arrays grow by doubling; ``truncate(n)`` forgets positions >= n, which is how
 a reused prompt prefix is kept.
 
+Both backends keep their sequences in these states, so the COLIKV1 codec and ``.coli_kv``
+files are shared. ``cache_widths`` says which arrays a layer keeps.
+
 Spec: spec/model.md §10.
 """
 
@@ -14,7 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from colibri.reference.config import ModelConfig
 from colibri.reference.tensors import F32
+
+
+def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
+    """The cache arrays of one layer and their widths: the latent and the rope key, plus the
+    indexer key on a layer that runs its DSA indexer ("full")."""
+    widths = {"latent": cfg.kv_lora_rank, "rope_key": cfg.qk_rope_head_dim}
+    if indexer_mode == "full":
+        widths["index_key"] = cfg.index_head_dim
+    return widths
 
 
 class KVLayer:

@@ -1,4 +1,5 @@
-"""The incremental half of a model's API, written once for both engines (spec/model.md §9, §10).
+"""The row driver: the incremental half of a model's API, written once for both engines
+(spec/model.md §9, §10).
 
 ``prefill``, ``decode`` and ``decode_batch`` are shorthands of ``forward_rows``: append one
 token per row to its KV state in a single forward, every row's bytes independent of the
@@ -6,7 +7,7 @@ others, and pay for the lm_head only on the rows that want logits. ``mtp_draft``
 MTP layer over the positions its cache still lacks. What is shared here is the bookkeeping —
 argument checks, positions, writing rows back into the states, routes, the head's timing;
 what differs between the numpy reference and the accelerated engine (how a layer, the final
-norm and the head are computed) is each subclass's few hooks.
+norm and the head are computed) is each subclass's few hooks: the math stays in the backend.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from colibri.backend_kit.kv_state import (
+    KVLayer,
+    KVState,
+    MtpCache,
+    cache_widths,
+    mtp_rows,
+    step_positions,
+)
+from colibri.backend_kit.phase_clock import PhaseClock
 from colibri.reference.config import ModelConfig
-from colibri.reference.kv_cache import KVLayer, KVState, MtpCache, mtp_rows, step_positions
-from colibri.reference.layer import cache_widths
 from colibri.reference.tensors import F32, I32, I64
-from colibri.reference.timing import PhaseClock
 
 #: What a layer hook returns: the rows' new hidden states, each row's DSA keep-set for the
 #: next shared layer (None: dense), and the experts each row chose ([rows, k]; None: dense).

@@ -18,10 +18,6 @@ from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.config import ModelConfig
-from colibri.reference.expert_lru import ExpertLru, Key
-from colibri.reference.experts import ExpertWeights, expert_tensor_names
-from colibri.reference.weights import TensorLoader
 
 from colibri.engine.backend import (
     TIER_DISK,
@@ -32,6 +28,10 @@ from colibri.engine.backend import (
     TierCounts,
     VramTier,
 )
+from colibri.reference.config import ModelConfig
+from colibri.reference.expert_lru import ExpertLru, Key
+from colibri.reference.experts import ExpertWeights, expert_tensor_names
+from colibri.reference.weights import TensorLoader
 
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
 ExpertReader = Callable[[int, int], ExpertWeights]

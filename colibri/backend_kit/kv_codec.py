@@ -1,4 +1,4 @@
-"""The reference model's KV state <-> COLIKV1 records (spec/protocol.md 4.3).
+"""A ``KVState`` <-> COLIKV1 records (spec/protocol.md 4.3).
 
 A record holds, for one position: every decoder layer's latent [kv_lora] and rope key
 [qk_rope], then the indexer key [index_head_dim] of each layer that keeps one (DSA "full"
@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
-from colibri.reference.kv_cache import KVState
+
+from colibri.backend_kit.kv_state import KVState
 
 
-class ReferenceKvCodec:
+class KvRecordCodec:
     def __init__(self, template: KVState) -> None:
         layers = template.layers
         self._main = [(layer.widths["latent"], layer.widths["rope_key"]) for layer in layers]
