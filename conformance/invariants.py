@@ -419,7 +419,7 @@ def value_ranges(view: SessionView, codec: PromptCodec) -> None:
         elif frame.kind == "PERF":
             dt = _float(fields, 2, "PERF dt")
             for index, name in ((5, "t_emm"), (6, "t_attn"), (8, "t_head")):
-                if not 0.0 <= _float(fields, index, f"PERF {name}") <= dt + 0.0000015:
+                if not 0.0 <= _float(fields, index, f"PERF field {name}") <= dt + 0.0000015:
                     raise CheckFailure(f"PERF {name} outside 0..dt: {frame.describe()!r}")
         elif frame.kind == "PROF":
             if fields[17:18] not in (["0"], ["1"]):

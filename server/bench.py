@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from colibri.server.context import ServerConfig
-from colibri.server.engine_client import Accept, Data, Done, EngineProcess, SubmitRequest
+from colibri.server.engine_client import Accept, Data, Done, EngineProcess
 from colibri.server.runner import RunningServer, start
 
+from colibri.protocol import SubmitRequest
 from colibri.text.chat_format import chat_prompt
 
 PROMPT = chat_prompt("Tell me a story about a hummingbird.")

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from colibri.server import frames
 from colibri.server.frames import DoneStats, FrameError, TokenRecord, TurnTelemetry
 
-from colibri.protocol import BROKEN, FrameParser, WireFrame
+from colibri.protocol import BROKEN, FrameParser, SubmitRequest, WireFrame
+from colibri.protocol.records import Cancel, Stop, Submit
 
 #: How much of the engine's stdout one read takes.
 _READ_CHUNK = 1 << 16
@@ -91,26 +92,9 @@ PROFILE_RING = 120
 HANDSHAKE_TAIL_S = 0.5
 
 
-@dataclass(frozen=True)
-class SubmitRequest:
-    slot: int
-    payload: bytes
-    max_tokens: int
-    temperature: float
-    top_p: float
-    grammar: bytes = b""
-    extensions: Mapping[str, int] = field(default_factory=dict)
-
-
 def submit_header(request_id: int, request: SubmitRequest) -> bytes:
     """The SUBMIT line; gbytes is written whenever there is a grammar or an extension."""
-    head = (f"SUBMIT {request_id} {request.slot} {len(request.payload)} {request.max_tokens} "
-            f"{request.temperature:.8g} {request.top_p:.8g}")
-    if request.grammar or request.extensions:
-        head += f" {len(request.grammar)}"
-        for key, value in request.extensions.items():
-            head += f" {key}={value}"
-    return head.encode() + b"\n"
+    return Submit(request_id, request).line().encode("ascii") + b"\n"
 
 
 class EngineProcess:
@@ -218,7 +202,7 @@ class EngineProcess:
         self._next_id += 1
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self._queues[request_id] = queue
-        frame = submit_header(request_id, request) + request.payload + request.grammar + b"\n"
+        frame = Submit(request_id, request).encode()
         try:
             await self._write(frame)
         except (BrokenPipeError, ConnectionResetError):
@@ -229,12 +213,12 @@ class EngineProcess:
     async def stop(self, request_id: int) -> None:
         if request_id in self._queues:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await self._write(f"STOP {request_id}\n".encode())
+                await self._write(Stop(request_id).encode())
 
     async def cancel(self, request_id: int) -> None:
         if request_id in self._queues:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await self._write(f"CANCEL {request_id}\n".encode())
+                await self._write(Cancel(request_id).encode())
 
     def release(self, request_id: int) -> None:
         """Forget a request (after its terminal event, or when its caller gave up)."""

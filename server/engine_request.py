@@ -4,8 +4,9 @@ a slot, and the sampling fields and extensions (spec/protocol.md SUBMIT)."""
 from __future__ import annotations
 
 from colibri.server import validation as v
-from colibri.server.engine_client import SubmitRequest
 from colibri.server.errors import bad
+
+from colibri.protocol import SubmitRequest
 
 
 def check_prompt(prompt: str, param: str) -> None:

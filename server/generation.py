@@ -32,12 +32,13 @@ from colibri.server.engine_client import (
     EngineErrorFrame,
     EngineProcess,
     Event,
-    SubmitRequest,
 )
 from colibri.server.errors import ClientCancelled, EngineFailure
 from colibri.server.frames import DoneStats, TokenRecord, TurnTelemetry
 from colibri.server.pipeline import OutputPipeline, Piece
 from colibri.server.supervisor import EngineUnavailable
+
+from colibri.protocol import SubmitRequest
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from colibri.server.engine_client import (
     EngineProcess,
     EngineStartError,
     Event,
-    SubmitRequest,
     Telemetry,
 )
+
+from colibri.protocol import SubmitRequest
 
 log = logging.getLogger("colibri.server")
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from colibri.server.context import Exchange, ServerState, wait_header
-from colibri.server.engine_client import SubmitRequest
 from colibri.server.errors import APIError
 from colibri.server.generation import EngineResult, EngineTurn, TokenSpan
 
+from colibri.protocol import SubmitRequest
 from colibri.text import chat_format as glm
 
 JSON = dict[str, Any]

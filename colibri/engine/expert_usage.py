@@ -93,19 +93,22 @@ class ExpertUsage:
         counts = self.saturated()
         return [[heat(int(c)) for c in counts[layer]] for layer in self.rows]
 
-    def emap_hex(self, tier_of: npt.NDArray[np.uint8]) -> str:
+    def emap_bytes(self, tier_of: npt.NDArray[np.uint8]) -> bytes:
         """EMAP bytes: (tier << 6) | heat, row-major; ``tier_of`` is [rows, experts]."""
         out = bytearray()
         for r, heats in enumerate(self.heat_matrix()):
             for e, h in enumerate(heats):
                 out.append((int(tier_of[r, e]) << 6) | h)
-        return out.hex()
+        return bytes(out)
 
     def take_hits_hex(self) -> str:
+        return self.take_hits_bytes().hex()
+
+    def take_hits_bytes(self) -> bytes:
         """The HITS bitmap (LSB-first bytes) since the previous call, then reset."""
         bits = self._hits.reshape(-1)
         out = bytearray((bits.size + 7) // 8)
         for index in np.nonzero(bits)[0]:
             out[int(index) >> 3] |= 1 << (int(index) & 7)
         self._hits[:] = False
-        return out.hex()
+        return bytes(out)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from colibri.engine.backend import Device
+from colibri.protocol.records import GpuDevice, Gpus, HwInfo
 
 
 def peak_rss_gb() -> float:
@@ -50,15 +51,13 @@ def hwinfo_line(devices: Sequence[Device]) -> str:
     cores = os.cpu_count() or 1
     vram = sum(d.memory_bytes for d in devices) / 1e9
     gpu = devices[0].name if devices else ""
-    return f"HWINFO {cores} {total:.1f} {avail:.1f} {len(devices)} {vram:.1f} {cpu_name()}|{gpu}"
+    return HwInfo(cores, total, avail, len(devices), vram, cpu_name(), gpu).line()
 
 
 def gpus_line(devices: Sequence[Device]) -> str:
     """GPUS: per device, used GB, total GB, resident experts; `GPUS 0` on CPU."""
-    parts = [f"GPUS {len(devices)}"]
-    for d in devices:
-        parts.append(f"{d.used_bytes / 1e9:.3f} {d.memory_bytes / 1e9:.3f} {d.experts}")
-    return " ".join(parts)
+    return Gpus(tuple(GpuDevice(d.used_bytes / 1e9, d.memory_bytes / 1e9, d.experts)
+                      for d in devices)).line()
 
 
 def physical_read_bytes() -> int | None:

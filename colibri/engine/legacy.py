@@ -26,8 +26,9 @@ from colibri.engine.submit_parse import (
 )
 from colibri.engine.turn_report import hit_percent
 from colibri.engine.wire_input import CommandInput, Source
-from colibri.engine.wire_output import END, READY, FrameWriter, f2, stat_line
+from colibri.engine.wire_output import END, READY, FrameWriter
 from colibri.protocol import OVERLONG, SPEC, TRUNCATED, Framed, FrameParser
+from colibri.protocol.records import Stat
 from colibri.text import chat_format
 
 _PROMPT = SPEC.request_pattern("PROMPT")
@@ -73,8 +74,8 @@ class LegacyEngine:
 
     def run(self) -> int:
         self.out.raw(READY)
-        self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
-        self.out.line(self.rt.tiers_line())
+        self.out.frame(Stat(0, 0.0, 0.0, peak_rss_gb()))
+        self.out.frame(self.rt.tiers_record())
         while (frame := self.commands.next()) is not None:
             if frame.kind == TRUNCATED:
                 continue  # EOF inside a PROMPT's payload: no reply
@@ -96,12 +97,23 @@ class LegacyEngine:
 
     # --- replies -------------------------------------------------------------------------
 
-    def stat(self, produced: int, tok_s: float, hit_pct: float, extra: str = "") -> None:
-        self.out.line(stat_line(produced, tok_s, hit_pct, peak_rss_gb()) + extra)
+    def stat(
+        self,
+        produced: int,
+        tok_s: float,
+        hit_pct: float,
+        turn: tuple[int, bool] | None = None,
+    ) -> None:
+        """STAT after END; ``turn`` is (prompt tokens, length limited) where the reply has them."""
+        rss = peak_rss_gb()
+        if turn is None:
+            self.out.frame(Stat(produced, tok_s, hit_pct, rss))
+        else:
+            self.out.frame(Stat(produced, tok_s, hit_pct, rss, turn[0], turn[1]))
 
     def fail(self, *, six: bool) -> None:
         self.out.raw(END)
-        self.stat(0, 0.0, 0.0, " 0 0" if six else "")
+        self.stat(0, 0.0, 0.0, (0, False) if six else None)
 
     # --- control lines -----------------------------------------------------------------
 
@@ -186,7 +198,7 @@ class LegacyEngine:
             slot, slot_index, None, logits[-1], budget, temperature, top_p
         )
         self.out.raw(END)
-        self.stat(produced, tok_s, hit, f" {len(tokens)} {int(limited)}")
+        self.stat(produced, tok_s, hit, (len(tokens), limited))
 
     # --- chat turns ------------------------------------------------------------------------
 
@@ -231,7 +243,7 @@ class LegacyEngine:
         budget = min(self.rt.settings.ngen, self.rt.ctx - len(prompt) - 1)
         produced, tok_s, hit, limited = self.generate(slot, 0, None, logits[-1], budget)
         self.out.raw(b"\n" + END)
-        self.stat(produced, tok_s, hit, f" {len(prompt)} {int(limited)}")
+        self.stat(produced, tok_s, hit, (len(prompt), limited))
 
     # --- generation ----------------------------------------------------------------------
 

@@ -21,9 +21,8 @@ from colibri.engine.host_info import gpus_line, hwinfo_line, peak_rss_gb, physic
 from colibri.engine.mask_overlap import MaskOverlap
 from colibri.engine.mtp_guard import MIN_ACCEPT_PCT, PAUSE_TOKENS, WINDOW, MtpGuard
 from colibri.engine.request_sampling import (
-    NO_PREDICTOR_TAIL,
     greedy,
-    logprob_tail,
+    logprob_record,
     pick,
     request_rng,
     row_log_normalizer,
@@ -34,25 +33,30 @@ from colibri.engine.submit_parse import (
     MAX_HEADER,
     MAX_LOGPROBS,
     Control,
+    Submission,
     SubmitFrame,
-    SubmitRequest,
     frame_submit,
     parse_control,
     parse_id_payload,
     validate_submit,
 )
-from colibri.engine.turn_report import Request, perf_line, prof_line, turn_numbers
+from colibri.engine.turn_report import Request, perf_record, prof_record, turn_numbers
 from colibri.engine.wire_input import CommandInput, Source
-from colibri.engine.wire_output import (
-    READY,
-    FrameWriter,
-    data_header,
-    done_line,
-    echo_header,
-    f2,
-    f6,
-)
+from colibri.engine.wire_output import READY, FrameWriter
 from colibri.protocol import BROKEN, LIMITS, OVERLONG, SPEC, TRUNCATED, FrameParser, WireFrame
+from colibri.protocol.records import (
+    NO_PREDICTOR,
+    Accept,
+    Caps,
+    Data,
+    Done,
+    Echo,
+    Error,
+    Logprobs,
+    Repin,
+    Stat,
+    Topk,
+)
 from colibri.text.grammar import GrammarVocabulary
 
 HITS_EVERY = LIMITS["hits_every_steps"]
@@ -98,7 +102,7 @@ class MuxEngine:
 
     # --- handshake -------------------------------------------------------------------
 
-    def capabilities(self) -> str:
+    def capabilities(self) -> Caps:
         """CAPS: every key of spec/protocol.json ``capabilities``, in its order."""
         rt = self.rt
         values = {
@@ -122,17 +126,17 @@ class MuxEngine:
         unknown = sorted(set(values) - set(SPEC.capabilities))
         if unknown:
             raise KeyError(f"CAPS keys not in spec/protocol.json: {unknown}")
-        return "CAPS " + " ".join(f"{k}={values[k]}" for k in SPEC.capabilities)
+        return Caps(tuple((k, values[k]) for k in SPEC.capabilities))
 
     def handshake(self) -> None:
         self.out.raw(READY)
-        self.out.line(f"STAT 0 0.00 0.0 {f2(peak_rss_gb())}")
-        self.out.line(self.capabilities())
+        self.out.frame(Stat(0, 0.0, 0.0, peak_rss_gb()))
+        self.out.frame(self.capabilities())
         devices = self.rt.backend.devices()
         self.out.line(hwinfo_line(devices))
         self.out.line(gpus_line(devices))
-        self.out.line(self.rt.tiers_line())
-        self.out.line(self.rt.emap_line())
+        self.out.frame(self.rt.tiers_record())
+        self.out.frame(self.rt.emap_record())
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -161,7 +165,7 @@ class MuxEngine:
         return 0
 
     def error(self, rid: int, code: str) -> None:
-        self.out.line(f"ERROR {rid} {code}")
+        self.out.frame(Error(rid, code))
 
     def handle_command(self) -> None:
         frame = self.commands.next()
@@ -229,7 +233,7 @@ class MuxEngine:
             return
         limit = self.rt.ctx - 2
         if len(tokens) > limit:
-            self.out.line(f"ERROR {request.rid} CONTEXT_EXCEEDED {len(tokens)} {limit}")
+            self.out.frame(Error(request.rid, "CONTEXT_EXCEEDED", len(tokens), limit))
             return
         matcher = None
         if request.grammar.strip():
@@ -237,10 +241,10 @@ class MuxEngine:
             if matcher is None:
                 self.error(request.rid, "BAD_GRAMMAR")
                 return
-        self.out.line(f"ACCEPT {request.rid} {len(tokens)}")
+        self.out.frame(Accept(request.rid, len(tokens)))
         self.start(request, tokens, submitted_at, matcher)
 
-    def grammar_matcher(self, request: SubmitRequest) -> Matcher | None:
+    def grammar_matcher(self, request: Submission) -> Matcher | None:
         """The SUBMIT's grammar as a matcher; None (after a log line) when it cannot be one."""
         tokenizer = self.rt.tokenizer
         if tokenizer is None:
@@ -257,7 +261,7 @@ class MuxEngine:
         print(f"[GRAMMAR] request {request.rid}: {message}", file=self.log)
         return None
 
-    def tokenize(self, request: SubmitRequest) -> list[int] | None:
+    def tokenize(self, request: Submission) -> list[int] | None:
         if request.ids:
             return parse_id_payload(request.payload, self.rt.vocab)
         if self.rt.tokenizer is None:
@@ -270,7 +274,7 @@ class MuxEngine:
 
     def start(
         self,
-        sub: SubmitRequest,
+        sub: Submission,
         tokens: list[int],
         submitted_at: float,
         matcher: Matcher | None = None,
@@ -350,11 +354,10 @@ class MuxEngine:
         for pos in range(echo_from, len(tokens)):
             token = tokens[pos]
             if pos == 0:
-                tail = NO_PREDICTOR_TAIL
+                record = NO_PREDICTOR
             else:
-                tail = logprob_tail(logits[pos - 1 - keep], token, k)
-            payload = self.rt.token_payload(token)
-            self.out.payload(echo_header(request.rid, payload, pos, tail), payload)
+                record = logprob_record(logits[pos - 1 - keep], token, k)
+            self.out.frame(Echo(request.rid, self.rt.token_payload(token), pos, record))
 
     # --- decoding -----------------------------------------------------------------------
 
@@ -390,26 +393,24 @@ class MuxEngine:
 
     def emit(self, request: Request, token: int, row: npt.NDArray[np.float32]) -> None:
         payload = self.rt.token_payload(token)
-        tail = ""
+        logprobs: Logprobs | None = None
         topk = self.rt.settings.serve_topk
         # The full-vocabulary logZ is the costly part of both tables: sum it once per row.
         log_z = row_log_normalizer(row) if request.logprobs > 0 and topk else None
         if request.logprobs > 0:
-            tail = logprob_tail(row, token, min(request.logprobs, self.rt.vocab), log_z)
-        self.out.payload(data_header(request.rid, payload, tail), payload)
+            logprobs = logprob_record(row, token, min(request.logprobs, self.rt.vocab), log_z)
+        self.out.frame(Data(request.rid, payload, logprobs))
         request.emitted += 1
         if request.first_token_at is None:
             request.first_token_at = time.perf_counter()
         if topk:
-            self.out.line(self.topk_line(request.rid, row, log_z))
+            self.out.frame(self.topk_record(request.rid, row, log_z))
 
-    def topk_line(self, rid: int, row: npt.NDArray[np.float32], log_z: float | None = None) -> str:
+    def topk_record(
+        self, rid: int, row: npt.NDArray[np.float32], log_z: float | None = None
+    ) -> Topk:
         top = top_candidates(row, TOPK_COUNT, log_z)
-        parts = [f"TOPK {rid} {len(top)}"]
-        for token, logprob in top:
-            text = self.rt.token_payload(token).hex() or "-"
-            parts.append(f"{f6(logprob)} {text}")
-        return " ".join(parts)
+        return Topk(rid, tuple((lp, self.rt.token_payload(token)) for token, lp in top))
 
     def step(self) -> None:
         ready = [
@@ -460,13 +461,13 @@ class MuxEngine:
         self.steps_since_hits += 1
         if self.steps_since_hits >= HITS_EVERY:
             self.steps_since_hits = 0
-            self.out.line(self.rt.hits_line())
+            self.out.frame(self.rt.hits_record())
         if self.rt.settings.repin_every > 0:
             self.steps_since_repin += 1
             if self.steps_since_repin >= self.rt.settings.repin_every:
                 self.steps_since_repin = 0
                 for swap in self.rt.tiers.repin():
-                    self.out.line(f"REPIN {swap.layer} {swap.expert} {swap.old_tier} {swap.gpu}")
+                    self.out.frame(Repin(swap.layer, swap.expert, swap.old_tier, swap.gpu))
 
     def speculative_step(self, slot: Slot, request: Request) -> None:
         """Depth-1 MTP drafting for a lone greedy request: forward the pending token and the
@@ -565,15 +566,15 @@ class MuxEngine:
         rt.save_usage()
         rt.persist_slot(slot)
         request.kv_seconds += time.perf_counter() - kv_started
-        self.out.line(rt.tiers_line())
-        self.out.line(rt.emap_line())
-        self.out.line(rt.hits_line())
+        self.out.frame(rt.tiers_record())
+        self.out.frame(rt.emap_record())
+        self.out.frame(rt.hits_record())
         self.steps_since_hits = 0
-        self.out.line(rt.entropy_line(request.rid))
-        self.out.line(perf_line(request, numbers))
-        self.out.line(prof_line(request, numbers))
-        self.out.line(
-            done_line(
+        self.out.frame(rt.entropy_record(request.rid))
+        self.out.frame(perf_record(request, numbers))
+        self.out.frame(prof_record(request, numbers))
+        self.out.frame(
+            Done(
                 request.rid,
                 request.emitted,
                 numbers.tok_s,

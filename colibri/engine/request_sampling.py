@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from colibri.engine import sampling
 from colibri.engine.rng import Rng
+from colibri.protocol.records import Logprobs
 
 
 def request_rng(seed: int | None, process_seed: int | None) -> Rng:
@@ -34,15 +35,12 @@ def row_log_normalizer(row: npt.NDArray[np.float32]) -> float:
     return sampling.log_normalizer(row)
 
 
-def logprob_tail(
+def logprob_record(
     row: npt.NDArray[np.float32], token: int, k: int, log_z: float | None = None
-) -> str:
-    """The DATA/ECHO tail for `token` chosen from `row`, with the top-k table."""
-    return sampling.logprob_entry(row, token, k, log_z).tail()
-
-
-#: ECHO position 0 has no predictor.
-NO_PREDICTOR_TAIL = sampling.NO_PREDICTOR_TAIL
+) -> Logprobs:
+    """The DATA/ECHO logprobs of `token` chosen from `row`, with the top-k table."""
+    entry = sampling.logprob_entry(row, token, k, log_z)
+    return Logprobs(entry.logprob, entry.top)
 
 
 def top_candidates(

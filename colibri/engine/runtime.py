@@ -25,7 +25,7 @@ from colibri.engine.expert_usage import ExpertUsage
 from colibri.engine.kv_persist import KvFile, KvLayout, KvWriter, slot_file
 from colibri.engine.settings import DEFAULT_CTX, EngineSettings
 from colibri.engine.turn_routes import TurnRoutes
-from colibri.engine.wire_output import f2, f3
+from colibri.protocol.records import Emap, Entropy, Hits, Tiers
 
 
 class TextTokenizer(Protocol):
@@ -259,26 +259,26 @@ class EngineRuntime:
 
     # --- telemetry lines -------------------------------------------------------------------
 
-    def tiers_line(self) -> str:
+    def tiers_record(self) -> Tiers:
         c = self.tiers.tier_counts(self.rows, self.n_experts)
-        return f"TIERS {c.vram} {c.ram} {c.disk} {f2(c.vram_bytes / 1e9)} {f2(c.ram_bytes / 1e9)}"
+        return Tiers(c.vram, c.ram, c.disk, c.vram_bytes / 1e9, c.ram_bytes / 1e9)
 
-    def emap_line(self) -> str:
+    def emap_record(self) -> Emap:
         tiers = self.tiers.tier_matrix(self.rows, self.n_experts)
-        return f"EMAP {len(self.rows)} {self.n_experts} {self.usage.emap_hex(tiers)}"
+        return Emap(len(self.rows), self.n_experts, self.usage.emap_bytes(tiers))
 
-    def hits_line(self) -> str:
-        return f"HITS {len(self.rows)} {self.n_experts} {self.usage.take_hits_hex()}"
+    def hits_record(self) -> Hits:
+        return Hits(len(self.rows), self.n_experts, self.usage.take_hits_bytes())
 
-    def entropy_line(self, owner: int) -> str:
+    def entropy_record(self, owner: int) -> Entropy:
         """The turn's routing entropy per EMAP row (this request's own selections)."""
-        return "ENTROPY" + "".join(f" {f3(h)}" for h in self.turns.take_entropy(owner))
+        return Entropy(tuple(self.turns.take_entropy(owner)))
 
 
 def token_payload(tokenizer: TextTokenizer | None, token: int) -> bytes:
     """DATA/ECHO payload of one token: its bytes, or ' <id>' for a model without tokenizer."""
     if tokenizer is None:
-        return f" {token}".encode("ascii")
+        return b" %d" % token
     return tokenizer.token_bytes(token)
 
 

@@ -27,6 +27,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from colibri.protocol.records import NO_PREDICTOR, Logprobs
+
 FloatRow = npt.NDArray[np.float32]
 
 
@@ -202,21 +204,13 @@ class LogprobEntry:
     top: tuple[tuple[int, float], ...]
 
     def tail(self) -> str:
-        """The wire tail: ``" %.6f %d"`` then ``" %d %.6f"`` per table entry."""
-        parts = [f" {_c_float(self.logprob)} {len(self.top)}"]
-        parts.extend(f" {token} {_c_float(lp)}" for token, lp in self.top)
-        return "".join(parts)
+        """The wire tail, as the codec spells it (``Logprobs.tail``)."""
+        return Logprobs(self.logprob, self.top).tail()
 
 
 #: The tail of a position with nothing to condition on (echo position 0).
-NO_PREDICTOR_TAIL = " nan 0"
+NO_PREDICTOR_TAIL = NO_PREDICTOR.tail()
 
-
-def _c_float(value: float) -> str:
-    # C's printf spells non-finite values nan, inf and -inf (Python: nan, inf, -inf).
-    if math.isnan(value):
-        return "nan" if math.copysign(1.0, value) > 0 else "-nan"
-    return f"{value:.6f}"
 
 
 def _ids_not_in(size: int, taken: list[int]) -> Iterator[int]:

@@ -5,7 +5,7 @@ The grammar, the limits and the extension ranges are spec/protocol.json's, read 
 frame's length before it can answer with the request's id: ``frame_submit`` checks the
 header's shape (the SUBMIT regex and the two byte limits) and yields the byte counts; after
 payload, grammar and terminator are read, ``validate_submit`` checks every value and yields
-a ``SubmitRequest`` or the error code.
+a ``Submission`` (the engine's checked request) or the error code.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class SubmitFrame:
 
 
 @dataclass(frozen=True)
-class SubmitRequest:
+class Submission:
     rid: int
     slot: int
     max_tokens: int
@@ -130,7 +130,7 @@ def sampling_in_range(temperature: float, top_p: float) -> bool:
 
 def validate_submit(
     frame: SubmitFrame, payload: bytes, grammar: bytes, kv_slots: int
-) -> SubmitRequest | None:
+) -> Submission | None:
     """Step 9 of the validation order: None means ERROR <id> BAD_REQUEST."""
     fields = frame.fields
     if frame.rid == 0:
@@ -154,7 +154,7 @@ def validate_submit(
         return None
     if b"\0" in payload or b"\0" in grammar:
         return None
-    return SubmitRequest(
+    return Submission(
         rid=frame.rid,
         slot=slot,
         max_tokens=max_tokens,

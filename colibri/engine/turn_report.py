@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from colibri.engine.backend import StepTiming, StoreCounters
 from colibri.engine.host_info import physical_read_bytes
 from colibri.engine.rng import Rng
-from colibri.engine.wire_output import f3, f6
+from colibri.protocol.records import Perf, Prof
 from colibri.text.grammar import Matcher
 
 
@@ -72,17 +72,14 @@ def hit_percent(lookups: int, hits: int) -> float:
     return 100.0 * hits / lookups if lookups else 0.0
 
 
-def perf_line(request: Request, numbers: TurnNumbers) -> str:
+def perf_record(request: Request, numbers: TurnNumbers) -> Perf:
     """PERF: decode time, the store's disk time, the backend's phases, KV bookkeeping.
     Expert waits are 0: no backend loads experts asynchronously (spec/protocol.md 2.6)."""
-    return (
-        f"PERF {request.rid} {f6(numbers.decode_s)} {f6(numbers.disk_s)} {f6(0.0)} "
-        f"{f6(request.matmul_s)} {f6(request.attention_s)} {f6(request.kv_seconds)} "
-        f"{f6(request.head_s)}"
-    )
+    return Perf(request.rid, numbers.decode_s, numbers.disk_s, 0.0, request.matmul_s,
+                request.attention_s, request.kv_seconds, request.head_s)
 
 
-def prof_line(request: Request, numbers: TurnNumbers) -> str:
+def prof_record(request: Request, numbers: TurnNumbers) -> Prof:
     """PROF in colibri's newest 17-field form."""
     samples = sorted(request.forward_ms)
     if samples:
@@ -98,9 +95,6 @@ def prof_line(request: Request, numbers: TurnNumbers) -> str:
         if request.first_token_at is not None
         else 0.0
     )
-    return (
-        f"PROF {f3(numbers.decode_s)} {request.prompt_tokens} {request.emitted} "
-        f"{f3(numbers.disk_s)} {f3(0.0)} {f3(request.matmul_s)} {f3(request.attention_s)} "
-        f"{f3(request.head_s)} {request.forwards} "
-        f"{f3(p50)} {f3(p99)} {max(physical, 0)} 0 0 {f3(ttft)} {f3(0.0)} {int(valid)}"
-    )
+    return Prof(numbers.decode_s, request.prompt_tokens, request.emitted, numbers.disk_s, 0.0,
+                request.matmul_s, request.attention_s, request.head_s, request.forwards, p50,
+                p99, max(physical, 0), 0, 0, ttft, 0.0, valid)

@@ -279,7 +279,7 @@ def test_colibri_protocol_is_the_only_reader_of_protocol_json() -> None:
         if '"protocol.json"' in (text := p.read_text(encoding="utf-8"))
         and re.search(r"json\.loads?\(", text)
     ]
-    assert readers == ["colibri/protocol.py"]
+    assert readers == ["colibri/protocol/spec.py"]
 
 
 def test_no_module_spells_the_wire_constants_itself() -> None:

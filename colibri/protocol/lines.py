@@ -1,0 +1,220 @@
+"""The line codec's grammar walker: one line of a known kind into typed values
+(``parse_line``), or ``ProtocolViolation`` naming the field that breaks its grammar."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from colibri.protocol.spec import LineSpec, ProtocolSpec, ProtocolViolation, Value, load_spec
+
+_INT_TYPES = frozenset({"u64", "uint", "int", "flag", "req_uint"})
+_FLOAT_TYPES = frozenset({"fixed1", "fixed2", "fixed3", "fixed6", "logprob", "req_float"})
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    """A line that matched its kind's grammar."""
+
+    kind: str
+    values: Mapping[str, Value]
+    spec: LineSpec
+
+    @property
+    def payload_length(self) -> int:
+        """Bytes that follow the header line (0 for kinds without payload)."""
+        if self.spec.payload is None:
+            return 0
+        total = self.values[self.spec.payload.length_field]
+        extra_name = self.spec.payload.extra_length_field
+        extra = self.values.get(extra_name) if extra_name else None
+        assert isinstance(total, int)
+        return total + (extra if isinstance(extra, int) else 0)
+
+    def get_int(self, name: str) -> int:
+        value = self.values[name]
+        if not isinstance(value, int):
+            raise TypeError(f"{self.kind}.{name} is not an integer: {value!r}")
+        return value
+
+    def get_float(self, name: str) -> float:
+        value = self.values[name]
+        if not isinstance(value, int | float):
+            raise TypeError(f"{self.kind}.{name} is not a number: {value!r}")
+        return float(value)
+
+
+def _eval_expr(expr: str, env: Mapping[str, Value]) -> int:
+    """Evaluate the tiny integer expressions protocol.json uses ('rows*cols', '(a+7)/8')."""
+    tokens = re.findall(r"[A-Za-z_]+|\d+|[()+\-*/]", expr)
+    pos = 0
+
+    def atom() -> int:
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok == "(":
+            value = sum_()
+            pos += 1  # ")"
+            return value
+        if tok.isdigit():
+            return int(tok)
+        bound = env[tok]
+        if not isinstance(bound, int):
+            raise TypeError(f"{tok} is not an integer field")
+        return bound
+
+    def product() -> int:
+        nonlocal pos
+        value = atom()
+        while pos < len(tokens) and tokens[pos] in "*/":
+            op = tokens[pos]
+            pos += 1
+            rhs = atom()
+            value = value * rhs if op == "*" else value // rhs
+        return value
+
+    def sum_() -> int:
+        nonlocal pos
+        value = product()
+        while pos < len(tokens) and tokens[pos] in "+-":
+            op = tokens[pos]
+            pos += 1
+            rhs = product()
+            value = value + rhs if op == "+" else value - rhs
+        return value
+
+    return sum_()
+
+
+class _Walker:
+    def __init__(self, spec: ProtocolSpec, line: LineSpec, text: str, tokens: list[str]) -> None:
+        self.spec = spec
+        self.line = line
+        self.text = text
+        self.tokens = tokens
+        self.pos = 0
+        self._patterns: dict[str, re.Pattern[str]] = {}
+
+    def fail(self, message: str) -> ProtocolViolation:
+        return ProtocolViolation(self.line.kind, message, self.text)
+
+    def pattern(self, type_name: str) -> re.Pattern[str]:
+        if type_name not in self._patterns:
+            self._patterns[type_name] = re.compile(f"(?:{self.spec.types[type_name]['regex']})\\Z")
+        return self._patterns[type_name]
+
+    def matches(self, item: Mapping[str, Any]) -> bool:
+        if self.pos >= len(self.tokens):
+            return False
+        if "literal" in item:
+            return bool(self.tokens[self.pos] == item["literal"])
+        if "type" in item:
+            return self.pattern(item["type"]).match(self.tokens[self.pos]) is not None
+        first = (item.get("optional") or item["fields"])[0]
+        return self.matches(first)
+
+    def scalar(self, item: Mapping[str, Any], env: dict[str, Value]) -> Value:
+        name, type_name = str(item["name"]), str(item["type"])
+        if type_name == "text":
+            rest = " ".join(self.tokens[self.pos :])
+            self.pos = len(self.tokens)
+            return rest
+        if self.pos >= len(self.tokens):
+            raise self.fail(f"missing field {name}")
+        token = self.tokens[self.pos]
+        if not self.pattern(type_name).match(token):
+            raise self.fail(f"field {name}={token!r} is not a {type_name}")
+        self.pos += 1
+        value: Value
+        if type_name in _INT_TYPES:
+            value = int(token)
+        elif type_name in _FLOAT_TYPES:
+            value = float(token)
+        else:
+            value = token
+        if isinstance(value, int):
+            low, high = (
+                item.get("min", self.spec.types[type_name].get("min")),
+                item.get("max", self.spec.types[type_name].get("max")),
+            )
+            if isinstance(low, int) and value < low:
+                raise self.fail(f"field {name}={value} is below {low}")
+            if isinstance(high, int) and value > high:
+                raise self.fail(f"field {name}={value} is above {high}")
+        hex_bytes = item.get("hex_bytes")
+        if hex_bytes is not None and isinstance(value, str):
+            want = _eval_expr(str(hex_bytes), env)
+            if len(value) != 2 * want:
+                raise self.fail(f"field {name} has {len(value) // 2} bytes, expected {want}")
+        return value
+
+    def items(self, items: Sequence[Mapping[str, Any]], env: dict[str, Value]) -> None:
+        for item in items:
+            if "literal" in item:
+                if not self.matches(item):
+                    raise self.fail(f"expected {item['literal']!r}")
+                self.pos += 1
+            elif "type" in item:
+                env[str(item["name"])] = self.scalar(item, env)
+            elif "optional" in item:
+                if self.matches(item):
+                    self.items(item["optional"], env)
+            else:
+                env[str(item["name"])] = self.repeat(item, env)
+
+    def repeat(self, item: Mapping[str, Any], env: dict[str, Value]) -> Value:
+        count_spec = item["repeat"]
+        count: int | None
+        if isinstance(count_spec, str):
+            count = _eval_expr(count_spec, env)
+        else:
+            count = count_spec
+        entries: list[dict[str, Any]] = []
+        while self.matches(item) if count is None else len(entries) < count:
+            sub: dict[str, Value] = {}
+            self.items(item["fields"], sub)
+            entries.append(sub)
+        return entries
+
+
+def parse_line(
+    text: str | bytes,
+    spec: ProtocolSpec | None = None,
+    direction: str = "engine",
+) -> ParsedLine | None:
+    """Parse one line (without its LF). None for a kind protocol.json does not define.
+
+    A known kind that violates its grammar raises ProtocolViolation: that is the protocol's
+    forward-compatibility rule (unknown kinds are ignored, malformed known kinds are errors).
+    """
+    spec = spec or load_spec()
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="surrogateescape")
+    text = text.removesuffix("\n")
+    table = spec.engine_lines if direction == "engine" else spec.request_lines
+    for line in table.values():
+        if line.exact is not None and text == line.exact:
+            return ParsedLine(line.kind, {}, line)
+    head = text.split(" ", 1)[0]
+    if head.startswith("\x02"):
+        head = head[1:]
+    entry = table.get(head)
+    if entry is None or entry.exact is not None:
+        return None
+    if not entry.regex.match(text):
+        raise ProtocolViolation(entry.kind, "does not match the line regex", text)
+    tokens = text.split(" ")[1:]
+    walker = _Walker(spec, entry, text, tokens)
+    values: dict[str, Value] = {}
+    walker.items(entry.fields, values)
+    if walker.pos != len(tokens):
+        raise walker.fail(f"{len(tokens) - walker.pos} unexpected trailing field(s)")
+    return ParsedLine(entry.kind, values, entry)
+
+
+def format_hex(data: bytes) -> str:
+    """Lowercase hex, two characters per byte (EMAP, HITS, TOPK)."""
+    return data.hex()
