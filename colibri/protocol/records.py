@@ -632,33 +632,29 @@ class Cancel(Record):
 
 
 @dataclass(frozen=True)
-class Reset(Record):
-    KIND: ClassVar[str] = "RESET"
+class _ExactLine(Record):
+    """A legacy command that is one exact line with no fields (its text is the spec's)."""
+
     DIRECTION: ClassVar[str] = "server"
 
     def line(self) -> str:
-        exact = SPEC.request_lines["RESET"].exact
+        exact = SPEC.request_lines[self.KIND].exact
         assert exact is not None
         return exact
 
     @classmethod
-    def from_parsed(cls, parsed: ParsedLine, payload: bytes | None) -> Reset:
+    def from_parsed(cls: type[R], parsed: ParsedLine, payload: bytes | None) -> R:
         return cls()
 
 
 @dataclass(frozen=True)
-class More(Record):
+class Reset(_ExactLine):
+    KIND: ClassVar[str] = "RESET"
+
+
+@dataclass(frozen=True)
+class More(_ExactLine):
     KIND: ClassVar[str] = "MORE"
-    DIRECTION: ClassVar[str] = "server"
-
-    def line(self) -> str:
-        exact = SPEC.request_lines["MORE"].exact
-        assert exact is not None
-        return exact
-
-    @classmethod
-    def from_parsed(cls, parsed: ParsedLine, payload: bytes | None) -> More:
-        return cls()
 
 
 @dataclass(frozen=True)
