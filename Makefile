@@ -106,7 +106,7 @@ PYTEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; 
 pytest: $(VENV)/.stamp-test build
 	@require=$$($(PY) -c 'from colibri.accelerated.native_build import compiler; print(int(compiler() is not None))'); \
 	if [ "$$require" = 0 ]; then \
-	  tools/layer_skip.sh "accelerated engine tests" "no C compiler" "a C compiler (gcc)"; \
+	  tools/layer_skip.sh "accelerated engine tests" "no C compiler" "a C compiler (gcc)" || exit 1; \
 	fi; \
 	COLIBRI_REQUIRE_ACCELERATED=$$require $(BIN)/pytest -n $(PYTEST_JOBS) --dist loadfile
 
