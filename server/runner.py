@@ -158,7 +158,13 @@ async def serve_forever(config: ServerConfig, argv: Sequence[str], env: dict[str
                         port: int) -> int:
     server = await start(config, argv, env, port)
     host = config.bind_host if ":" not in config.bind_host else f"[{config.bind_host}]"
-    print(f"colibri serving {config.model_id} on http://{host}:{server.port}/v1", flush=True)
+    root = f"http://{host}:{server.port}"
+    # The first line is what scripts and tests read (the model id and the API base URL); the
+    # next two are for the person who ran `make serve`.
+    print(f"colibri serving {config.model_id} on {root}/v1", flush=True)
+    print(f"dashboard: {root}/  (open it in a browser)", flush=True)
+    print(f"try: colibri chat --attach {root}  (or the OpenAI and Anthropic SDKs on {root}/v1)",
+          flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -51,6 +51,10 @@ def test_make_serve_default_answers_27_plus_15_through_the_openai_sdk() -> None:
     with serve_process([], env, ROOT) as (proc, line, url):
         # The served id names the model that answers (not GLM-5.2).
         assert line.startswith(f"colibri serving {DEFAULT_MODEL_NAME} on http://127.0.0.1:")
+        assert proc.stdout is not None
+        root = url.removesuffix("/v1")
+        assert proc.stdout.readline().strip() == f"dashboard: {root}/  (open it in a browser)"
+        assert proc.stdout.readline().startswith(f"try: colibri chat --attach {root}  ")
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list()] == [DEFAULT_MODEL_NAME]
         reply = client.chat.completions.create(
