@@ -97,26 +97,20 @@ def _stamp(cc: str, variant: Variant) -> str:
     return digest.hexdigest()
 
 
-def is_current(cc: str, variant: Variant, out: Path) -> bool:
-    """The variant's library exists and was built from these sources, flags and compiler."""
+def build_variant(cc: str, variant: Variant, out: Path) -> tuple[Path, bool]:
+    """Compile one variant unless its stamp is current: the library path, and whether it was
+    compiled now."""
     target = out / variant.name / LIBRARY_NAME
     stamp_file = target.with_suffix(".stamp")
-    return (target.exists() and stamp_file.exists()
-            and stamp_file.read_text() == _stamp(cc, variant))
-
-
-def build_variant(cc: str, variant: Variant, out: Path) -> Path:
-    """Compile one variant unless its stamp is current; returns the library path."""
-    target = out / variant.name / LIBRARY_NAME
-    if is_current(cc, variant, out):
-        return target
     stamp = _stamp(cc, variant)
+    if target.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        return target, False
     error = compile_library(target, stamp, lambda partial: [
         cc, *BASE_FLAGS, *variant.flags, f"-I{SOURCE_DIR}", *(str(s) for s in sources()), "-o",
         str(partial), "-lm"])
     if error is not None:
         raise BuildError(f"{variant.name}: {error}")
-    return target
+    return target, True
 
 
 def compile_library(target: Path, stamp: str, command: Callable[[Path], list[str]]
@@ -141,7 +135,7 @@ class BuildError(RuntimeError):
     """The compiler refused the sources (its message is included)."""
 
 
-def build(out: Path = DEFAULT_OUT) -> list[Path]:
+def build(out: Path = DEFAULT_OUT) -> list[tuple[Path, bool]]:
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler found (set CC, or install cc/gcc/clang)")
@@ -150,7 +144,7 @@ def build(out: Path = DEFAULT_OUT) -> list[Path]:
     return [build_variant(cc, v, out) for v in variants()]
 
 
-def build_sanitized(out: Path = DEFAULT_OUT) -> Path:
+def build_sanitized(out: Path = DEFAULT_OUT) -> tuple[Path, bool]:
     cc = compiler()
     if cc is None:
         raise BuildError("no C compiler found (set CC, or install cc/gcc/clang)")
@@ -196,10 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         print("colibri accelerated build skipped: no C compiler found (set CC, or install "
               "cc/gcc/clang); --accelerated will not be available", file=sys.stderr)
         return 0 if not args.sanitize else 1
-    cc = compiler()
-    assert cc is not None
-    wanted = [SANITIZE] if args.sanitize else variants()
-    stale = {v.name for v in wanted if not is_current(cc, v, DEFAULT_OUT)}
     try:
         built = [build_sanitized()] if args.sanitize else build()
         env = sanitizer_env() if command else None
@@ -207,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"colibri accelerated build failed: {exc}", file=sys.stderr)
         return 1
     # One line per library compiled now; one line in all when every one was current.
-    for path in built:
-        if path.parent.name in stale:
+    for path, compiled in built:
+        if compiled:
             print(f"built {path}")
-    if not stale:
+    if not any(compiled for _, compiled in built):
         print(f"C library in {DEFAULT_OUT} is current ({len(built)} variant(s))")
     if command:
         return subprocess.run(command, env=env, check=False).returncode

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from colibri.protocol.lines import ParsedLine, parse_line
 from colibri.protocol.spec import SPEC, ProtocolViolation
@@ -604,31 +604,28 @@ class Submit(Record):
 
 
 @dataclass(frozen=True)
-class Stop(Record):
-    KIND: ClassVar[str] = "STOP"
+class _RequestCommand(Record):
+    """A command that names one request and nothing else (``KIND <id>``)."""
+
     DIRECTION: ClassVar[str] = "server"
     id: int
 
     def line(self) -> str:
-        return f"STOP {self.id}"
+        return f"{self.KIND} {self.id}"
 
     @classmethod
-    def from_parsed(cls, parsed: ParsedLine, payload: bytes | None) -> Stop:
+    def from_parsed(cls, parsed: ParsedLine, payload: bytes | None) -> Self:
         return cls(_i(parsed, "id"))
 
 
 @dataclass(frozen=True)
-class Cancel(Record):
+class Stop(_RequestCommand):
+    KIND: ClassVar[str] = "STOP"
+
+
+@dataclass(frozen=True)
+class Cancel(_RequestCommand):
     KIND: ClassVar[str] = "CANCEL"
-    DIRECTION: ClassVar[str] = "server"
-    id: int
-
-    def line(self) -> str:
-        return f"CANCEL {self.id}"
-
-    @classmethod
-    def from_parsed(cls, parsed: ParsedLine, payload: bytes | None) -> Cancel:
-        return cls(_i(parsed, "id"))
 
 
 @dataclass(frozen=True)
