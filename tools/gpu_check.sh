@@ -8,14 +8,14 @@
 # Through the device tool: here, `bash tools/gpu_wheels.sh` once (about 5 MB into .whl/); then
 # run(command="bash tools/gpu_check.sh", carry=[".whl"], timeout_s=600): $OUT is the tool's
 # folder, and what comes back is gpu_report.json, setup.log, build.log, pytest_gpu.log and
-# pytest_gpu.xml. Options after the script name go to colibri.benchmarks.gpu_check (--only
+# pytest_gpu.xml. Options after the script name go to tools/gpu_check.py (--only
 # PHASE... to rerun some bench phases, --budget-s, --tokens).
 #
 # 1. a venv over the image's own Python packages (--system-site-packages: numpy, pytest, ...;
 #    no index is asked, the machine has no network), the carried wheels, and this checkout
 #    installed editable without dependencies: about 30 s instead of `make .venv/.stamp-test`'s
 #    downloads; the stamps are then touched so `make build` takes the venv as it is;
-# 2. python -m colibri.benchmarks.gpu_check: make build, the driver probe (it stops there,
+# 2. python tools/gpu_check.py: make build, the driver probe (it stops there,
 #    with the reason, where no device is usable), pytest -m gpu, the GPU bench model and the
 #    cuda-decode phases, each under its own deadline within a 540 s budget, rewriting
 #    $OUT/gpu_report.json after every step.
@@ -58,7 +58,7 @@ if [ "$status" -ne 0 ]; then
   tail -5 "$OUT/setup.log"
   exit 2
 fi
-.venv/bin/python -m colibri.benchmarks.gpu_check --out "$OUT" "$@"
+.venv/bin/python tools/gpu_check.py --out "$OUT" "$@"
 status=$?
 .venv/bin/python - "$OUT/gpu_report.json" <<'PY'
 import json, sys

@@ -6,6 +6,19 @@ imports them, selects sections by ``--section`` name or by ``--engine`` (a secti
 engines it measures), runs them in order and prints one JSON document with every result side
 by side. To add one: write a module with a ``run(options) -> dict`` function, call
 ``register`` at import, and add the module to ``SECTION_MODULES``.
+
+What a new section builds on:
+
+* ``workers.call("module:function", spec, what)``: a measurement in a fresh process (its own
+  memory and threads, a deadline, another interpreter for a peer), JSON in and out;
+* ``bandwidth``: the ceilings decode GB/s is held against (host copy, the kernels' read
+  stream, a device copy), each well under a second, to take between rounds;
+* ``decode_worker``: engines (reference, accelerated, a backend through the engine seam, HF
+  transformers, llama.cpp) behind one interface, timed alone (``alone``) or taking turns with
+  each other and with the probes (``turns``); ``decode`` turns their routes and seconds into
+  weight bytes, tok/s and GB/s;
+* ``stats``: medians, spreads and best-of timings; ``page_cache``: each timed file read back
+  from disk once a run; ``bench_model``: the generated benchmark model.
 """
 
 from __future__ import annotations
@@ -18,10 +31,8 @@ from typing import Any
 
 #: Modules that register bench sections, in report order.
 SECTION_MODULES: tuple[str, ...] = (
-    "colibri.benchmarks.reference_decode",
-    "colibri.benchmarks.accelerated_decode",
-    "colibri.benchmarks.interleaved_decode",
-    "colibri.benchmarks.interleaved_roofline",
+    "colibri.benchmarks.decode_sections",
+    "colibri.benchmarks.turn_sections",
     "colibri.benchmarks.quant_formats",
     "colibri.benchmarks.quant_kernels",
     "colibri.benchmarks.float_products",

@@ -16,15 +16,12 @@ column is absent, with the reason, where ``make build`` has not compiled the con
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks.stats import percentile
+from colibri.benchmarks.workers import call
 
 SLOT_COUNTS = (1, 8)
 MODES = ("interpreted", "compiled")
@@ -80,15 +77,6 @@ def measure(slots: int, steps: int, warmup: int) -> dict[str, Any]:
     }
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by linear interpolation between order statistics."""
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    lo = int(at)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo)
-
-
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Pool the per-step samples of one mode's processes into median and spread."""
     errors = [r["error"] for r in runs if "error" in r]
@@ -109,15 +97,19 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def measure_in_mode(slots: int, steps: int, warmup: int) -> dict[str, Any]:
+    """:func:`measure` in a worker whose ``COLIBRI_CONTROL_PLANE`` chose the mode: the choice
+    is made before ``colibri.engine`` is first imported."""
+    from colibri import control_plane
+
+    control_plane.select([])
+    return measure(slots, steps, warmup)
+
+
 def _spawn(mode: str, slots: int, steps: int, warmup: int) -> dict[str, Any]:
-    command = [sys.executable, "-m", "colibri.benchmarks.control_plane_overhead",
-               "--slots", str(slots), "--steps", str(steps), "--warmup", str(warmup)]
-    env = {**os.environ, "COLIBRI_CONTROL_PLANE": mode}
-    proc = subprocess.run(command, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        return {"error": proc.stderr.strip()[-2000:]}
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    return call("control_plane_overhead:measure_in_mode",
+                {"slots": slots, "steps": steps, "warmup": warmup}, f"{mode} worker",
+                env={"COLIBRI_CONTROL_PLANE": mode})
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
@@ -155,19 +147,3 @@ register(
     )
 )
 
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description="one control-plane measurement (JSON)")
-    parser.add_argument("--slots", type=int, required=True)
-    parser.add_argument("--steps", type=int, default=256)
-    parser.add_argument("--warmup", type=int, default=4)
-    args = parser.parse_args()
-    from colibri import control_plane
-
-    control_plane.select([])  # COLIBRI_CONTROL_PLANE, before colibri.engine is imported
-    print(json.dumps(measure(args.slots, args.steps, args.warmup)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

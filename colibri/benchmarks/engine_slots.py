@@ -11,26 +11,24 @@ row; the report says whether this build meets it.
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
-from colibri.benchmarks.decode_steps import median
+from colibri.benchmarks.decode_worker import PROMPT
+from colibri.benchmarks.stats import median
+from colibri.benchmarks.workers import call
 
 SLOT_COUNTS = (1, 4, 8)
 TARGET_RATIO_8_OVER_1 = 3.0
-PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 
 
-def measure(model_dir: Path, slots: int, tokens: int, warmup: int, backend: str = "reference",
-            device: str | None = None, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+def measure(model_dir: Path | str, slots: int, tokens: int, warmup: int,
+            backend: str = "reference", device: str | None = None,
+            extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the mux loop in this process with `slots` busy slots; time the full steps (on
     ``backend``/``device``; ``extra_env`` adds engine variables, e.g. CUDA_EXPERT_GB)."""
     from colibri.engine.main import build_runtime
@@ -43,7 +41,7 @@ def measure(model_dir: Path, slots: int, tokens: int, warmup: int, backend: str 
     env = {"COLI_PERSIST": "0", "DRAFT": "0", **(extra_env or {})}
     budget = warmup + tokens + slots  # later slots join one step after another
     ctx = len(PROMPT) + budget + 8
-    settings = from_environment(env, model_dir=model_dir, kv_slots=slots, ctx=ctx,
+    settings = from_environment(env, model_dir=Path(model_dir), kv_slots=slots, ctx=ctx,
                                 backend=backend, device=device)
     t0 = time.perf_counter()
     # No request may end early on a stop token: every slot stays busy.
@@ -84,24 +82,8 @@ def measure(model_dir: Path, slots: int, tokens: int, warmup: int, backend: str 
 
 
 def _spawn(model_dir: Path, slots: int, tokens: int, warmup: int) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        "-m",
-        "colibri.benchmarks.engine_slots",
-        "--model",
-        str(model_dir),
-        "--slots",
-        str(slots),
-        "--tokens",
-        str(tokens),
-        "--warmup",
-        str(warmup),
-    ]
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"slots": slots, "error": proc.stderr.strip()[-2000:]}
-    result: dict[str, Any] = json.loads(proc.stdout)
-    return result
+    spec = {"model_dir": str(model_dir), "slots": slots, "tokens": tokens, "warmup": warmup}
+    return {"slots": slots, **call("engine_slots:measure", spec, "engine-slots worker")}
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
@@ -137,23 +119,3 @@ register(
     )
 )
 
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description="one engine-slots measurement (JSON)")
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--slots", type=int, required=True)
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--warmup", type=int, default=4)
-    parser.add_argument("--backend", default="reference")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="an engine variable for this run (repeatable)")
-    args = parser.parse_args()
-    extra = dict(item.split("=", 1) for item in args.env)
-    print(json.dumps(measure(args.model, args.slots, args.tokens, args.warmup, args.backend,
-                             args.device, extra)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

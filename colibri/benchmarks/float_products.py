@@ -30,7 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
-from colibri.benchmarks.decode_steps import best_seconds
+from colibri.benchmarks.bandwidth import host_copy_bytes_per_s
+from colibri.benchmarks.stats import best_seconds
 from colibri.control_plane import rebuild_hint
 
 #: Output rows and widths (``k``) of one matrix: the bench model's hidden size, its dense
@@ -112,8 +113,6 @@ def run(options: BenchOptions) -> dict[str, Any]:
         from colibri.accelerated.native_build import DEFAULT_OUT, LIBRARY_NAME
     except ImportError as exc:  # pragma: no cover - a partial install
         return {"skipped": f"accelerated package unavailable: {exc}"}
-    from colibri.benchmarks.accelerated_decode import copy_bandwidth_bytes_per_s
-
     paths = {v: DEFAULT_OUT / v / LIBRARY_NAME for v in supported_variants()}
     paths = {v: p for v, p in paths.items() if p.is_file()}
     if not paths:
@@ -123,10 +122,10 @@ def run(options: BenchOptions) -> dict[str, Any]:
     repeats = int(options.extra.get("float_repeats", REPEATS))
     engine_threads = default_threads()
     threads = sorted({1, engine_threads})
-    copy_before = copy_bandwidth_bytes_per_s()
+    copy_before = host_copy_bytes_per_s()
     variants = {v: _variant(p, threads, memory_mib, cache_mib, repeats)
                 for v, p in paths.items()}
-    copy_after = copy_bandwidth_bytes_per_s()
+    copy_after = host_copy_bytes_per_s()
     return {
         "threads": threads,
         "memory_mib": memory_mib,

@@ -13,14 +13,14 @@ in a fresh process. Reported per format, side by side with f32:
 * accuracy against f32: the prefill's last logits (max-abs and relative L2 difference) and
   greedy agreement (tokens equal to the f32 run, position by position; on the random-weight
   bench model near-ties make greedy paths part quickly), and the container size.
+
+Each run is the decode worker's ``alone`` program on the ``reference`` engine.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,8 @@ import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.bench_model import ensure_bench_model
-from colibri.benchmarks.decode_steps import (
-    PROMPT,
-    run_worker,
-    step_bytes,
-    timed_greedy_decode,
-)
+from colibri.benchmarks.decode import measure_alone, step_bytes
+from colibri.benchmarks.decode_worker import PROMPT
 from colibri.benchmarks.page_cache import model_files, refresh_for
 
 #: Expert formats in report order (``colibri convert --experts`` names); "f32" is the original.
@@ -88,39 +84,9 @@ def _bytes_per_step(model_dir: Path, steps: list[list[list[Any]]]) -> tuple[list
     return step_bytes(tensors, config["num_hidden_layers"], steps)
 
 
-def _worker(model_dir: Path, tokens: int, warmup: int, logits_path: Path) -> dict[str, Any]:
-    import numpy as np
-
-    from colibri.reference import load_model
-
-    t0 = time.perf_counter()
-    model = load_model(model_dir)
-    load_s = time.perf_counter() - t0
-    state = model.new_state()
-    logits = model.prefill(state, PROMPT)[-1]
-    np.save(logits_path, logits)
-    ids, times, chosen = timed_greedy_decode(model, state, logits, warmup + tokens)
-    steps = [[[layer, list(e)] for layer, e in step] for step in chosen]
-    stats = getattr(model.experts, "stats", None)
-    return {
-        "load_s": load_s,
-        "ids": ids,
-        "step_s": times[warmup:],
-        "warmup_step_s": times[:warmup],
-        "routes": steps[warmup:],
-        "store": type(model.experts).__name__,
-        "cache": None if stats is None else {
-            "hits": stats.hits, "misses": stats.misses, "evictions": stats.evictions,
-            "budget_bytes": getattr(model.experts, "budget_bytes", None),
-        },
-    }
-
-
 def _measure(model_dir: Path, options: BenchOptions, logits_path: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "colibri.benchmarks.quant_formats", "--worker",
-           "--model", str(model_dir), "--tokens", str(options.tokens),
-           "--warmup", str(options.warmup), "--logits", str(logits_path)]
-    return run_worker(cmd, "worker")
+    return measure_alone({"kind": "reference", "model": str(model_dir)}, options, "worker",
+                         batch=False, prefill=False, logits_path=logits_path)
 
 
 def run(options: BenchOptions) -> dict[str, Any]:
@@ -130,6 +96,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown quant scheme(s) {unknown}; known: {', '.join(SCHEMES)}")
     formats: dict[str, Any] = {}
+    options.cache_dir.mkdir(parents=True, exist_ok=True)  # the prefill logits go there
     for scheme in schemes:
         try:
             model_dir, convert_s = container_for(base, scheme, options.cache_dir)
@@ -190,18 +157,3 @@ register(Section(
     run=run,
 ))
 
-
-def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="quant-formats bench worker")
-    parser.add_argument("--worker", action="store_true", required=True)
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument("--tokens", type=int, required=True)
-    parser.add_argument("--warmup", type=int, required=True)
-    parser.add_argument("--logits", type=Path, required=True)
-    args = parser.parse_args(argv)
-    print(json.dumps(_worker(args.model, args.tokens, args.warmup, args.logits)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
-from colibri.benchmarks.decode_steps import best_seconds
+from colibri.benchmarks.stats import best_seconds
 from colibri.control_plane import rebuild_hint
 
 #: (format, int4-grouped group size or None)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from colibri.benchmarks.control_plane_overhead import REPEATS, measure, percentile, summarize
+from colibri.benchmarks.control_plane_overhead import REPEATS, measure, summarize
+from colibri.benchmarks.stats import percentile
 
 
 def test_percentile_interpolates_between_order_statistics() -> None:

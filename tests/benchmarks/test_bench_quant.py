@@ -47,7 +47,7 @@ def test_the_cached_container_name_carries_every_non_default_choice(tmp_path: Pa
     from colibri.reference.quant import Fmt
     from colibri.reference.quant.container import QuantContainer
 
-    from colibri.benchmarks.accelerated_decode import QUANT_DENSE, QUANT_EXPERTS, QUANT_IO
+    from colibri.benchmarks.decode_sections import QUANT_DENSE, QUANT_EXPERTS, QUANT_IO
     from colibri.benchmarks.quant_formats import container_dir, container_for
 
     base = fixture_model_dir("glm5-tiny")

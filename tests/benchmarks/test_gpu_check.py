@@ -1,4 +1,4 @@
-"""The prepared device check (colibri.benchmarks.gpu_check, behind tools/gpu_check.sh), run
+"""The prepared device check (tools/gpu_check.py, behind tools/gpu_check.sh), run
 here end to end: with no driver it stops at the probe, the first GPU step, with the reason and
 a report; with the fake driver (support/fake_cuda.py) it goes on through the marked tests and
 every bench phase, the CUDA ones failing with the backend's own refusal, the CPU ones
@@ -6,20 +6,35 @@ measured, and the report written after each step."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from support import fake_cuda
 
 from colibri import resources
-from colibri.benchmarks.gpu_check import Run, pytest_summary
 
 ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "gpu_check.py"
+
+
+def load_tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = load_tool()
+Run, pytest_summary = gpu_check.Run, gpu_check.pytest_summary
 TINY = resources.fixture_model_dir("glm5-tiny")
 MARKED = ("tests/engine/test_cuda_devices.py::"
           "test_the_gpu_marker_runs_where_the_probe_finds_a_device")
@@ -27,7 +42,7 @@ MARKED = ("tests/engine/test_cuda_devices.py::"
 
 def _check(out: Path, env: dict[str, str], *extra: str) -> tuple[int, dict[str, Any]]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_CU_", "COLI_"))}
-    done = subprocess.run([sys.executable, "-m", "colibri.benchmarks.gpu_check", "--out",
+    done = subprocess.run([sys.executable, str(TOOL), "--out",
                            str(out), "--skip-build", *extra], cwd=ROOT,
                           env={**clean, **env}, capture_output=True, text=True, timeout=300)
     return done.returncode, json.loads((out / "gpu_report.json").read_text())
@@ -91,9 +106,7 @@ def test_pytest_summary(output: str, summary: str) -> None:
 
 
 def test_a_crash_of_the_check_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from colibri.benchmarks import gpu_check
-
-    def broken(run: Run, args: object) -> int:
+    def broken(run: Any, args: object) -> int:
         run.record("environment", "ok", 0.0)
         raise RuntimeError("the disk is full")
 

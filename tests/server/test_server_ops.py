@@ -318,20 +318,6 @@ def test_chat_attach_streams_a_conversation(server: LiveServer) -> None:
     assert out.getvalue() == "Héllo\nHéllo\n"
 
 
-def test_bench_section_reports_both_sides() -> None:
-    import os
-    import sys
-
-    from colibri.server.bench import measure
-    from support.server_harness import FAKE_ENGINE
-
-    report = measure([sys.executable, FAKE_ENGINE], dict(os.environ), tokens=8, rounds=1,
-                     warmup=0)
-    assert report["engine_alone"]["completion_tokens"] == 2
-    assert report["through_server"]["completion_tokens"] == 2
-    assert set(report) >= {"ratio_decode", "ratio_end_to_end", "meets_target"}
-
-
 def test_unknown_lines_ignored_and_turn_telemetry_kept(server: LiveServer) -> None:
     reply = exchange(server.url, "POST", "/v1/chat/completions", {
         "model": M, "messages": [{"role": "user", "content": "@@noise@@"}]},

@@ -54,7 +54,9 @@ def test_accelerated_section_reports_both_engines_and_ratios(
 def test_llama_cpp_peer_is_skipped_with_a_reason(tmp_path: Path) -> None:
     import sys
 
-    from colibri.benchmarks.llama_cpp_peer import gguf_path, run_peer, unavailable_reason
+    from colibri.benchmarks import BenchOptions
+    from colibri.benchmarks.decode_sections import llama_cpp_alone
+    from colibri.benchmarks.llama_cpp_peer import gguf_path, unavailable_reason
 
     gguf = gguf_path(tmp_path, Path("glm5-bench-1234"), "q8_0")
     assert gguf == tmp_path / "gguf" / "glm5-bench-1234-q8_0.gguf"
@@ -63,13 +65,13 @@ def test_llama_cpp_peer_is_skipped_with_a_reason(tmp_path: Path) -> None:
     reason = unavailable_reason(sys.executable, gguf)
     assert reason is not None
     assert "llama_cpp" in reason or "no GGUF" in reason
-    got = run_peer(sys.executable, gguf, 64, 2, 1, 2, lambda steps: {})
+    got = llama_cpp_alone(BenchOptions(tokens=2, warmup=1), gguf, 2)
     assert got == {"skipped": reason}
 
 
 def test_interleaved_section_says_why_it_skipped(tmp_path: Path) -> None:
     from colibri.benchmarks import BenchOptions
-    from colibri.benchmarks.interleaved_decode import run
+    from colibri.benchmarks.turn_sections import interleaved as run
 
     assert run(BenchOptions(peers=False)) == {"skipped": "--no-peers"}
     assert "skipped" in run(BenchOptions(model=fixture_model_dir("glm5-tiny")))
@@ -87,7 +89,7 @@ def test_roofline_section_alternates_copy_probe_and_decode(
             "--model", str(fixture_model_dir("glm5-tiny")), "--tokens", "2", "--batch", "2"]
     assert main(argv) == 0
     section = json.loads(capsys.readouterr().out)["sections"]["accelerated-roofline"]
-    from colibri.benchmarks.interleaved_roofline import ROUNDS
+    from colibri.benchmarks.turn_sections import ROUNDS
 
     assert section["rounds"] == ROUNDS and section["batch"] == 2
     for key in ("copy_bandwidth_gb_per_s", "single_over_copy_bandwidth",
@@ -112,8 +114,8 @@ def test_roofline_section_alternates_copy_probe_and_decode(
 
 
 def test_roofline_ratios_are_computed_per_round_from_bytes_and_seconds() -> None:
-    from colibri.benchmarks.interleaved_roofline import summarize
-    from colibri.benchmarks.reference_decode import touched_bytes
+    from colibri.benchmarks.decode import touched_bytes
+    from colibri.benchmarks.turn_sections import summarize
 
     model_dir = fixture_model_dir("glm5-tiny")
     cfg = json.loads((model_dir / "config.json").read_text())

@@ -1,5 +1,5 @@
 """The prepared device check (CUDA): on a GPU machine, from the repo root, after
-``tools/gpu_check.sh`` made the venv, ``python -m colibri.benchmarks.gpu_check --out DIR``
+``tools/gpu_check.sh`` made the venv, ``python tools/gpu_check.py --out DIR``
 
 1. records the environment (Python, the modules the suite needs, nvidia-smi, nvcc);
 2. runs ``make build`` (the C library, the CUDA library where nvcc exists, mypyc), then
@@ -239,7 +239,7 @@ def _check(run: Run, args: argparse.Namespace) -> int:
     run.report["model"] = str(model_dir)
 
     from colibri.benchmarks import cuda_decode
-    from colibri.benchmarks.gpu_report import assemble
+    from colibri.benchmarks.cuda_report import assemble
 
     results: dict[str, dict[str, Any]] = {}
     for name, thunk in cuda_decode.phases(model_dir, args.tokens, args.warmup, run.deadline,

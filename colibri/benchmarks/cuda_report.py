@@ -1,6 +1,6 @@
-"""The GPU bench report from its phases' raw results (``cuda_decode``): every number is a
-measurement of this run, every ratio between two phases of this run; a phase that failed or
-timed out is reported as such, and the ratios that need it are left out (never guessed).
+"""The ``cuda-decode`` report from its phases' raw results: every number is a measurement of
+this run, every ratio between two phases of this run; a phase that failed or timed out is
+reported as such, and the ratios that need it are left out (never guessed).
 
 ``assemble(model_dir, results, tokens, warmup)`` is pure given the model's tensor table, so
 it is unit-tested with canned phase results; ``tools/gpu_check.py`` calls it after every
@@ -9,37 +9,21 @@ phase, so a later hang still leaves a report of what ran.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from colibri.benchmarks.decode_steps import median, step_bytes
+from colibri.benchmarks.decode import TensorTable, decode_summary, step_bytes, tensor_table
 
 TARGET_FRACTION_OF_COPY = 0.5
 
 
-def _tensor_table(model_dir: Path) -> tuple[list[tuple[str, int, int]], int]:
-    from colibri.reference.safetensors import Checkpoint
-
-    ckpt = Checkpoint(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    table = [(name, info.end - info.begin, info.shape[0]) for name, info in ckpt.tensors.items()]
-    return table, int(config["num_hidden_layers"])
-
-
-def decode_summary(raw: dict[str, Any], table: list[tuple[str, int, int]],
-                   n_layers: int) -> dict[str, Any]:
+def phase_summary(raw: dict[str, Any], table: TensorTable, n_layers: int) -> dict[str, Any]:
     """tok/s and achieved GB/s of one decode phase (bytes a step reads / its seconds)."""
-    step_s: list[float] = raw["step_s"]
     per_step, expert_part = step_bytes(table, n_layers, raw["routes"])
-    seconds = sum(step_s)
     return {
-        "steps": len(step_s),
-        "tokens_per_s": len(step_s) / seconds,
-        "median_step_ms": 1000 * median(step_s),
+        **decode_summary(raw["step_s"], per_step),
         "weight_bytes_per_step": sum(per_step) / len(per_step),
         "expert_bytes_per_step": sum(expert_part) / len(expert_part),
-        "achieved_gb_per_s": sum(per_step) / seconds / 1e9,
         "tiers": raw.get("tiers"),
         "devices": raw.get("devices"),
         "build": raw.get("build"),
@@ -52,7 +36,7 @@ def _ok(raw: dict[str, Any] | None) -> bool:
 
 def assemble(model_dir: Path, results: dict[str, dict[str, Any]], tokens: int,
              warmup: int) -> dict[str, Any]:
-    table, n_layers = _tensor_table(model_dir)
+    table, n_layers = tensor_table(model_dir)
     total_experts_bytes = sum(b for name, b, _ in table if ".mlp.experts." in name)
     report: dict[str, Any] = {
         "model": str(model_dir),
@@ -76,7 +60,7 @@ def assemble(model_dir: Path, results: dict[str, dict[str, Any]], tokens: int,
         raw = results.get(name)
         if _ok(raw):
             assert raw is not None
-            decodes[name] = decode_summary(raw, table, n_layers)
+            decodes[name] = phase_summary(raw, table, n_layers)
             if copy_bps is not None and name == "decode_cuda":
                 fraction = decodes[name]["achieved_gb_per_s"] * 1e9 / copy_bps
                 decodes[name]["achieved_over_copy_bandwidth"] = fraction
@@ -86,7 +70,7 @@ def assemble(model_dir: Path, results: dict[str, dict[str, Any]], tokens: int,
     cuda, cpu = results.get("decode_cuda"), results.get("decode_cpu")
     if _ok(cuda) and _ok(cpu):
         assert cuda is not None and cpu is not None
-        report["same_greedy_ids_cuda_cpu"] = cuda["greedy_ids"] == cpu["greedy_ids"]
+        report["same_greedy_ids_cuda_cpu"] = cuda["ids"] == cpu["ids"]
         report["ratio_cuda_over_cpu_decode"] = (decodes["decode_cuda"]["tokens_per_s"]
                                                 / decodes["decode_cpu"]["tokens_per_s"])
     slots: dict[str, Any] = {}
@@ -104,7 +88,7 @@ def assemble(model_dir: Path, results: dict[str, dict[str, Any]], tokens: int,
     tiered: list[dict[str, Any]] = []
     for name, raw in results.items():
         if name.startswith("tiered_") and _ok(raw):
-            summary = decode_summary(raw, table, n_layers)
+            summary = phase_summary(raw, table, n_layers)
             tiers = raw["tiers"]
             entry = {"requested_share": float(name.removeprefix("tiered_")),
                      "vram_experts": tiers["vram"], "ram_experts": tiers["ram"],
@@ -119,7 +103,7 @@ def assemble(model_dir: Path, results: dict[str, dict[str, Any]], tokens: int,
                                            / decodes["decode_cpu"]["tokens_per_s"])
             if _ok(cuda):
                 assert cuda is not None
-                entry["same_greedy_ids_as_full_vram"] = raw["greedy_ids"] == cuda["greedy_ids"]
+                entry["same_greedy_ids_as_full_vram"] = raw["ids"] == cuda["ids"]
             tiered.append(entry)
     if tiered:
         report["tiered"] = sorted(tiered, key=lambda e: e["requested_share"])

@@ -1,6 +1,7 @@
-"""The GPU bench's decode worker (through the engine seam, run here on the CPU backends) and
-the report assembled from its phases: achieved GB/s from the bytes the routed steps read,
-the ratio to the copy bandwidth, slots, tiers; failed phases reported, their ratios left out."""
+"""The GPU bench's decode (the decode worker's ``backend`` engine, through the engine seam, run
+here on the CPU backends) and the report assembled from its phases: achieved GB/s from the
+bytes the routed steps read, the ratio to the copy bandwidth, slots, tiers; failed phases
+reported, their ratios left out."""
 
 from __future__ import annotations
 
@@ -11,23 +12,25 @@ import pytest
 from support.accelerated_support import needs_library
 
 from colibri import resources
-from colibri.benchmarks import cuda_decode
-from colibri.benchmarks.decode_steps import step_bytes
-from colibri.benchmarks.gpu_report import _tensor_table, assemble
+from colibri.benchmarks import decode_worker
+from colibri.benchmarks.cuda_decode import backend_engine
+from colibri.benchmarks.cuda_report import assemble
+from colibri.benchmarks.decode import step_bytes, tensor_table
+from colibri.benchmarks.workers import call, run_worker
 
 TINY = resources.fixture_model_dir("glm5-tiny")
 
 
 @pytest.fixture(scope="module")
 def reference_decode() -> dict[str, Any]:
-    return cuda_decode.decode(TINY, "reference", None, 0, tokens=3, warmup=1)
+    return decode_worker.alone(backend_engine(TINY, "reference", None, 0), tokens=3, warmup=1)
 
 
 def test_decode_worker_on_the_cpu(reference_decode: dict[str, Any]) -> None:
     raw = reference_decode
     assert raw["backend"] == "reference" and raw["device"] == "cpu"
     assert len(raw["step_s"]) == 3 and len(raw["routes"]) == 3
-    assert len(raw["greedy_ids"]) == 4  # warm-up ids included
+    assert len(raw["ids"]) == 4  # warm-up ids included
     assert [layer for layer, _ in raw["routes"][0]] == [3, 4]
     assert all(len(ids) == 2 for _, ids in raw["routes"][0])
     assert raw["tiers"]["vram"] == 0 and raw["devices"] == []
@@ -35,27 +38,23 @@ def test_decode_worker_on_the_cpu(reference_decode: dict[str, Any]) -> None:
 
 @needs_library
 def test_decode_worker_accelerated_agrees_on_tokens(reference_decode: dict[str, Any]) -> None:
-    acc = cuda_decode.decode(TINY, "accelerated", None, 0, tokens=3, warmup=1)
-    assert acc["greedy_ids"] == reference_decode["greedy_ids"]
+    acc = decode_worker.alone(backend_engine(TINY, "accelerated", None, 0), tokens=3, warmup=1)
+    assert acc["ids"] == reference_decode["ids"]
     assert acc["routes"] == reference_decode["routes"]
 
 
 def test_cuda_device_is_refused_by_the_phase_worker() -> None:
-    result = cuda_decode.run_phase(
-        [*_py(), "-m", "colibri.benchmarks.cuda_decode", "--model", str(TINY),
-         "--backend", "reference", "--device", "cuda", "--tokens", "1", "--warmup", "0"], 120)
+    spec = {"engine": backend_engine(TINY, "reference", "cuda", -1), "tokens": 1, "warmup": 0}
+    result = call("decode_worker:alone", spec, "decode", timeout_s=120)
     assert result["error"] == ("ValueError: the reference backend runs on the CPU, not 'cuda'")
 
 
 def test_a_hung_phase_costs_its_deadline() -> None:
-    result = cuda_decode.run_phase([*_py(), "-c", "import time; time.sleep(30)"], 1)
-    assert result["timed_out"] is True and result["error"] == "timed out after 1 s"
-
-
-def _py() -> list[str]:
     import sys
 
-    return [sys.executable]
+    result = run_worker([sys.executable, "-c", "import time; time.sleep(30)"], "sleep",
+                        timeout_s=1)
+    assert result["timed_out"] is True and result["error"] == "timed out after 1 s"
 
 
 def _with_times(raw: dict[str, Any], step_s: list[float], **extra: Any) -> dict[str, Any]:
@@ -64,7 +63,7 @@ def _with_times(raw: dict[str, Any], step_s: list[float], **extra: Any) -> dict[
 
 def test_report_numbers(reference_decode: dict[str, Any]) -> None:
     raw = reference_decode
-    table, n_layers = _tensor_table(TINY)
+    table, n_layers = tensor_table(TINY)
     per_step, _ = step_bytes(table, n_layers, raw["routes"])
     expert_total = sum(b for name, b, _ in table if ".mlp.experts." in name)
     results = {
