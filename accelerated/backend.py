@@ -18,10 +18,15 @@ import numpy as np
 from colibri.accelerated.kernels import KernelError
 from colibri.accelerated.model import Model, open_model
 from colibri.accelerated.native import LibraryNotBuilt
+from colibri.accelerated.weights import Expert, stored_expert
 from colibri.reference.experts import stored_expert_bytes
 from colibri.reference.indexer_presence import log_indexer
+from colibri.reference.quant.container import QuantContainer
 
+from colibri.backend_kit.expert_disk import DiskTier, StoredTensors
+from colibri.backend_kit.expert_tiers import ExpertMemory, Tiers, dense_bytes, open_tiers
 from colibri.backend_kit.kv_state_backend import KVStateBackend
+from colibri.backend_kit.memory_budget import BudgetTooSmall, runtime_bytes
 from colibri.backend_kit.model_fingerprint import model_fingerprint
 from colibri.backend_kit.tiered_expert_store import TieredExpertStore
 from colibri.engine.backend import Device
@@ -40,6 +45,8 @@ class AcceleratedBackend(KVStateBackend):
         super().__init__(model, store, model_tag)
         self.model = model
         model.store = store
+        #: Under RAM_GB, the disk tier the store reads experts through (None: mapped).
+        self.disk: DiskTier | None = None
         #: ``--device cuda``: the device's weights, and the expert store's tier 2 over it.
         self.gpu = gpu
         self.vram_tier = None
@@ -76,6 +83,8 @@ class AcceleratedBackend(KVStateBackend):
                        experts)]
 
     def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
         self.model.close()
         if self.gpu is not None:
             self.gpu.device.close()
@@ -104,13 +113,44 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
         info = gpu.device.info()
         print(f"== cuda device {info.index}: {info.name}, {len(gpu.dense) + len(gpu.mlps)} "
               f"dense weights in VRAM ({gpu.device.used_bytes / 1e9:.2f} GB) ==", file=log)
+    try:
+        tiers = _expert_tiers(model, model_dir, options, log)
+    except BudgetTooSmall as exc:
+        model.close()
+        raise BackendUnavailable(str(exc)) from None
+    backend = AcceleratedBackend(model, tiers.store, model_fingerprint(model_dir), gpu,
+                                 options.vram_budget_bytes, options.vram_reserve_bytes)
+    backend.max_step_rows = tiers.max_step_rows
+    backend.rss_guard_bytes = tiers.rss_guard_bytes
+    backend.disk = tiers.disk
+    return backend
+
+
+def _expert_tiers(model: Model, model_dir: Path, options: BackendOptions, log: TextIO) -> Tiers:
+    """The store over mapped experts, or under RAM_GB the disk tier's reads into owned
+    buffers, computed in their stored bytes (so an expert holds its stored size)."""
     from colibri.engine.backend import usage_rows
 
-    read: Any = model.read_expert  # Mlp has the nbytes the store's LRU budgets by
-    store = TieredExpertStore(read, model.config, usage_rows(model.config),
-                              options.ram_budget_bytes, stored_expert_bytes(model.checkpoint))
-    return AcceleratedBackend(model, store, model_fingerprint(model_dir), gpu,
-                              options.vram_budget_bytes, options.vram_reserve_bytes)
+    cfg, checkpoint = model.config, model.checkpoint
+    rows = usage_rows(cfg)
+    container = (QuantContainer.open(model_dir)
+                 if any(n.endswith(".qs") for n in checkpoint.tensors) else None)
+
+    def build(stored: StoredTensors, layer: int, expert: int) -> Expert:
+        return stored_expert(stored, layer, expert, cfg, model.kernels.all_finite, container)
+
+    read: Any = model.read_expert  # Expert has the nbytes the store's LRU budgets by
+    dense = dense_bytes(checkpoint, cfg, rows)
+    memory = ExpertMemory(
+        dense=dense,
+        kv_floats_per_position=model.new_state().floats_per_position,
+        runtime=runtime_bytes(dense), held_bytes=stored_expert_bytes(checkpoint),
+        # The decoder stack keeps a step's experts until the step ends.
+        held_layers=len(rows))
+    return open_tiers(checkpoint, cfg, rows, read, build, memory,
+                      ram_budget_bytes=options.ram_budget_bytes, kv_slots=options.kv_slots,
+                      ctx=options.ctx, log=log,
+                           rss_guard_bytes=options.rss_guard_bytes)
 
 
 def _open_on_device(model_dir: Path, device: str | None) -> tuple[Model, GpuPlacement]:

@@ -15,20 +15,20 @@ The checkpoint's header parsing, dtype table and the quantized formats come from
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from colibri.accelerated.kernels import DTYPE_CODES, F32, QuantWeight, Weight, mat_descriptors
-from colibri.accelerated.quant_kernels import QuantMatrix, container_matrix
+from colibri.accelerated.quant_kernels import QuantMatrix, container_matrix, quant_matrix
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.layout import Tensor, build, layer_layout, load_layer_groups
 from colibri.reference.quant.container import QuantContainer
 from colibri.reference.quant.formats import Fmt
-from colibri.reference.safetensors import Checkpoint
+from colibri.reference.safetensors import DTYPE_NAMES, Checkpoint
 from colibri.reference.weights import TensorLoader
 
 #: Whether a stored weight (its raw array and ``DTYPE_CODES`` code) holds only finite values:
@@ -231,6 +231,36 @@ def mapped_experts(t: WeightLoader, cfg: ModelConfig, layers: list[int]) -> Expe
         return Expert(g, u, dn)
 
     return read
+
+
+def stored_expert(stored: Mapping[str, np.ndarray], layer: int, expert: int, cfg: ModelConfig,
+                  all_finite: FiniteCheck, container: QuantContainer | None) -> Expert:
+    """An expert over its stored tensors as the disk tier read them (owned buffers, not the
+    file's pages), with the checks a mapped expert gets on first use: finiteness for float
+    projections (converted to float32 where the kernels cannot read the dtype in place), the
+    content scan for quantized ones."""
+    mats: list[ExpertMatrix] = []
+    for name, shape in zip(expert_names(layer, expert), expert_shapes(cfg), strict=True):
+        scales = stored.get(name + ".qs")
+        if scales is not None:
+            if container is None:
+                raise CheckpointError(f"tensor {name}: quantized, but the directory is no "
+                                      "container")
+            info = container.tensor_format(name, shape)
+            mats.append(quant_matrix(info.fmt, stored[name], scales, shape,
+                                     group_size=info.group_size or None, name=name))
+            continue
+        raw = stored[name]
+        if raw.shape != shape:
+            raise CheckpointError(f"tensor {name} has shape {list(raw.shape)}, expected "
+                                  f"{list(shape)}")
+        code = DTYPE_CODES.get(DTYPE_NAMES[raw.dtype])
+        if code is None:
+            raw, code = raw.astype(np.float32), 0
+        if not all_finite(raw, code):
+            raise CheckpointError(f"tensor {name} contains non-finite values (NaN or Inf)")
+        mats.append(Weight(raw, code))
+    return Expert(*mats)
 
 
 def quantized_experts(model_dir: Path, cfg: ModelConfig, t: WeightLoader,

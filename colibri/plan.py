@@ -27,6 +27,9 @@ RAM_SHARE = 0.88
 #: Per-GPU reserve for the driver and the dense work (colibri's 2 GB).
 VRAM_RESERVE = 2 * GB
 MAX_SLOTS = 16
+#: The engine process itself (interpreter, numpy, kernel library, buffers): RAM_GB bounds the
+#: whole process, and the engine measures this part at start-up; the plan assumes this much.
+ENGINE_RUNTIME = 300_000_000
 EXPERT_TENSOR = re.compile(r"(?:model\.)?layers\.(\d+)\.mlp\.experts\.(\d+)\.")
 
 
@@ -43,6 +46,20 @@ class Request:
     usage: Path | None = None
     #: The expert format to size a config-only plan with (a key of expert_bytes_by_format).
     expert_format: str = "bf16"
+    #: Measured storage read bandwidth (GB/s) and the engine's in-RAM step time (ms): with
+    #: both, the plan predicts decode tok/s (``predict_decode``).
+    read_gb_s: float | None = None
+    step_ms: float | None = None
+
+
+def predict_decode(*, hit_rate: float, bytes_per_token: int, read_gb_s: float,
+                   step_s: float) -> dict[str, float]:
+    """Decode under a RAM budget: the misses' bytes per token (``1 - hit_rate`` of the
+    experts a token routes to) read at ``read_gb_s``, overlapped at best with the in-RAM step,
+    so tok/s is at most ``1 / max(read time, step time)``."""
+    read = (1.0 - hit_rate) * bytes_per_token
+    return {"hit_rate": hit_rate, "read_bytes_per_token": read,
+            "tok_s": 1.0 / max(read / (read_gb_s * GB), step_s)}
 
 
 def load_config(model: Path) -> tuple[ModelConfig, Path | None]:
@@ -226,7 +243,7 @@ def build(model: Path, request: Request, host: Mapping[str, int] | None = None,
     info = dict(meminfo() if host is None else host)
     available = info.get("MemAvailable", 0)
     ram_budget = int(request.ram_gb * GB) if request.ram_gb else int(RAM_SHARE * available)
-    runtime = per_slot * request.kv_slots + workspace + 64 * largest
+    runtime = per_slot * request.kv_slots + workspace + 64 * largest + ENGINE_RUNTIME
     cache = max(0, ram_budget - dense - runtime)
     per_cap = typical * routed_layers
     cap = min(config.n_routed_experts, cache // per_cap) if per_cap else 0
@@ -239,7 +256,7 @@ def build(model: Path, request: Request, host: Mapping[str, int] | None = None,
     warm = warm_bytes // typical if typical else 0
     fit_slots = 0
     for slots in range(1, MAX_SLOTS + 1):
-        if dense + per_slot * slots + workspace + 64 * largest <= ram_budget:
+        if dense + per_slot * slots + workspace + 64 * largest + ENGINE_RUNTIME <= ram_budget:
             fit_slots = slots
     resident = min(n_experts, hot + warm)
     warnings = []
@@ -274,7 +291,7 @@ def build(model: Path, request: Request, host: Mapping[str, int] | None = None,
                      "cold_experts": max(0, n_experts - resident)},
         },
         "projected_hit_rate": round(resident / n_experts, 4) if n_experts else 1.0,
-        "env": {"RAM_GB": f"{cache / GB:.3f}", "KV_SLOTS": str(min(max(fit_slots, 1),
+        "env": {"RAM_GB": f"{ram_budget / GB:.3f}", "KV_SLOTS": str(min(max(fit_slots, 1),
                                                                 request.kv_slots)),
                 "CTX": str(ctx)},
         "warnings": warnings,
@@ -291,6 +308,19 @@ def build(model: Path, request: Request, host: Mapping[str, int] | None = None,
         # expert of slack keeps the decimal GB from rounding the last pin away, and is too
         # little for one more, so the engine pins exactly this set.
         plan["env"]["PIN_GB"] = repr((len(pins) + 0.5) * typical / GB)
+    hit = plan["projected_hit_rate"]
+    if request.usage is not None:
+        # With a usage history the resident set is its hottest experts: the hit rate is their
+        # share of the recorded selections (what pins and a warm LRU serve).
+        total = sum(n for _, _, n in ranked)
+        hit = round(sum(n for _, _, n in ranked[:resident]) / total, 4) if total else hit
+        plan["projected_hit_rate"] = hit
+    per_token = config.num_experts_per_tok * routed_layers * typical
+    plan["projected_read_bytes_per_token"] = round((1.0 - hit) * per_token)
+    if request.read_gb_s and request.step_ms:
+        plan["projected_decode"] = predict_decode(
+            hit_rate=hit, bytes_per_token=per_token, read_gb_s=request.read_gb_s,
+            step_s=request.step_ms / 1000.0)
     return plan
 
 
@@ -326,7 +356,11 @@ def format_plan(plan: dict[str, Any]) -> list[str]:
     else:
         lines.append("VRAM no NVIDIA device detected · CPU path")
     lines.append(f"disk {_gb(disk['expert_bytes'])} experts · {disk['cold_experts']} cold")
-    lines.append(f"hit {100 * plan['projected_hit_rate']:.0f}% projected expert residency")
+    lines.append(f"hit {100 * plan['projected_hit_rate']:.0f}% projected expert residency, "
+                 f"{plan['projected_read_bytes_per_token'] / GB:.3f} GB read per token")
+    if "projected_decode" in plan:
+        lines.append(f"decode ~{plan['projected_decode']['tok_s']:.2f} tok/s at most "
+                     "(reads overlapped with the in-RAM step)")
     if "pin" in plan:
         lines.append(f"pin {len(plan['pin']['experts'])} experts from {plan['pin']['usage']} "
                      f"({plan['pin']['tier']})")

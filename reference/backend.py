@@ -1,8 +1,9 @@
 """The numpy backend: the reference model behind the engine seam (colibri.engine.backend).
 
 ``ReferenceModel`` is the reference math (``model.Model``) driven by the backend kit's row
-driver: it is the model ``colibri.reference.load_model`` returns, with the incremental API
-(``prefill``, ``decode``, ``decode_batch``, ``forward_rows``, ``mtp_draft``). The backend owns
+driver and step wrapper, which runs the math's steps and times the phases around them: it is
+the model ``colibri.reference.load_model`` returns, with the incremental API (``prefill``,
+``decode``, ``decode_batch``, ``forward_rows``, ``mtp_draft``). The backend owns
 the KV states (``KVState``), the tiered expert store (disk, byte-bounded RAM LRU, pinned hot
 set) and the COLIKV1 codec, all from the kit; ``step`` is one ``forward_rows`` call.
 """
@@ -16,21 +17,25 @@ from typing import TextIO
 import numpy as np
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
-from colibri.reference.experts import ExpertStore, stored_expert_bytes
+from colibri.reference.experts import ExpertStore, ExpertWeights
 from colibri.reference.indexer_presence import log_indexer
 from colibri.reference.model import Model
 from colibri.reference.safetensors import Checkpoint
+from colibri.reference.stored_experts import expert_from_stored
 from colibri.reference.weights import TensorLoader
 
+from colibri.backend_kit.expert_disk import StoredTensors
+from colibri.backend_kit.expert_tiers import ExpertMemory, dense_bytes, open_tiers
 from colibri.backend_kit.kv_state_backend import KVStateBackend
+from colibri.backend_kit.layer_steps import SteppedRowModel
+from colibri.backend_kit.memory_budget import BudgetTooSmall, runtime_bytes
 from colibri.backend_kit.model_fingerprint import model_fingerprint
 from colibri.backend_kit.phase_clock import PhaseClock
-from colibri.backend_kit.row_driver import RowModel
 from colibri.backend_kit.tiered_expert_store import TieredExpertStore, mapped_reader
 from colibri.engine.registry import BackendOptions
 
 
-class ReferenceModel(Model, RowModel):
+class ReferenceModel(Model, SteppedRowModel):
     """The reference math with the kit's row driver: ``forward`` and the incremental API."""
 
     def __init__(
@@ -40,10 +45,9 @@ class ReferenceModel(Model, RowModel):
         expert_store: ExpertStore | None = None,
         loader: TensorLoader | None = None,
     ) -> None:
-        clock = PhaseClock()
-        super().__init__(config, checkpoint, clock, expert_store, loader)
+        super().__init__(config, checkpoint, expert_store, loader)
         #: Seconds of attention, expert products and lm_head since the last reset.
-        self.clock = clock
+        self.clock = PhaseClock()
 
 
 def load_model(
@@ -93,24 +97,54 @@ class ReferenceBackend(KVStateBackend):
 
 
 def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> ReferenceBackend:
-    """The reference model with a tiered expert store over its checkpoint or container."""
+    """The reference model with a tiered expert store over its checkpoint or container: mapped
+    experts, or under RAM_GB the disk tier's reads dequantized to float32."""
     if options.device not in (None, "cpu"):
         raise ValueError(f"the reference backend runs on the CPU, not {options.device!r}")
     from colibri.engine.backend import usage_rows
+    from colibri.engine.registry import BackendUnavailable
 
     config = ModelConfig.from_dir(model_dir)
     checkpoint = Checkpoint(model_dir)
     read = mapped_reader(TensorLoader(checkpoint), config)
+    container = None
+    quantized = None
     if any(name.endswith(".qs") for name in checkpoint.tensors):
         # A colibri container: experts are dequantized when read (the quant store with no
-        # cache of its own; the tiers are the tiered store's).
+        # cache of its own, which checks every expert's format now; the tiers are the
+        # tiered store's).
+        from colibri.reference.quant.container import QuantContainer
         from colibri.reference.quant.loading import quantized_expert_store
 
         quantized = quantized_expert_store(model_dir, config, budget_bytes=0)
         if quantized is not None:
             read = quantized.expert
-    store = TieredExpertStore(read, config, usage_rows(config), options.ram_budget_bytes,
-                              stored_expert_bytes(checkpoint))
-    model = ReferenceModel(config, checkpoint, store)
+            container = QuantContainer.open(model_dir)
+    model = ReferenceModel(config, checkpoint, quantized)
     log_indexer(model.indexer, log)
-    return ReferenceBackend(model, store, model_fingerprint(model_dir))
+    cfg, rows = model.config, usage_rows(model.config)
+
+    def build(stored: StoredTensors, layer: int, expert: int) -> ExpertWeights:
+        return expert_from_stored(stored, layer, expert, cfg, container)
+
+    float32_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4
+    # Float32 experts, and each layer's let go before the next layer's are asked for.
+    dense = dense_bytes(checkpoint, cfg, rows)
+    memory = ExpertMemory(dense=dense,
+                          kv_floats_per_position=model.new_state().floats_per_position,
+                          runtime=runtime_bytes(dense), held_bytes=lambda _l, _e: float32_bytes,
+                          held_layers=1)
+    try:
+        tiers = open_tiers(checkpoint, cfg, rows, read, build, memory,
+                           ram_budget_bytes=options.ram_budget_bytes, kv_slots=options.kv_slots,
+                           ctx=options.ctx, log=log,
+                           rss_guard_bytes=options.rss_guard_bytes)
+    except BudgetTooSmall as exc:
+        raise BackendUnavailable(str(exc)) from None
+    # The model opened over its mapped or quantized experts (which checked every expert's
+    # header); the tiers replace them as its data source.
+    model.experts = tiers.store
+    backend = ReferenceBackend(model, tiers.store, model_fingerprint(model_dir))
+    backend.max_step_rows = tiers.max_step_rows
+    backend.rss_guard_bytes = tiers.rss_guard_bytes
+    return backend

@@ -45,6 +45,17 @@ class ExpertLru:
         """Every entry, least recently used first, without refreshing any (for reports)."""
         return list(self._entries.items())
 
+    def resize(self, budget_bytes: int | None) -> None:
+        """A new budget; the least recently used entries go until the cache fits it."""
+        self.budget_bytes = budget_bytes
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.budget_bytes is not None and self.bytes > self.budget_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.bytes -= evicted.nbytes
+            self.evictions += 1
+
     def put(self, key: Key, weights: ExpertWeights) -> None:
         if self.budget_bytes is not None and weights.nbytes > self.budget_bytes:
             return
@@ -53,10 +64,15 @@ class ExpertLru:
             self.bytes -= old.nbytes
         self._entries[key] = weights
         self.bytes += weights.nbytes
-        while self.budget_bytes is not None and self.bytes > self.budget_bytes:
-            _, evicted = self._entries.popitem(last=False)
-            self.bytes -= evicted.nbytes
-            self.evictions += 1
+        self._evict()
+
+    def replace(self, key: Key, weights: ExpertWeights) -> None:
+        """Swap an entry's value in place (its recency unchanged, nothing evicted): a
+        reservation made before the expert was read becomes the expert."""
+        old = self._entries.get(key)
+        if old is not None:
+            self._entries[key] = weights
+            self.bytes += weights.nbytes - old.nbytes
 
     def pop(self, key: Key) -> ExpertWeights | None:
         weights = self._entries.pop(key, None)

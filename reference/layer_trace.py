@@ -37,14 +37,14 @@ def trace(model: Model, ids: Sequence[int]) -> dict[str, np.ndarray]:
     rope = model._rope(list(range(len(ids))))
     allowed: np.ndarray | None = None
     for i, lw in enumerate(model.layers):
-        ctx = model._context(i)
-        h, allowed = full_sequence_attention(x, lw, ctx, allowed, rope)
-        if model.indexer_modes[i] is not None:
+        mode = model.indexer_modes[i]
+        h, allowed = full_sequence_attention(x, lw, cfg, mode, allowed, rope)
+        if mode is not None:
             out[f"dsa_keys.{i}"] = _attended(allowed, cfg.index_topk)
         if lw.router is not None:
             normed = rms_norm(h, lw.post_norm, cfg.rms_norm_eps)
             out[f"experts.{i}"], out[f"expert_weights.{i}"] = route(normed, lw, cfg, dense_matmul)
-        x = full_sequence_feed_forward(h, lw, ctx)
+        x = full_sequence_feed_forward(h, lw, cfg, model.experts)
         out[f"hidden.{i}"] = x
     out["logits"] = dense_matmul(rms_norm(x, model.final_norm, cfg.rms_norm_eps), model.lm_head)
     return out

@@ -5,6 +5,8 @@
 - ``kv_codec.py``: ``KvRecordCodec``, a ``KVState`` <-> COLIKV1 records (spec/protocol.md 4.3).
 - ``row_driver.py``: ``RowModel``, the incremental API (``forward_rows``, ``prefill``,
   ``decode``, ``decode_batch``, ``mtp_draft``) over a backend's layer and head hooks.
+- ``layer_steps.py``: ``SteppedRowModel``, the step wrapper: a layer as the backend's math
+  steps (norms, attention, router, experts, residual), the phase clock read around them.
 - ``tiered_expert_store.py``: routed experts on disk, in a RAM LRU, pinned, and in VRAM,
   with the REPIN ranking and the counters telemetry reports.
 - ``phase_clock.py``: ``PhaseClock``, the seconds per phase that PERF and PROF report.

@@ -96,6 +96,14 @@ class KVState:
             if keep == 0:
                 self.mtp.start = None
 
+    @property
+    def floats_per_position(self) -> int:
+        """The floats one position takes: every layer's cache rows, the MTP layer's and the
+        hidden state the MTP head reads."""
+        mtp = [] if self.mtp is None else [self.mtp.layer]
+        return self.hidden_size + sum(sum(layer.widths.values())
+                                      for layer in [*self.layers, *mtp])
+
     def layer_arrays(self, layer: int) -> dict[str, F32]:
         """The valid cache rows of one layer, by name (views; for persistence)."""
         kv = self.layers[layer]

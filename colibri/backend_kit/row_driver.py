@@ -4,10 +4,16 @@
 ``prefill``, ``decode`` and ``decode_batch`` are shorthands of ``forward_rows``: append one
 token per row to its KV state in a single forward, every row's bytes independent of the
 others, and pay for the lm_head only on the rows that want logits. ``mtp_draft`` forwards the
-MTP layer over the positions its cache still lacks. What is shared here is the bookkeeping —
-argument checks, positions, writing rows back into the states, routes, the head's timing;
-what differs between the numpy reference and the accelerated engine (how a layer, the final
-norm and the head are computed) is each subclass's few hooks: the math stays in the backend.
+MTP layer over the positions its cache still lacks. A forward reads top to bottom:
+``_embed``, ``_rope``, every decoder layer (``_decoder_layers``, ``_decoder_rows``), then
+``_head`` on the rows that want logits.
+
+What is shared here is the bookkeeping — argument checks, positions, writing rows back into
+the states, routes, the head's timing; what differs between the numpy reference and the
+accelerated engine (how a layer, the final norm and the head are computed) is each subclass's
+hooks: the math stays in the backend. A backend whose layers are steps of plain math gets
+``_decoder_rows`` and ``_mtp_rows`` from ``layer_steps.SteppedRowModel``, which runs the steps
+and times their phases; the accelerated engine times its own kernel calls.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from dataclasses import replace
 import numpy as np
 import numpy.typing as npt
 
+from colibri.backend_kit.layer_lru import PerLayerLru
 from colibri.engine.backend import (
     TIER_DISK,
     TIER_RAM,
@@ -29,12 +30,14 @@ from colibri.engine.backend import (
     VramTier,
 )
 from colibri.reference.config import ModelConfig
-from colibri.reference.expert_lru import ExpertLru, Key
+from colibri.reference.expert_lru import Key
 from colibri.reference.experts import ExpertWeights, expert_tensor_names
 from colibri.reference.weights import TensorLoader
 
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
 ExpertReader = Callable[[int, int], ExpertWeights]
+#: Reads several experts with their reads in flight together (``DiskTier.read_many``).
+ExpertBatchReader = Callable[[Sequence[Key]], list[ExpertWeights]]
 #: An expert's bytes as stored in the container (``experts.stored_expert_bytes``).
 StoredBytes = Callable[[int, int], int]
 
@@ -54,6 +57,17 @@ def mapped_reader(loader: TensorLoader, cfg: ModelConfig) -> ExpertReader:
     return read
 
 
+class _Reserved:
+    """An LRU entry held for an expert whose read is in flight: it takes the expert's
+    place (and bytes) in the recency order, so a layer's lookups made together leave the
+    cache exactly as the same lookups made one at a time."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
 class TieredExpertStore:
     def __init__(
         self,
@@ -65,22 +79,32 @@ class TieredExpertStore:
         vram: VramTier | None = None,
         vram_budget_bytes: int = 0,
         gpu: int = 0,
+        read_many: ExpertBatchReader | None = None,
+        held_bytes: StoredBytes | None = None,
     ) -> None:
         self.read = read
+        self.read_many: ExpertBatchReader = read_many or (lambda keys: [read(*k) for k in keys])
         self.cfg = cfg
         # Reported bytes (TIERS, disk reads) are stored bytes; the RAM budget bounds what
         # this process really holds (weights.nbytes), which differs between backends.
         self._stored_bytes = stored_bytes
         self._stored: dict[Key, int] = {}
         self.layers = list(layers)
-        # RAM_GB=0 means unbounded (colibri).
-        self._lru = ExpertLru(ram_budget_bytes or None)
+        # RAM_GB=0 means unbounded (colibri). A bounded store's pins and LRU share the budget:
+        # the LRU gets what the pins leave.
+        self.ram_budget_bytes = ram_budget_bytes
+        self._lru = PerLayerLru(self.layers, ram_budget_bytes or None)
+        #: How often the RSS guard lowered the LRU's budget.
+        self.guard_trims = 0
         self._pinned: dict[Key, ExpertWeights] = {}
         self._counters = StoreCounters()
         # Decayed per-expert heat for re-pinning: +1 per use, halved after every pass.
         self._heat: dict[Key, int] = {}
         d, inter = cfg.hidden_size, cfg.moe_intermediate_size
         self.expert_bytes = 3 * d * inter * 4
+        #: What a read expert occupies in this process (float32 by default; a backend that
+        #: keeps stored bytes says so), known before it is read.
+        self.held_bytes: StoredBytes = held_bytes or (lambda _layer, _e: self.expert_bytes)
         # Tier 2: the experts the device holds, their stored bytes against the budget. The
         # store keeps no host copy of them (colibri's CUDA_RELEASE_HOST): the backend computes
         # them on the device, and the disk tier is a memory map the backend uploads from.
@@ -102,25 +126,48 @@ class TieredExpertStore:
     # --- the model's ExpertStore protocol -------------------------------------------------
 
     def expert(self, layer: int, expert: int) -> ExpertWeights:
-        key = (layer, expert)
-        self._counters.lookups += 1
-        self._heat[key] = self._heat.get(key, 0) + 1
+        return self.experts(layer, [expert])[0]
+
+    def experts(self, layer: int, ids: Sequence[int]) -> list[ExpertWeights]:
+        """Layer ``layer``'s experts ``ids`` (distinct, in lookup order): the resident ones
+        from their tier, the others read from disk together, their reads in flight at once.
+        Counters, heat and the LRU's order end as the same lookups one at a time leave them."""
+        found: list[ExpertWeights | None] = []
+        missing: list[int] = []
+        for expert in ids:
+            key = (layer, expert)
+            self._counters.lookups += 1
+            self._heat[key] = self._heat.get(key, 0) + 1
+            held = self._resident(key)
+            if held is not None:
+                self._counters.hits += 1
+            else:
+                missing.append(len(found))
+                self._lru.put(key, _Reserved(self.held_bytes(*key)))  # type: ignore[arg-type]
+            found.append(held)
+        if missing:
+            keys = [(layer, ids[i]) for i in missing]
+            try:
+                weights = self._read_batch(keys)
+            except BaseException:
+                for key in keys:  # nothing of a failed batch stays, reservations included
+                    if isinstance(self._lru.get(key), _Reserved):
+                        self._lru.pop(key)
+                raise
+            for i, key, w in zip(missing, keys, weights, strict=True):
+                found[i] = w
+                self._lru.replace(key, w)
+        return [w for w in found if w is not None]
+
+    def _resident(self, key: Key) -> ExpertWeights | None:
         if key in self._vram:
             # Resident on the device, so a hit; a backend computing it on the host anyway
-            # gets the mapped weights, uncached (they are in no RAM tier).
-            self._counters.hits += 1
+            # gets the weights uncached (they are in no RAM tier).
             return self.read(*key)
         pinned = self._pinned.get(key)
         if pinned is not None:
-            self._counters.hits += 1
             return pinned
-        cached = self._lru.get(key)
-        if cached is not None:
-            self._counters.hits += 1
-            return cached
-        weights = self._read(key)
-        self._lru.put(key, weights)
-        return weights
+        return self._lru.get(key)
 
     def is_resident(self, layer: int, expert: int) -> bool:
         key = (layer, expert)
@@ -140,10 +187,13 @@ class TieredExpertStore:
 
     def _read(self, key: Key) -> ExpertWeights:
         """Bring an expert from the container (the disk tier) into RAM."""
+        return self._read_batch([key])[0]
+
+    def _read_batch(self, keys: Sequence[Key]) -> list[ExpertWeights]:
         started = time.perf_counter()
-        weights = self.read(*key)
+        weights = self.read_many(keys) if len(keys) > 1 else [self.read(*keys[0])]
         self._counters.disk_seconds += time.perf_counter() - started
-        self._counters.disk_bytes += self.stored_bytes(key)
+        self._counters.disk_bytes += sum(self.stored_bytes(key) for key in keys)
         return weights
 
     def stored_bytes(self, key: Key) -> int:
@@ -170,12 +220,16 @@ class TieredExpertStore:
                 continue
             if used + self.expert_bytes > budget_bytes:
                 break
+            if self.ram_budget_bytes and used + self.held_bytes(*key) > self.ram_budget_bytes:
+                break
             weights = self._lru.pop(key)
             if weights is None:
                 weights = self._read(key)
             self._pinned[key] = weights
             used += weights.nbytes
             count += 1
+        if self.ram_budget_bytes:
+            self._lru.resize(self.ram_budget_bytes - used)
         return count
 
     def _place_vram(self, ranked: list[Key]) -> tuple[int, list[Key]]:
@@ -300,6 +354,20 @@ class TieredExpertStore:
         vram_bytes = sum(self._vram[k] for k in vram)
         return TierCounts(len(vram), len(resident), total - len(resident) - len(vram),
                           vram_bytes, ram_bytes)
+
+    @property
+    def expert_cache_bytes(self) -> int:
+        return self.ram_budget_bytes
+
+    def trim(self, excess_bytes: int) -> int:
+        """colibri's RSS guard: the process holds ``excess_bytes`` more than its budget, so
+        the LRU's budget drops by that much (least recently used experts go; pins stay).
+        Returns the bytes the LRU let go."""
+        before = self._lru.bytes
+        limit = self._lru.budget_bytes if self._lru.budget_bytes is not None else before
+        self._lru.resize(max(0, min(limit, before) - excess_bytes))
+        self.guard_trims += 1
+        return before - self._lru.bytes
 
     def counters(self) -> StoreCounters:
         return replace(self._counters)  # a snapshot; vars() fails on mypyc-compiled classes

@@ -42,6 +42,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.grammar_mask",
     "colibri.benchmarks.default_model",
     "colibri.benchmarks.cuda_decode",
+    "colibri.benchmarks.out_of_core",
 )
 
 

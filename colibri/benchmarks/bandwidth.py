@@ -11,15 +11,21 @@ A decode step streams its weights, so its speed is read against what memory can 
   by CUDA events), best of 10, counted like the host copy so the GPU ratio compares like with
   like; it needs only the driver (no toolkit, torch or the project's CUDA kernels).
 
-Each takes well under a second, so a section can take one between decode rounds and hold
-each round against the bandwidth the machine had then (a shared host's moves by tens of
-percent from second to second). ``device_copy`` returns ``{"error": why}`` rather than raising,
+* :func:`storage_read_gb_s`: sequential ``O_DIRECT`` reads of model files in 8 MiB blocks
+  (the page cache bypassed): the rate an out-of-core run's expert reads are held against.
+
+Each but the storage read takes well under a second, so a section can take one between
+decode rounds and hold each round against the bandwidth the machine had then (a shared
+host's moves by tens of percent from second to second). ``device_copy`` returns ``{"error": why}`` rather than raising,
 so it runs as a worker phase (``workers.call("bandwidth:device_copy", ...)``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from colibri.benchmarks.stats import best_seconds
@@ -132,3 +138,41 @@ def device_copy(gib: float = 1.0, repeats: int = 10, device: int = 0) -> dict[st
         return device_copy_with(drv, device, int(gib * GIB), repeats)
     except CopyError as exc:
         return {"error": str(exc)}
+
+
+#: Block of the storage probe: large enough that the disk, not syscalls, limits.
+STORAGE_BLOCK = 8 << 20
+
+
+def storage_read_gb_s(paths: list[Path], limit_bytes: int = 2 << 30) -> float | None:
+    """Sequential O_DIRECT read bandwidth over ``paths`` (GB/s, up to ``limit_bytes``), or
+    None where the file system refuses O_DIRECT."""
+    import numpy as np
+
+    raw = np.empty(STORAGE_BLOCK + 4096, np.uint8)
+    shift = -raw.ctypes.data % 4096
+    view = raw[shift : shift + STORAGE_BLOCK].data.cast("B")
+    done = 0
+    started = time.perf_counter()
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+        except OSError:
+            return None
+        try:
+            offset = 0
+            while done < limit_bytes:
+                try:
+                    n = os.preadv(fd, [view], offset)
+                except OSError:
+                    return None
+                if n <= 0:
+                    break
+                offset += n
+                done += n
+        finally:
+            os.close(fd)
+        if done >= limit_bytes:
+            break
+    seconds = time.perf_counter() - started
+    return done / seconds / 1e9 if done else None

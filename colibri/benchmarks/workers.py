@@ -63,12 +63,14 @@ def run_worker(argv: list[str], what: str, *, timeout_s: float | None = None,
 
 
 def call(function: str, spec: Mapping[str, Any], what: str, *, python: str | None = None,
-         timeout_s: float | None = None, env: Mapping[str, str] | None = None
-         ) -> dict[str, Any]:
-    """``module:function(**spec)`` in a fresh ``python`` (default: this interpreter)."""
+         timeout_s: float | None = None, env: Mapping[str, str] | None = None,
+         wrap: Callable[[list[str]], list[str]] | None = None) -> dict[str, Any]:
+    """``module:function(**spec)`` in a fresh ``python`` (default: this interpreter);
+    ``wrap`` turns the command line into another that runs it (e.g. inside a memory
+    cgroup: ``MemoryCgroup.command``)."""
     argv = [python or sys.executable, str(HERE / "workers.py"), "--call", function,
             "--spec", json.dumps(spec)]
-    return run_worker(argv, what, timeout_s=timeout_s, env=env)
+    return run_worker(wrap(argv) if wrap else argv, what, timeout_s=timeout_s, env=env)
 
 
 def importable(python: str, *modules: str) -> bool:

@@ -27,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--kv-slots", type=int, help="KV slots, 1..16 (KV_SLOTS)")
     parser.add_argument("--ctx", type=int, help="context length in tokens (CTX)")
+    parser.add_argument("--ram-gb", type=float, default=None, metavar="GB",
+                        help="bound everything the engine holds (dense weights, KV, expert "
+                        "cache) to GB; experts that do not fit are read from disk (RAM_GB; "
+                        "default: unbounded)")
     parser.add_argument(
         "--legacy",
         action="store_true",
@@ -56,6 +60,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # Into this process's environment: the backend's device probe reads COLI_CUDA/COLI_GPUS.
     apply_gpu_arguments(args.gpu, args.vram_gb, os.environ)
+    if args.ram_gb is not None:
+        if args.ram_gb < 0:
+            print(f"colibri engine: --ram-gb must be >= 0, got {args.ram_gb}", file=sys.stderr)
+            return 2
+        os.environ["RAM_GB"] = repr(args.ram_gb)
     try:
         settings = from_environment(
             os.environ,

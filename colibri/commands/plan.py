@@ -35,6 +35,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--format", default="bf16", dest="expert_format",
                         help="expert format to size a plan from a config alone (int4-g64, "
                         "fp8-e4m3-b128, e8-iq3-lattice, ...); measured weights win")
+    parser.add_argument("--read-gbps", type=float, default=None, metavar="GB/S",
+                        help="measured storage read bandwidth: with --step-ms, predict decode "
+                        "tok/s under the RAM budget")
+    parser.add_argument("--step-ms", type=float, default=None, metavar="MS",
+                        help="the engine's decode step with every expert in RAM (colibri bench)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.set_defaults(handler=run)
 
@@ -55,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         slots = args.kv_slots if args.kv_slots is not None else int(
             os.environ.get("COLI_KV_SLOTS", "1"))
         plan = build(model_path(args), Request(args.ctx, slots, args.ram, args.vram,
-                                               args.usage, args.expert_format))
+                                               args.usage, args.expert_format,
+                                               args.read_gbps, args.step_ms))
     except (PlanError, ValueError) as exc:
         print(f"colibri plan: {exc}", file=sys.stderr)
         return 1

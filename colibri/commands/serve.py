@@ -61,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ctx", type=int, default=None, metavar="TOKENS",
                         help="the engine's context in tokens, prompt and reply together (its "
                              "CTX; default: 4096, or the model's limit where smaller)")
+    parser.add_argument("--ram-gb", type=float, default=None, metavar="GB",
+                        help="bound everything the engine holds (dense weights, KV, expert "
+                             "cache) to GB, for models bigger than RAM: experts that do not "
+                             "fit are read from disk (the engine's RAM_GB; default: unbounded)")
     parser.add_argument("--max-queue", type=int, default=_env_int("COLI_MAX_QUEUE", 8),
                         help="requests that may wait for a slot before 429 (env "
                              "COLI_MAX_QUEUE; default: 8)")
@@ -76,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-host", action="append", default=[],
                         help="extra Host header to accept (repeat; env COLI_ALLOWED_HOSTS)")
     parser.add_argument("--auto-tier", action="store_true",
-                        help="apply `colibri plan` to the engine: RAM_GB (expert cache), CTX, "
+                        help="apply `colibri plan` to the engine: RAM_GB (the process's "
+                        "budget), CTX, "
                         "the pin set of --usage (PIN, PIN_GB), never overriding variables "
                         "already set")
     parser.add_argument("--usage", type=Path, default=None, metavar="FILE",
@@ -189,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"colibri serve: --ctx must be at least {MIN_CTX}, got {ctx}", file=sys.stderr)
             return 1
         env["CTX"] = str(ctx)  # set before --auto-tier, which never overrides it
+    ram_gb = getattr(args, "ram_gb", None)
+    if ram_gb is not None:
+        if ram_gb < 0:
+            print(f"colibri serve: --ram-gb must be >= 0, got {ram_gb}", file=sys.stderr)
+            return 1
+        env["RAM_GB"] = repr(ram_gb)  # like --ctx, kept by --auto-tier
     problem = gpu_error(args.gpu, args.vram_gb)
     if problem is not None:
         print(f"colibri serve: {problem}", file=sys.stderr)

@@ -33,6 +33,12 @@ TIER_RAM = 1
 TIER_VRAM = 2
 
 
+class BackendReadError(RuntimeError):
+    """A step could not read model data it needed (a routed expert's bytes: a short read, an
+    I/O error, a file truncated under the engine). The step changed no state; the engine ends
+    the requests it carried with ``ERROR <id> EXPERT_READ`` and keeps serving."""
+
+
 class ModelShape(Protocol):
     """The config fields the engine reads (names as in colibri.reference.config)."""
 
@@ -165,6 +171,12 @@ class Tiers(Protocol):
     def pin(self, ranked: Sequence[tuple[int, int]], budget_bytes: int) -> int: ...
     def repin(self) -> list[Repin]: ...
 
+    @property
+    def expert_cache_bytes(self) -> int:
+        """The RAM tiers' byte budget under RAM_GB (pins + LRU); 0 when RAM is not bounded
+        (AUTOPIN then has nothing to share out)."""
+        ...
+
 
 class Backend(Protocol):
     """States are each backend's own type (``Any`` here: a backend takes only states it made)."""
@@ -229,6 +241,10 @@ class ResidentExperts:
 
     def repin(self) -> list[Repin]:
         return []
+
+    @property
+    def expert_cache_bytes(self) -> int:
+        return 0
 
 
 def sparse_layers(shape: ModelShape) -> list[int]:

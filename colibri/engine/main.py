@@ -17,7 +17,7 @@ from colibri.engine.legacy import LegacyEngine
 from colibri.engine.mux import MuxEngine, SignalFlags
 from colibri.engine.registry import BackendOptions, BackendUnavailable, open_backend
 from colibri.engine.runtime import EngineRuntime, TextTokenizer
-from colibri.engine.settings import EngineSettings, SettingsError, default_state_dir
+from colibri.engine.settings import DEFAULT_CTX, EngineSettings, SettingsError, default_state_dir
 from colibri.engine.wire_input import FdSource
 from colibri.engine.wire_output import FrameWriter
 
@@ -55,7 +55,10 @@ def build_runtime(
     given), the state directory, and the pinned hot set."""
     model_dir = settings.model_dir
     if backend is None:
+        ctx = settings.ctx or min(DEFAULT_CTX, _max_positions(model_dir))
         options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, device=settings.device,
+                                 kv_slots=settings.kv_slots, ctx=ctx,
+                                 rss_guard_bytes=settings.rss_guard_bytes,
                                  vram_budget_bytes=settings.vram_budget_bytes,
                                  vram_reserve_bytes=settings.vram_reserve_bytes)
         try:
@@ -93,7 +96,28 @@ def build_runtime(
         count = runtime.tiers.pin(_pin_ranking(runtime, "auto", log), 0)
         if count:
             print(f"[VRAM] placed {count} experts from the usage history", file=log)
+    elif settings.autopin and runtime.tiers.expert_cache_bytes > 0:
+        _autopin(runtime, log)
     return runtime
+
+
+#: AUTOPIN waits for this many recorded selections, and shares out its whole budget from
+#: AUTOPIN_FULL on (colibri's numbers).
+AUTOPIN_MIN_SELECTIONS = 5000
+AUTOPIN_FULL = 200_000
+
+
+def _autopin(runtime: EngineRuntime, log: TextIO) -> None:
+    """colibri's AUTOPIN: with a usage history of at least 5000 selections, pin its hottest
+    experts in half the expert cache, scaled down while the history is short; the other half
+    stays the LRU's."""
+    history = int(runtime.usage.counts.sum())
+    if history < AUTOPIN_MIN_SELECTIONS:
+        return
+    budget = int(0.5 * runtime.tiers.expert_cache_bytes * min(1.0, history / AUTOPIN_FULL))
+    count = runtime.tiers.pin(_pin_ranking(runtime, "auto", log), budget)
+    print(f"[PIN] AUTOPIN: pinned {count} experts in {budget / 1e9:.2f} GB from {history} "
+          "recorded selections", file=log)
 
 
 def _pin_ranking(runtime: EngineRuntime, pin: str, log: TextIO) -> list[tuple[int, int]]:

@@ -29,8 +29,14 @@ class BackendUnavailable(Exception):
 
 @dataclass(frozen=True)
 class BackendOptions:
-    #: Byte budget of the RAM expert cache; 0 is unbounded (RAM_GB).
+    #: Byte budget of everything the process holds (RAM_GB); 0 is unbounded, experts mapped.
     ram_budget_bytes: int = 0
+    #: colibri's RSS guard (RSS_GUARD_GB): resident memory above it makes the expert LRU
+    #: smaller, checked every 16 steps; 0 is the RAM budget itself.
+    rss_guard_bytes: int = 0
+    #: KV slots and the context each holds: what a RAM budget must keep for the KV caches.
+    kv_slots: int = 1
+    ctx: int = 4096
     #: The backend's device choice (``--device``); None is its default.
     device: str | None = None
     #: The VRAM expert tier's requested budget (``--vram-gb``, CUDA_EXPERT_GB): 0 none, -1

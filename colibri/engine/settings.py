@@ -41,7 +41,7 @@ class EngineSettings:
     state_dir: Path | None  # None: the per-user, per-model default
     ngen: int
     draft: int  # -1 auto (1 with an MTP head), 0 off
-    ram_budget_bytes: int  # 0 = unbounded expert cache
+    ram_budget_bytes: int  # RAM_GB: everything the process holds; 0 = unbounded
     pin: str | None  # "auto" or a usage file
     pin_budget_bytes: int
     repin_every: int
@@ -60,6 +60,11 @@ class EngineSettings:
     vram_budget_bytes: int = 0
     #: CUDA_RESERVE_GB: device memory the VRAM tier leaves free (colibri's 2.0).
     vram_reserve_bytes: int = 2_000_000_000
+    #: RSS_GUARD_GB: resident memory above which the expert LRU shrinks (0: RAM_GB's).
+    rss_guard_bytes: int = 0
+    #: AUTOPIN: under RAM_GB, pin the usage history's hottest experts once it holds enough
+    #: selections (colibri's default; AUTOPIN=0 turns it off).
+    autopin: bool = True
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -85,7 +90,7 @@ def _gb(env: Mapping[str, str], name: str, default: float) -> int:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
     if value < 0 or value != value:
         raise SettingsError(f"{name} must be >= 0, got {raw}")
-    return int(value * 1e9)
+    return round(value * 1e9)  # to the byte: RAM_GB=0.000049152 is 49152 bytes
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -147,6 +152,8 @@ def from_environment(
         ngen=_int(env, "NGEN", DEFAULT_NGEN, 1, 1 << 24),
         draft=_int(env, "DRAFT", -1, -1, 1),
         ram_budget_bytes=_gb(env, "RAM_GB", 0.0),
+        rss_guard_bytes=_gb(env, "RSS_GUARD_GB", 0.0),
+        autopin=_flag(env, "AUTOPIN", True),
         pin=pin,
         pin_budget_bytes=_gb(env, "PIN_GB", 10.0),
         repin_every=_int(env, "REPIN", 0, 0, 1 << 20),

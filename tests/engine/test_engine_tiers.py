@@ -37,17 +37,6 @@ def test_experts_start_on_disk_and_come_into_ram_when_routed() -> None:
     assert float(done[5]) < 100.0  # the first uses were misses
 
 
-def test_ram_budget_bounds_the_cache() -> None:
-    budget_gb = 3 * EXPERT_BYTES / 1e9
-    run = run_engine(
-        [submit(1, 0, ids(*PROMPT), 8, ext="ids=1")],
-        model_dir=TINY,
-        env={"RAM_GB": f"{budget_gb:.9f}"},
-    )
-    for line in _lines(run, "TIERS"):
-        assert int(line[2]) <= 3
-
-
 def test_pin_auto_and_live_repin(tmp_path: Path) -> None:
     # A first run writes the usage history the pinned set is ranked from.
     run_engine([submit(1, 0, ids(*PROMPT), 16, ext="ids=1")], model_dir=TINY, state_dir=tmp_path)

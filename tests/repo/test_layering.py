@@ -40,12 +40,13 @@ REFERENCE_BACKEND = Path("backend.py")
 #: What the kit may take from the engine: the Backend interface.
 KIT_MAY_IMPORT_FROM_ENGINE = ("colibri.engine.backend",)
 #: What the kit may take from reference/: pure data (config, tensor aliases, the expert
-#: weights record and the decoded-expert LRU) and the checkpoint's weight loader. Model math
-#: a kit module needs is passed in by the backend.
+#: weights record and the decoded-expert LRU), the checkpoint reader and the weight loader.
+#: Model math a kit module needs is passed in by the backend.
 KIT_MAY_IMPORT_FROM_REFERENCE = (
     "colibri.reference.config",
     "colibri.reference.expert_lru",
     "colibri.reference.experts",
+    "colibri.reference.safetensors",
     "colibri.reference.tensors",
     "colibri.reference.weights",
 )
@@ -141,6 +142,37 @@ def accelerated_reference_arrows(folder: Path) -> list[str]:
         f"{path.relative_to(folder)}:{line} imports {name}"
         for path, line, name in imports(folder)
         if _outside(name, "colibri.reference", ACCELERATED_MAY_IMPORT_FROM_REFERENCE)
+    ]
+
+
+#: The clocks a module could read: the phase clock is read around the math (the kit's step
+#: wrapper and row driver), never inside it.
+CLOCK_MODULES = ("time", "timeit")
+
+
+def reference_clock_reads(folder: Path) -> list[str]:
+    """reference/'s imports of a clock (``import time``, ``from time import perf_counter``)."""
+    return [
+        f"{path.relative_to(folder)}:{line} imports {name}"
+        for path, line, name in imports(folder)
+        if any(within(name, clock) for clock in CLOCK_MODULES)
+    ]
+
+
+def test_reference_reads_no_clock() -> None:
+    assert reference_clock_reads(PACKAGES["colibri.reference"]) == []
+
+
+def test_the_clock_rule_sees_a_planted_clock(tmp_path: Path) -> None:
+    reference = _plant(tmp_path / "reference", {
+        "moe.py": "import time\n",
+        "layer.py": "def f():\n    from time import perf_counter\n",
+        "mla.py": "import timeline\n",
+    })
+    assert reference_clock_reads(reference) == [
+        "layer.py:2 imports time",
+        "layer.py:2 imports time.perf_counter",
+        "moe.py:1 imports time",
     ]
 
 

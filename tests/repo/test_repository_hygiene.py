@@ -34,8 +34,8 @@ def test_no_merge_conflict_markers_are_committed() -> None:
 
 # The reference's math modules cite the section of spec/model.md they implement, and the
 # sections they cite exist (a reader goes from the code to the equations and back).
-_NOT_MATH = {"__init__", "aligned_write", "backend", "errors", "expert_lru", "phase_times",
-             "safetensors", "quant/errors", "quant/safetensors_file"}
+_NOT_MATH = {"__init__", "aligned_write", "backend", "errors", "expert_lru", "safetensors",
+             "quant/errors", "quant/safetensors_file"}
 
 
 def test_reference_math_docstrings_cite_their_model_md_section() -> None:

@@ -104,7 +104,8 @@ def run_engine(
     backend: Backend
     if model_dir is not None:
         settings = from_environment(environment, model_dir=model_dir, kv_slots=kv_slots, ctx=ctx)
-        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes)
+        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, kv_slots=kv_slots,
+                                 ctx=ctx)
         backend = open_backend(backend_name, model_dir, options, log)
     else:
         settings = from_environment(

@@ -1,0 +1,242 @@
+"""The disk tier: a routed expert's stored bytes, read with positioned reads into memory this
+process owns.
+
+colibri keeps the experts that are not resident on disk and reads them after each layer's
+routing (``pread``, gate/up/down coalesced). Reading them through the checkpoint's memory map
+instead would work, but the kernel's page cache would then be a second expert cache that no
+budget bounds and no report shows, and page faults taken one at a time inside a step cost
+more than the bytes. So:
+
+- an expert's tensors (gate, up, down and any ``.qs`` scale sidecars) are grouped per file and
+  coalesced into runs of adjacent byte ranges, one positioned read each;
+- a run is read with ``O_DIRECT`` where the file system allows it (offset and length widened
+  to the block size, into a block-aligned buffer), so the page cache never holds it; where it
+  does not (tmpfs, some network file systems), with a buffered read followed by
+  ``posix_fadvise(DONTNEED)`` over the range;
+- ``read_many`` keeps several experts' reads in flight on a small thread pool (``os.preadv``
+  releases the GIL), so a layer's misses arrive at the disk's rate, not one at a time;
+- a read that returns fewer bytes than the tensors need (a shard truncated under a running
+  engine) or fails is an ``ExpertReadError`` naming the expert, the file and the offset, and
+  nothing of that expert is returned: a partially read expert is never used.
+
+The stored arrays come back in their stored dtype and shape; the backend turns them into what
+it computes with (float32 for the reference, in-place descriptors for the accelerated engine).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from colibri.engine.backend import BackendReadError
+from colibri.reference.experts import expert_tensor_names
+from colibri.reference.safetensors import DTYPES, Checkpoint, TensorInfo
+
+Key = tuple[int, int]
+#: An expert's stored tensors by name (gate/up/down and their ``.qs`` sidecars).
+StoredTensors = dict[str, np.ndarray]
+#: The tensors an expert is stored as: its three projections and any sidecars.
+ExpertExtents = Callable[[int, int], Sequence[TensorInfo]]
+
+#: O_DIRECT's alignment: the largest logical block size in use (4 KiB covers 512-byte disks).
+BLOCK = 4096
+#: Tensors of one expert closer than this in one file are read as one run (the gap is read
+#: and dropped): one larger read beats two seeks.
+COALESCE_GAP = 64 * 1024
+#: Experts read concurrently by ``read_many``: enough to keep an NVMe queue busy.
+DEFAULT_IN_FLIGHT = 4
+
+
+def checkpoint_extents(checkpoint: Checkpoint) -> ExpertExtents:
+    """Where each expert's tensors lie in a checkpoint or container: its three projections
+    and, for quantized ones, their ``.qs`` scale sidecars."""
+
+    def extents(layer: int, expert: int) -> list[TensorInfo]:
+        found = []
+        for name in expert_tensor_names(layer, expert):
+            found.append(checkpoint.info(name))
+            if name + ".qs" in checkpoint:
+                found.append(checkpoint.info(name + ".qs"))
+        return found
+
+    return extents
+
+
+class ExpertReadError(BackendReadError):
+    """An expert's bytes could not be read whole (short read, I/O error, file gone)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One positioned read: a byte range of a file holding some of an expert's tensors."""
+
+    file: Path
+    begin: int
+    end: int
+    tensors: tuple[TensorInfo, ...]
+
+
+def plan_runs(tensors: Sequence[TensorInfo], gap: int = COALESCE_GAP) -> list[Run]:
+    """Group an expert's tensors into runs: per file, by offset, merging neighbours less than
+    ``gap`` bytes apart."""
+    runs: list[Run] = []
+    by_file: dict[Path, list[TensorInfo]] = {}
+    for info in tensors:
+        by_file.setdefault(info.file, []).append(info)
+    for path in sorted(by_file):
+        ordered = sorted(by_file[path], key=lambda t: t.begin)
+        group = [ordered[0]]
+        for info in ordered[1:]:
+            if info.begin - max(t.end for t in group) <= gap:
+                group.append(info)
+                continue
+            runs.append(_run(path, group))
+            group = [info]
+        runs.append(_run(path, group))
+    return runs
+
+
+def _run(path: Path, group: list[TensorInfo]) -> Run:
+    return Run(path, min(t.begin for t in group), max(t.end for t in group), tuple(group))
+
+
+@dataclass
+class DiskCounters:
+    """What the disk tier has read since the engine started."""
+
+    reads: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    direct: bool = True
+
+
+class DiskTier:
+    """Positioned reads of experts' stored bytes (see the module docstring)."""
+
+    def __init__(self, extents: ExpertExtents, in_flight: int = DEFAULT_IN_FLIGHT,
+                 direct: bool = True) -> None:
+        self._extents = extents
+        self._runs: dict[Key, list[Run]] = {}
+        self._pool = ThreadPoolExecutor(max(1, in_flight), thread_name_prefix="expert-read")
+        self._lock = threading.Lock()
+        self.counters = DiskCounters(direct=direct and hasattr(os, "O_DIRECT"))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def runs(self, layer: int, expert: int) -> list[Run]:
+        key = (layer, expert)
+        found = self._runs.get(key)
+        if found is None:
+            found = self._runs[key] = plan_runs(self._extents(layer, expert))
+        return found
+
+    def read(self, layer: int, expert: int) -> StoredTensors:
+        """The expert's stored tensors, read now; ``ExpertReadError`` if they cannot be."""
+        started = time.perf_counter()
+        out: StoredTensors = {}
+        read_bytes = 0
+        for run in self.runs(layer, expert):
+            try:
+                buf, base = self._read_run(run)
+            except ExpertReadError as exc:
+                raise ExpertReadError(f"expert {layer}.{expert}: {exc}") from None
+            except OSError as exc:
+                raise ExpertReadError(
+                    f"expert {layer}.{expert}: reading {run.file} at byte {run.begin} failed: "
+                    f"{exc.strerror or exc}") from None
+            read_bytes += run.end - run.begin
+            for info in run.tensors:
+                out[info.name] = _view(buf, info.begin - base, info)
+        with self._lock:
+            self.counters.reads += 1
+            self.counters.bytes += read_bytes
+            self.counters.seconds += time.perf_counter() - started
+        return out
+
+    def read_many(self, keys: Sequence[Key]) -> list[StoredTensors]:
+        """Several experts' tensors, their reads in flight together; in ``keys``' order. The
+        first failure is raised once every read has ended (no read outlives the call)."""
+        if len(keys) <= 1:
+            return [self.read(*key) for key in keys]
+        futures = [self._pool.submit(self.read, *key) for key in keys]
+        errors = [f.exception() for f in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+        return [f.result() for f in futures]
+
+    def _read_run(self, run: Run) -> tuple[np.ndarray, int]:
+        """The run's bytes in an owned buffer, and the file offset of the buffer's first byte."""
+        if self.counters.direct:
+            try:
+                return self._read_direct(run)
+            except OSError as exc:
+                # EINVAL: this file system refuses O_DIRECT (at open or at the read); read
+                # buffered from now on rather than fail every expert.
+                if exc.errno != 22:
+                    raise
+                self.counters.direct = False
+        return self._read_buffered(run)
+
+    def _read_direct(self, run: Run) -> tuple[np.ndarray, int]:
+        start = run.begin - run.begin % BLOCK
+        length = -(-(run.end - start) // BLOCK) * BLOCK
+        raw = np.empty(length + BLOCK, np.uint8)
+        shift = -raw.ctypes.data % BLOCK
+        buf = raw[shift : shift + length]
+        fd = os.open(run.file, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+        try:
+            got = _read_full(fd, buf, start)
+        finally:
+            os.close(fd)
+        _check_length(run, start, got)
+        return buf, start
+
+    def _read_buffered(self, run: Run) -> tuple[np.ndarray, int]:
+        buf = np.empty(run.end - run.begin, np.uint8)
+        fd = os.open(run.file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            got = _read_full(fd, buf, run.begin)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, run.begin, run.end - run.begin, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        _check_length(run, run.begin, got)
+        return buf, run.begin
+
+
+def _read_full(fd: int, buf: np.ndarray, offset: int) -> int:
+    """Read into ``buf`` from ``offset`` until it is full or the file ends; bytes read."""
+    view = buf.data.cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def _check_length(run: Run, start: int, got: int) -> None:
+    if start + got < run.end:
+        raise ExpertReadError(
+            f"short read of {run.file}: bytes {run.begin}..{run.end} wanted, the file ends at "
+            f"{start + got} (truncated or being rewritten?)")
+
+
+def _view(buf: np.ndarray, offset: int, info: TensorInfo) -> np.ndarray:
+    """The tensor as a view of the run's buffer in its stored dtype and shape (copied only
+    when its offset leaves it unaligned for its dtype)."""
+    dtype = DTYPES[info.dtype]
+    flat = buf[offset : offset + info.end - info.begin]
+    if (flat.ctypes.data % dtype.itemsize) != 0:
+        flat = flat.copy()
+    return flat.view(dtype).reshape(info.shape)

@@ -1,0 +1,96 @@
+"""One out-of-core decode, in its own process (the bench runs ``decode`` through
+``workers.call``, inside a memory cgroup).
+
+``decode`` opens the backend under ``RAM_GB`` (0: all in RAM), prefills a prompt of random
+token ids, decodes greedily and returns the tokens, the decode's wall time, the bytes the
+process read from storage during the decode (``/proc/self/io`` ``read_bytes``), the expert
+store's lookups and hits during the decode, and the process's peak RSS. ``pin`` pins the
+experts a usage file ranks hottest (``PIN``/``PIN_GB``); ``record_usage`` writes the run's
+expert selections as a ``.coli_usage`` file (pins for a later run, recorded on other prompts).
+"""
+
+from __future__ import annotations
+
+import io
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colibri.engine import usage_file
+from colibri.engine.backend import Backend, StepRow, usage_rows
+from colibri.engine.registry import BackendOptions, open_backend
+
+
+def read_bytes() -> int:
+    """Bytes this process has caused to be read from storage (not from the page cache)."""
+    with open("/proc/self/io") as fh:
+        for line in fh:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def prompt(seed: int, n: int, vocab: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(2, vocab, n)]
+
+
+def _pin(backend: Backend, path: Path, budget_bytes: int) -> int:
+    shape = backend.shape
+    rows = usage_rows(shape)
+    counts = usage_file.parse(path.read_bytes(), shape.num_hidden_layers,
+                              shape.n_routed_experts, set(rows))
+    ranked = sorted(((int(counts[layer, e]), layer, e) for layer in rows
+                     for e in range(shape.n_routed_experts) if counts[layer, e] > 0),
+                    key=lambda item: (-item[0], item[1], item[2]))
+    return backend.tiers.pin([(layer, e) for _, layer, e in ranked], budget_bytes)
+
+
+def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt_seed: int = 1,
+           prompt_tokens: int = 16, tokens: int = 24, pin: str | None = None,
+           pin_gb: float = 0.0, record_usage: str | None = None) -> dict[str, Any]:
+    log = io.StringIO()
+    opened = open_backend(backend, Path(model),
+                          BackendOptions(ram_budget_bytes=round(ram_gb * 1e9),
+                                         ctx=prompt_tokens + tokens + 8), log)
+    pinned = _pin(opened, Path(pin), round(pin_gb * 1e9)) if pin else 0
+    shape = opened.shape
+    rows = usage_rows(shape)
+    counts = np.zeros((shape.num_hidden_layers + 1, shape.n_routed_experts), np.uint64)
+    state = opened.new_state()
+    ids = prompt(prompt_seed, prompt_tokens, shape.vocab_size)
+    step = opened.step([StepRow(state, t, i == len(ids) - 1) for i, t in enumerate(ids)])
+    _count(counts, rows, step.routes)
+    out: list[int] = []
+    before = opened.tiers.counters()
+    read_before = read_bytes()
+    started = time.perf_counter()
+    logits = step.logits[-1]
+    for _ in range(tokens):
+        token = int(np.argmax(logits))
+        out.append(token)
+        step = opened.step([StepRow(state, token, True)])
+        _count(counts, rows, step.routes)
+        logits = step.logits[-1]
+    seconds = time.perf_counter() - started
+    read = read_bytes() - read_before
+    after = opened.tiers.counters()
+    if record_usage:
+        usage_file.save(Path(record_usage), counts)
+    opened.close()
+    lookups = after.lookups - before.lookups
+    return {
+        "tokens": out, "decode_s": seconds, "tok_s": tokens / seconds,
+        "read_bytes": read, "read_bytes_per_token": read / tokens,
+        "hit_rate": (after.hits - before.hits) / lookups if lookups else None,
+        "disk_s": after.disk_seconds - before.disk_seconds, "pinned": pinned,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "log": log.getvalue().strip().splitlines(),
+    }
+
+
+def _count(counts: np.ndarray, rows: list[int], routes: np.ndarray) -> None:
+    for r, layer in enumerate(rows[: routes.shape[1]]):
+        np.add.at(counts[layer], routes[:, r].reshape(-1), 1)
