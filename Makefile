@@ -55,7 +55,7 @@ build-cuda: $(VENV)/.stamp-build
 	fi
 
 build-control-plane: $(VENV)/.stamp-build
-	@$(PY) -m colibri.accelerated.mypyc_build
+	@$(PY) -m colibri.control_plane_build
 
 # Bytecode for our own modules, written even where PYTHONDONTWRITEBYTECODE is set (our
 # development machines set it): each `colibri engine` process the suite starts (hundreds)

@@ -2,7 +2,7 @@
 adds a build step. A (non-editable) wheel build, which is what ``pip install`` of the sdist
 does, compiles the accelerated engine's C library (``accelerated/native_build.py``, when C
 sources exist), its CUDA library where nvcc exists (``accelerated/cuda_build.py``) and the
-mypyc control plane (``accelerated/mypyc_build.py``) into the checkout's ``build/``
+mypyc control plane (``colibri/control_plane_build.py``) into the checkout's ``build/``
 (incrementally, as ``make build`` does) and copies them into the wheel as
 ``colibri/build/{accelerated,mypyc}``, where the installed package looks for them.
 
@@ -44,7 +44,9 @@ def build_compiled(package_dir: Path) -> None:
         sys.path.insert(0, str(ROOT))
     here = ROOT / "accelerated"
     native_build = _load("colibri.accelerated.native_build", here / "native_build.py")
-    mypyc_build = _load("colibri.accelerated.mypyc_build", here / "mypyc_build.py")
+    # After native_build: the control plane's build finds the C compiler through it.
+    control_plane_build = _load("colibri.control_plane_build",
+                                ROOT / "colibri" / "control_plane_build.py")
     out = package_dir / "build"
     if native_build.sources():
         try:
@@ -57,8 +59,8 @@ def build_compiled(package_dir: Path) -> None:
                             ignore=shutil.ignore_patterns("*.stamp", "sanitize"))
     mypyc_dir = ROOT / "build" / "mypyc"
     try:
-        mypyc_build.build(mypyc_dir, root=ROOT)
-    except mypyc_build.BuildError as exc:
+        control_plane_build.build(mypyc_dir, root=ROOT)
+    except control_plane_build.BuildError as exc:
         _say(f"WITHOUT the mypyc-compiled control plane (--accelerated runs it interpreted): {exc}")
     else:
         shutil.copytree(mypyc_dir, out / "mypyc", dirs_exist_ok=True)

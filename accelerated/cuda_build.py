@@ -17,7 +17,7 @@ Where nvcc is absent (``$NVCC``, else ``nvcc`` on PATH, else ``bin/nvcc`` under
 build is skipped with a one-line note and exit status 0: the CPU engine needs none of it,
 and ``--device cuda`` then names the missing step. A stamp of the compiler command, the
 flags and every source and header (the CPU library's quant tables included) decides a
-rebuild, as ``native_build`` does.
+rebuild: the shape ``native_build`` gives every build step.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from colibri.accelerated.native_build import DEFAULT_OUT as NATIVE_OUT
 from colibri.accelerated.native_build import SOURCE_DIR as CSRC_DIR
-from colibri.accelerated.native_build import compile_library
+from colibri.accelerated.native_build import BuildError, ToolMissing, compile_library, run_step
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 DEFAULT_OUT = NATIVE_OUT / "cuda"
@@ -44,10 +43,6 @@ FLAGS = (*COMPILE_FLAGS, "-shared", "-cudart", "static", *GENCODE)
 #: The CPU library's headers the CUDA sources include (format numbers and codes, the iq3 grid).
 SHARED_HEADERS = tuple(CSRC_DIR / "quant" / name
                        for name in ("coli_quant.h", "q_sizes.h", "coli_quant_tables.h"))
-
-
-class BuildError(RuntimeError):
-    """nvcc refused the sources (its message is included)."""
 
 
 def nvcc() -> str | None:
@@ -99,22 +94,20 @@ def build(compiler: str, out: Path | None = None) -> tuple[Path, bool]:
     return target, True
 
 
-def main(argv: list[str] | None = None) -> int:
-    del argv
+def build_step() -> list[tuple[Path, bool]]:
     compiler = nvcc()
     if compiler is None:
-        print("colibri CUDA build skipped: nvcc not found (set NVCC or CUDA_HOME); "
-              "--device cuda will not be available", file=sys.stderr)
-        return 0
-    try:
-        path, rebuilt = build(compiler)
-    except BuildError as exc:
-        print(f"colibri CUDA build failed: {exc}", file=sys.stderr)
-        return 1
-    if rebuilt:
-        print(f"built {path}")
-    return 0
+        raise ToolMissing("nvcc not found (set NVCC or CUDA_HOME)")
+    return [build(compiler)]
 
+
+def main(argv: list[str] | None = None) -> int:
+    del argv
+    return run_step("CUDA", DEFAULT_OUT, build_step, "--device cuda will not be available")
+
+
+__all__ = ["BuildError", "ToolMissing", "build", "build_step", "library_path", "main", "nvcc",
+           "stamp"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

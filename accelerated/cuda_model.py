@@ -7,8 +7,8 @@ kernels; a routed expert is computed there while the expert store holds it in ti
 through :class:`CudaVramTier` -- ``upload(layer, expert) -> bool`` when the store admits it,
 ``release(layer, expert)`` when it evicts it; everything else (norms, RoPE, attention over
 the latent cache, the indexer's scores, routing, RAM/disk experts) runs on the CPU kernels.
-The model takes its per-kernel path (``fused_layers = False``): the two-call layer blocks of
-``layer_block`` run whole layers in C and could not hand single products to the GPU.
+The model takes its per-kernel path (``fused_layers = False``): the one C call of
+``decoder_stack`` runs whole layers and could not hand single products to the GPU.
 
 The GPU products use the summation order of the CPU build that runs beside them (fused
 multiply-adds under avx2, two roundings under generic), so a product's bits do not depend on

@@ -1,6 +1,12 @@
 """The ctypes binding of the CUDA kernel library (``build/accelerated/cuda/libcolibri_cuda.so``,
 built by ``cuda_build`` where nvcc exists): one prototype table, named errors.
 
+It has the shape of the C library's binding (``binding.py``: a table applied by the same
+``apply``, statuses read in one place, ``CudaDevice._check``) but stays apart: it is another
+shared object, absent where nvcc is, loaded only for ``--device cuda``, and its failures are
+the CUDA runtime's (a quantized weight's refusal keeps its ``COLI_Q_*`` code,
+``CudaQuantRefused``).
+
 Opening a device names the cause when it cannot (:func:`open_device`): the library not built
 (no nvcc where ``make build`` ran), no NVIDIA driver, no CUDA device, a driver too old for the
 runtime the library links statically -- each a :class:`CudaUnavailable` subclass whose text
@@ -29,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from colibri.accelerated.binding import apply
 from colibri.accelerated.cuda_build import library_path
 
 from colibri.control_plane import rebuild_hint
@@ -141,14 +148,7 @@ def not_built(path: Path) -> str:
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    for name, (restype, argtypes) in PROTOTYPES.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            raise CudaNotBuilt(f"the CUDA library lacks {name} (a stale build): "
-                               f"{rebuild_hint()}") from None
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+    return apply(lib, PROTOTYPES, CudaNotBuilt)
 
 
 @cache

@@ -1,71 +1,40 @@
-"""The ctypes binding of the C kernels: one prototype table, named errors, zero-copy arrays.
+"""The C kernels bound to a thread pool (``Kernels``), and the weights they read.
 
-Every exported C function is declared once in ``PROTOTYPES``; ``Kernels`` checks each
-array's dtype, contiguity and size before C sees its address (numpy arrays are passed by
-pointer, never copied in the hot path), and turns a non-zero C status into a named error.
+``Kernels`` checks each array's dtype, contiguity and size before C sees its address (numpy
+arrays are passed by pointer, never copied in the hot path) and turns a non-zero C status
+into a named error (``binding.py``: the one prototype table and error range).
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_void_p
+from ctypes import c_int, c_void_p
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from colibri.accelerated.native import load_library
-
-from colibri.control_plane import rebuild_hint
+from colibri.accelerated.binding import (
+    EMISSING,
+    EQUANT_BASE,
+    KernelError,
+    KernelInvalidArgument,
+    KernelOutOfMemory,
+    KernelThreadError,
+    KernelUnsupportedDtype,
+    bind,
+    f32_ptr,
+    library,
+    raise_for,
+)
 
 F32 = npt.NDArray[np.float32]
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
 
 #: The stored weight dtypes the kernels read directly (colibri.h).
 DTYPE_CODES: dict[str, int] = {"F32": 0, "BF16": 1, "F16": 2}
-_NUMPY_DTYPES = {0: np.dtype("<f4"), 1: None, 2: np.dtype("<f2")}
-
-#: name -> (restype, argtypes): every function the binding calls.
-PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
-    "col_version": (c_char_p, []),
-    "col_isa": (c_char_p, []),
-    "col_strerror": (c_char_p, [c_int]),
-    "col_pool_create": (c_int, [c_size_t, POINTER(c_void_p)]),
-    "col_pool_destroy": (None, [c_void_p]),
-    "col_pool_threads": (c_size_t, [c_void_p]),
-    "col_matmul": (c_int, [c_void_p, c_void_p, c_size_t, c_size_t, c_size_t, c_void_p, c_int,
-                           c_size_t, c_void_p, c_size_t]),
-    "col_rms_norm": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_double, c_void_p]),
-    "col_all_finite": (c_int, [c_void_p, c_void_p, c_int, c_size_t, POINTER(c_int)]),
-    "col_layer_norm": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_void_p, c_double,
-                               c_void_p]),
-    "col_rope": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t, c_void_p,
-                         c_void_p, c_int]),
-    "col_mla_attention": (c_int, [c_void_p, c_size_t, c_size_t, c_size_t, c_size_t, c_size_t,
-                                  c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
-                                  c_void_p, c_void_p, c_int, c_float, c_void_p]),
-    "col_index_scores": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
-                                 c_size_t, c_float, c_void_p]),
-    "col_mat_matmul": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_size_t, c_void_p,
-                               c_size_t]),
-    "col_mats_matmul": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_size_t, c_size_t,
-                                c_void_p]),
-    "col_moe": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
-                        c_size_t, c_void_p]),
-    "col_layer_size": (c_size_t, []),
-    "col_moe_residual": (c_int, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p,
-                                 c_size_t, c_size_t, c_size_t, c_void_p, c_void_p, c_void_p,
-                                 c_void_p]),
-    "col_route": (c_int, [c_void_p, c_size_t, c_size_t, c_void_p, c_size_t, c_size_t, c_size_t,
-                          c_int, c_float, c_void_p, c_void_p]),
-    "col_layer_step": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p,
-                               c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
-                               c_void_p, c_void_p]),
-    "col_decoder_layers": (c_int, [c_void_p, c_size_t, c_void_p, c_size_t, c_size_t, c_void_p,
-                                   c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
-                                   c_void_p, c_void_p, c_void_p, c_void_p]),
-    "col_layer_routed": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p, c_void_p, c_void_p,
-                                 c_void_p]),
-}
 
 #: colibri.h's ``col_mat``: one expert projection as ``col_moe`` reads it (64 bytes).
 MAT_DTYPE = np.dtype([
@@ -73,7 +42,7 @@ MAT_DTYPE = np.dtype([
     ("data", "<u8"), ("data_len", "<i8"), ("scales", "<u8"), ("n_scales", "<i8"),
     ("rows", "<u8"), ("cols", "<u8"),
 ])
-#: colibri.h's ``col_layer``: one decoder layer as ``col_attention_block`` reads it.
+#: colibri.h's ``col_layer``: one decoder layer as ``col_decoder_layers`` reads it.
 LAYER_DTYPE = np.dtype([
     *((name, "<i8") for name in ("d", "heads", "nope", "rope", "vdim", "kvl", "q_lora",
                                  "index_hd", "index_keys", "interleave", "n_router",
@@ -85,58 +54,6 @@ LAYER_DTYPE = np.dtype([
                                  "shared", "dense")),
     *((name, MAT_DTYPE) for name in ("q_first", "q_b", "kv_a", "wk", "o", "router")),
 ])
-#: colibri.h's COL_EMISSING: col_layer_step stopped before a chosen expert it has no
-#: descriptor for (not an error: the caller brings the expert in and finishes the layer).
-EMISSING = 5
-#: colibri.h's COL_EQUANT_BASE: status = base + a quantized kernel's COLI_Q_* code.
-EQUANT_BASE = 100
-
-
-class KernelError(RuntimeError):
-    """A C kernel refused its arguments or failed (the base of the named errors below)."""
-
-
-class KernelInvalidArgument(KernelError):
-    pass
-
-
-class KernelOutOfMemory(KernelError):
-    pass
-
-
-class KernelUnsupportedDtype(KernelError):
-    pass
-
-
-class KernelThreadError(KernelError):
-    pass
-
-
-_ERRORS: dict[int, type[KernelError]] = {
-    1: KernelInvalidArgument, 2: KernelOutOfMemory, 3: KernelUnsupportedDtype,
-    4: KernelThreadError,
-}
-
-
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Apply the prototype table to ``lib`` (a missing symbol means a stale build)."""
-    from colibri.accelerated.native import LibraryNotBuilt
-
-    for name, (restype, argtypes) in PROTOTYPES.items():
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            raise LibraryNotBuilt(
-                f"the C library lacks {name} (a stale build): {rebuild_hint()}"
-            ) from None
-        fn.restype = restype
-        fn.argtypes = argtypes
-    if lib.col_layer_size() != LAYER_DTYPE.itemsize:
-        raise LibraryNotBuilt(f"the C library's col_layer is {lib.col_layer_size()} bytes, the "
-                              f"binding's {LAYER_DTYPE.itemsize} (a stale build): {rebuild_hint()}")
-    return lib
-
-
 class Weight:
     """A 2-D weight [rows, cols] in its stored dtype (a memory-mapped view, never copied)."""
 
@@ -208,22 +125,13 @@ def mat_descriptors(mats: Sequence[Any]) -> np.ndarray:
     return out
 
 
-def _ptr(a: np.ndarray, n: int, what: str) -> int:
-    if a.dtype != np.float32 or not a.flags.c_contiguous or a.size < n:
-        raise KernelInvalidArgument(
-            f"{what}: need a C-contiguous float32 array of at least {n} values, got "
-            f"{a.dtype} {list(a.shape)}"
-        )
-    return int(a.ctypes.data)
-
-
 class Kernels:
     """The C library bound to one persistent thread pool."""
 
     def __init__(self, threads: int, lib: ctypes.CDLL | None = None) -> None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        self.lib = bind(lib or load_library())
+        self.lib = library() if lib is None else bind(lib, LAYER_DTYPE.itemsize)
         pool = c_void_p()
         self._check(self.lib.col_pool_create(threads, ctypes.byref(pool)), "col_pool_create")
         self.pool = pool.value
@@ -246,16 +154,7 @@ class Kernels:
         return out.decode()
 
     def _check(self, status: int, what: str) -> None:
-        if status >= EQUANT_BASE:
-            from colibri.accelerated.quant_kernels import ERRORS, QuantKernelError, kernels
-
-            code = status - EQUANT_BASE
-            detail = kernels().lib.coli_q_strerror(code)
-            text = detail.decode() if isinstance(detail, bytes) else str(detail)
-            raise ERRORS.get(code, QuantKernelError)(what, f"{text} (code {code})")
-        if status:
-            message: bytes = self.lib.col_strerror(status)
-            raise _ERRORS.get(status, KernelError)(f"{what}: {message.decode()} (code {status})")
+        raise_for(self.lib, status, what)
 
     # --- products -------------------------------------------------------------------------
 
@@ -269,12 +168,12 @@ class Kernels:
             out = np.empty((m, w.rows), np.float32)
         if isinstance(w, QuantWeight):
             self._check(self.lib.col_mat_matmul(self.pool, w.desc.ctypes.data,
-                                                _ptr(x, m * w.cols, "x"), m, w.cols,
-                                                _ptr(out, m * w.rows, "out"), w.rows),
+                                                f32_ptr(x, m * w.cols, "x"), m, w.cols,
+                                                f32_ptr(out, m * w.rows, "out"), w.rows),
                         "col_mat_matmul")
             return out
-        self._check(self.lib.col_matmul(self.pool, _ptr(x, m * w.cols, "x"), m, w.cols, w.cols,
-                                        w.ptr, w.code, w.rows, _ptr(out, m * w.rows, "out"),
+        self._check(self.lib.col_matmul(self.pool, f32_ptr(x, m * w.cols, "x"), m, w.cols, w.cols,
+                                        w.ptr, w.code, w.rows, f32_ptr(out, m * w.rows, "out"),
                                         w.rows), "col_matmul")
         return out
 
@@ -288,7 +187,7 @@ class Kernels:
         outs = [np.empty((m, rows), np.float32) for rows in products.rows]
         ptrs = np.array([o.ctypes.data for o in outs], np.uint64)
         self._check(self.lib.col_mats_matmul(self.pool, len(outs), products.desc.ctypes.data,
-                                             _ptr(x, m * products.cols, "x"), m, products.cols,
+                                             f32_ptr(x, m * products.cols, "x"), m, products.cols,
                                              ptrs.ctypes.data), "col_mats_matmul")
         return outs
 
@@ -307,16 +206,16 @@ class Kernels:
     def rms_norm(self, x: F32, w: F32, eps: float) -> F32:
         m, d = x.shape
         out = np.empty_like(x)
-        self._check(self.lib.col_rms_norm(_ptr(x, m * d, "x"), m, d, _ptr(w, d, "weight"), eps,
-                                          _ptr(out, m * d, "out")), "col_rms_norm")
+        self._check(self.lib.col_rms_norm(f32_ptr(x, m * d, "x"), m, d, f32_ptr(w, d, "weight"),
+                                          eps, f32_ptr(out, m * d, "out")), "col_rms_norm")
         return out
 
     def layer_norm(self, x: F32, w: F32, b: F32, eps: float) -> F32:
         m, d = x.shape
         out = np.empty_like(x)
-        self._check(self.lib.col_layer_norm(_ptr(x, m * d, "x"), m, d, _ptr(w, d, "weight"),
-                                            _ptr(b, d, "bias"), eps, _ptr(out, m * d, "out")),
-                    "col_layer_norm")
+        self._check(self.lib.col_layer_norm(
+            f32_ptr(x, m * d, "x"), m, d, f32_ptr(w, d, "weight"), f32_ptr(b, d, "bias"), eps,
+            f32_ptr(out, m * d, "out")), "col_layer_norm")
         return out
 
     def rope(self, x: F32, heads: int, row_stride: int, head_stride: int, offset: int, d: int,
@@ -325,10 +224,11 @@ class Kernels:
         m = int(cos.shape[0])
         if m and offset + (m - 1) * row_stride + (heads - 1) * head_stride + d > x.size:
             raise KernelInvalidArgument("rope: the rotated slices run past the array")
-        base = _ptr(x, x.size, "x") + 4 * offset
+        base = f32_ptr(x, x.size, "x") + 4 * offset
         self._check(self.lib.col_rope(base, m, heads, row_stride, head_stride, d,
-                                      _ptr(cos, m * d // 2, "cos"), _ptr(sin, m * d // 2, "sin"),
-                                      int(interleaved)), "col_rope")
+                                      f32_ptr(cos, m * d // 2, "cos"),
+                                      f32_ptr(sin, m * d // 2, "sin"), int(interleaved)),
+                    "col_rope")
 
     def route(self, logits: F32, bias: F32, n_group: int, topk_group: int, top_k: int,
               norm: bool, scale: float) -> tuple[npt.NDArray[np.int32], F32]:
@@ -339,8 +239,8 @@ class Kernels:
             raise KernelInvalidArgument("route: the bias does not match the logits")
         chosen = np.empty((m, top_k), np.int32)
         weights = np.empty((m, top_k), np.float32)
-        self._check(self.lib.col_route(_ptr(logits, m * n_exp, "logits"), m, n_exp,
-                                       _ptr(bias, n_exp, "bias"), n_group, topk_group, top_k,
+        self._check(self.lib.col_route(f32_ptr(logits, m * n_exp, "logits"), m, n_exp,
+                                       f32_ptr(bias, n_exp, "bias"), n_group, topk_group, top_k,
                                        int(norm), scale, chosen.ctypes.data,
                                        weights.ctypes.data), "col_route")
         return chosen, weights
@@ -359,34 +259,9 @@ class Kernels:
         out = np.empty((int(start[-1]), d), np.float32)
         self._check(self.lib.col_moe(self.pool, n_exp, descriptors.ctypes.data,
                                      start.ctypes.data, rows.ctypes.data,
-                                     _ptr(x, n_x * d, "x"), n_x, d, out.ctypes.data),
+                                     f32_ptr(x, n_x * d, "x"), n_x, d, out.ctypes.data),
                     "col_moe")
         return out
-
-    def moe_residual(self, x: F32, h: F32, descriptors: np.ndarray,
-                     start: npt.NDArray[np.int64], rows: npt.NDArray[np.int64],
-                     slot_row: npt.NDArray[np.int64] | None, weights: F32 | None,
-                     extra_row: npt.NDArray[np.int64] | None) -> None:
-        """``moe`` over h, then, in place, x[r] += sum_s weights[r, s] * y[slot_row[r, s]]
-        (slots ascending) + y[extra_row[r]] (colibri.h, ``col_moe_residual``)."""
-        m, d = x.shape
-        n_exp = start.shape[0] - 1
-        k = 0 if slot_row is None else int(slot_row.shape[1])
-        arrays = [a for a in (start, rows, slot_row, extra_row) if a is not None]
-        if (descriptors.dtype != MAT_DTYPE or descriptors.shape != (3 * n_exp,)
-                or not descriptors.flags.c_contiguous or h.shape != x.shape
-                or rows.shape[0] != int(start[-1])
-                or any(a.dtype != np.int64 or not a.flags.c_contiguous for a in arrays)
-                or (slot_row is not None and slot_row.shape != (m, k))
-                or (extra_row is not None and extra_row.shape != (m,))
-                or (k and (weights is None or weights.shape != (m, k)))):
-            raise KernelInvalidArgument("moe_residual: descriptors or row tables are malformed")
-        self._check(self.lib.col_moe_residual(
-            self.pool, n_exp, descriptors.ctypes.data, start.ctypes.data, rows.ctypes.data,
-            _ptr(h, m * d, "h"), m, d, k, 0 if slot_row is None else slot_row.ctypes.data,
-            0 if weights is None else _ptr(weights, m * k, "weights"),
-            0 if extra_row is None else extra_row.ctypes.data, _ptr(x, m * d, "x")),
-            "col_moe_residual")
 
     # --- attention ------------------------------------------------------------------------
 
@@ -403,8 +278,8 @@ class Kernels:
         n_keep = np.zeros(m, np.uint64)
         seen_a = np.asarray(seen, np.uint64)
         for r in range(m):
-            lat_p[r] = _ptr(latents[r], seen[r] * kvl, "latent cache")
-            rk_p[r] = _ptr(rope_keys[r], seen[r] * rope, "rope-key cache")
+            lat_p[r] = f32_ptr(latents[r], seen[r] * kvl, "latent cache")
+            rk_p[r] = f32_ptr(rope_keys[r], seen[r] * rope, "rope-key cache")
             keep = keeps[r]
             if keep is not None:
                 if keep.dtype != np.int64 or not keep.flags.c_contiguous:
@@ -413,7 +288,7 @@ class Kernels:
                 n_keep[r] = keep.shape[0]
         out = np.empty((m, heads * vdim), np.float32)
         self._check(self.lib.col_mla_attention(
-            self.pool, m, heads, nope, rope, vdim, kvl, _ptr(q, m * heads * (nope + rope), "q"),
+            self.pool, m, heads, nope, rope, vdim, kvl, f32_ptr(q, m * heads * (nope + rope), "q"),
             lat_p.ctypes.data, rk_p.ctypes.data, seen_a.ctypes.data, keep_p.ctypes.data,
             n_keep.ctypes.data, kv_b.ptr, kv_b.code, scale, out.ctypes.data),
             "col_mla_attention")
@@ -424,6 +299,78 @@ class Kernels:
         s = int(keys.shape[0])
         out = np.empty(s, np.float32)
         self._check(self.lib.col_index_scores(
-            self.pool, _ptr(q, nh * hd, "query"), _ptr(w, nh, "head weights"), nh, hd,
-            _ptr(keys, s * hd, "index keys"), s, scale, out.ctypes.data), "col_index_scores")
+            self.pool, f32_ptr(q, nh * hd, "query"), f32_ptr(w, nh, "head weights"), nh, hd,
+            f32_ptr(keys, s * hd, "index keys"), s, scale, out.ctypes.data), "col_index_scores")
         return out
+
+    def index_select(self, scores: F32, topk: int) -> I64:
+        """The DSA top-k of one query's scores (``col_index_select``): the positions of the
+        ``topk`` best, ties to the earlier position, ascending."""
+        s = int(scores.shape[0])
+        keep = np.empty(topk, np.int64)
+        self._check(self.lib.col_index_select(f32_ptr(scores, s, "scores"), s, topk,
+                                              keep.ctypes.data), "col_index_select")
+        return keep
+
+    # --- decoder layers ---------------------------------------------------------------------
+
+    def decoder_layers(self, records: U64, first: int, end: int, x: F32, h: F32, cos: F32,
+                       sin: F32, caches: U64, slots: U64, chosen: I32, weights: F32,
+                       seconds: npt.NDArray[np.float64]) -> int | None:
+        """Layers [first, end) of ``records`` (``col_layer`` addresses) over x [m, d] in place
+        (``col_decoder_layers``; h an [m, d] scratch, caches [layers, 3, m] the rows' cache
+        addresses, chosen/weights [layers, m, top_k], seconds [2] accumulated). None when
+        every layer ran; else the layer that chose an expert without a descriptor: x holds
+        its attention residual and h its post-norm input (``layer_routed`` finishes it)."""
+        m, d = x.shape
+        n = records.shape[0]
+        top_k = int(chosen.shape[2])
+        if (not 0 <= first <= end <= n or h.shape != x.shape or caches.shape != (n, 3, m)
+                or slots.shape != (m,) or chosen.shape != (n, m, top_k)
+                or weights.shape != chosen.shape or seconds.shape != (2,)
+                or any(a.dtype != t or not a.flags.c_contiguous for a, t in (
+                    (records, np.uint64), (caches, np.uint64), (slots, np.uint64),
+                    (chosen, np.int32), (weights, np.float32), (seconds, np.float64)))):
+            raise KernelInvalidArgument("decoder layers: the tables do not match x")
+        stopped = ctypes.c_size_t()
+        status = self.lib.col_decoder_layers(
+            self.pool, records.ctypes.data, first, end, m, f32_ptr(x, m * d, "x"),
+            f32_ptr(h, m * d, "h"), f32_ptr(cos, cos.size, "cos"),
+            f32_ptr(sin, sin.size, "sin"), caches.ctypes.data, slots.ctypes.data, top_k,
+            chosen.ctypes.data, weights.ctypes.data, seconds.ctypes.data,
+            ctypes.byref(stopped))
+        if status == EMISSING:
+            return int(stopped.value)
+        self._check(status, "col_decoder_layers")
+        return None
+
+    def layer_routed(self, record: int, x: F32, h: F32, chosen: I32, weights: F32) -> None:
+        """x += the chosen experts' weighted outputs (+ the shared expert) over h, in place,
+        from the expert table of ``record`` (``col_layer_routed``)."""
+        m, d = x.shape
+        if (h.shape != x.shape or chosen.ndim != 2 or chosen.shape[0] != m
+                or chosen.dtype != np.int32 or not chosen.flags.c_contiguous):
+            raise KernelInvalidArgument("layer routed: chosen does not match x")
+        self._check(self.lib.col_layer_routed(
+            self.pool, record, m, f32_ptr(h, m * d, "h"), chosen.ctypes.data,
+            f32_ptr(weights, chosen.size, "weights"), f32_ptr(x, m * d, "x")),
+            "col_layer_routed")
+
+
+__all__ = [
+    "DTYPE_CODES",
+    "EQUANT_BASE",
+    "F32",
+    "LAYER_DTYPE",
+    "MAT_DTYPE",
+    "KernelError",
+    "KernelInvalidArgument",
+    "KernelOutOfMemory",
+    "KernelThreadError",
+    "KernelUnsupportedDtype",
+    "Kernels",
+    "Products",
+    "QuantWeight",
+    "Weight",
+    "mat_descriptors",
+]

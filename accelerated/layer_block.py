@@ -1,17 +1,10 @@
-"""A decoder layer in one C call (``csrc/layer.c`` ``col_layer_step``): the attention block,
-the router, the grouping of rows by expert, and the MoE or dense MLP folded into the residual.
+"""A decoder layer's record for the one C call of ``decoder_stack`` (``csrc/layer.c``).
 
 ``LayerBlock`` holds a layer's ``col_layer`` record (built once: dims, epsilons, the router's
 settings and the addresses of its mapped weights, which the ``Layer`` keeps alive) and its
 expert table: one ``col_mat`` triple per routed expert, filled the first time the expert
-store hands the expert out (``hold``). The store still sees every lookup, in the order the
-per-kernel path makes them: after the call, ``model.py`` looks up the distinct experts the
-rows chose, ascending, so TIERS/EMAP/HITS count what they counted when the lookups preceded
-the products. Where a chosen expert has no entry yet, the call stops before the experts
-(``COL_EMISSING``); the caller brings it in through the store and finishes the layer with
-``routed``. Every element is computed by the kernels the per-kernel path of ``model.py``
-calls, in the same order, so both paths give the same bytes; ``model.py`` uses this one
-whenever no row attends to a DSA-selected subset of its past.
+store hands the expert out (``hold``). A chosen expert without an entry stops the call
+(``COL_EMISSING``); once the store has handed it over, ``routed_held`` finishes the layer.
 """
 
 from __future__ import annotations
@@ -21,14 +14,13 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+from colibri.accelerated.binding import f32_ptr
 from colibri.accelerated.kernels import (
-    EMISSING,
     F32,
     LAYER_DTYPE,
     MAT_DTYPE,
     KernelInvalidArgument,
     Kernels,
-    _ptr,
     mat_descriptors,
 )
 from colibri.accelerated.weights import Expert, Layer
@@ -151,47 +143,12 @@ class LayerBlock:
         for r, (cache, slot) in enumerate(zip(caches, slots, strict=True)):
             for j, name in enumerate(names):
                 a = cache[name]
-                ptrs[j, r] = _ptr(a, (slot + 1) * cache.widths[name], f"{name} cache")
+                ptrs[j, r] = f32_ptr(a, (slot + 1) * cache.widths[name], f"{name} cache")
         return ptrs
-
-    def step(self, k: Kernels, x: F32, cos: F32, sin: F32, caches: Sequence[KVLayer],
-             slots: Sequence[int], seconds: npt.NDArray[np.float64]
-             ) -> tuple[F32, I32 | None, F32 | None, bool]:
-        """The whole layer in place on x (``col_layer_step``): returns (the post-attention
-        input h, the chosen experts [m, k] and their weights, or None for a dense layer,
-        and whether the experts still have to run: ``routed_held`` once every chosen one is
-        held). ``seconds`` [2] gets the attention's and the rest's wall time."""
-        cfg = self.cfg
-        m, d = x.shape
-        if d != cfg.hidden_size or cos.shape != (m, cfg.qk_rope_head_dim // 2) or len(slots) != m:
-            raise KernelInvalidArgument("layer step: x, cos/sin or slots do not match")
-        if seconds.dtype != np.float64 or seconds.shape != (2,):
-            raise KernelInvalidArgument("layer step: seconds must be float64 [2]")
-        ptrs = self.cache_pointers(caches, slots)
-        slot_a = np.asarray(slots, np.uint64)
-        h = np.empty_like(x)
-        chosen = weights = None
-        if self.held:
-            chosen = np.empty((m, cfg.num_experts_per_tok), np.int32)
-            weights = np.empty((m, cfg.num_experts_per_tok), np.float32)
-        base = int(ptrs.ctypes.data)
-        status = k.lib.col_layer_step(
-            k.pool, self.address, m, _ptr(x, m * d, "x"), h.ctypes.data,
-            _ptr(cos, cos.size, "cos"), _ptr(sin, sin.size, "sin"), base, base + 8 * m,
-            base + 16 * m if self.index_keys else 0, slot_a.ctypes.data,
-            _addr(chosen), _addr(weights), seconds.ctypes.data)
-        if status == EMISSING:
-            return h, chosen, weights, True
-        k._check(status, "col_layer_step")
-        return h, chosen, weights, False
 
     def routed_held(self, k: Kernels, x: F32, h: F32, chosen: I32, weights: F32) -> None:
         """x += the chosen experts' weighted outputs (+ the shared expert) in place, over
         the held experts (``col_layer_routed``)."""
-        m, d = x.shape
-        if chosen.shape != (m, self.cfg.num_experts_per_tok) or chosen.dtype != np.int32:
+        if chosen.shape != (x.shape[0], self.cfg.num_experts_per_tok):
             raise KernelInvalidArgument("layer routed: chosen does not match x")
-        k._check(k.lib.col_layer_routed(k.pool, self.address, m, _ptr(h, m * d, "h"),
-                                        chosen.ctypes.data,
-                                        _ptr(weights, chosen.size, "weights"),
-                                        _ptr(x, m * d, "x")), "col_layer_routed")
+        k.layer_routed(self.address, x, h, chosen, weights)

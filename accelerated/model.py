@@ -7,13 +7,16 @@ router and experts or the dense MLP (§7) -> final norm and lm_head (§8); MTP (
 What runs where: products with weights (every matmul, the absorbed kv_b products inside
 attention, a layer's routed experts in one ``col_moe`` call over float or quantized weights),
 norms, RoPE, SwiGLU's gate, attention, the indexer's scores and the router (``col_route``)
-are C kernels (``kernels.py``); a layer without DSA selection is one C call
-(``layer_block.py``). On the per-kernel path light per-row glue stays in numpy, with
-operations whose per-element result does not depend on the array's length: the embedding
-gather, RoPE's cos/sin table (once per forward), residual adds, the DSA top-k over a row's
-scores, and the weighted sum of a row's expert outputs in ascending expert id order. So a
-row's logits are the same bytes alone or in any batch and for any thread count (spec §10,
-§15 kind (c)).
+are C kernels (``kernels.py``). The layers of a step run as one C call per range of layers
+without DSA selection (``decoder_stack.py``): the whole decoder, the ranges between the layers
+where some row attends to a DSA-selected subset of its past, the MTP layer. Those selecting
+layers, and every layer under ``--device cuda`` (``fused_layers = False``: the CUDA kernels
+take single products), run on the per-kernel path below, which computes every element as the
+one call does. There light per-row glue stays in numpy, with operations whose per-element
+result does not depend on the array's length: the embedding gather, RoPE's cos/sin table
+(once per forward), residual adds, and the weighted sum of a row's expert outputs in
+ascending expert id order. So a row's logits are the same bytes alone or in any batch, on
+either path and for any thread count (spec §10, §15 kind (c)).
 
 States are ``colibri.backend_kit.kv_state.KVState`` (a plain data container: tokens, hidden
 states, growable per-layer cache arrays), so the COLIKV1 codec and persistence are shared.
@@ -55,10 +58,14 @@ from colibri.host_topology import usable_cpus
 I32 = npt.NDArray[np.int32]
 
 
-class ExpertLookup(Protocol):
-    def expert(self, layer: int, expert: int) -> Any: ...
-
 I64 = npt.NDArray[np.int64]
+
+
+class ExpertLookup(Protocol):
+    """The expert store as the model asks it (a store may also answer ``experts(layer,
+    ids)``, a layer's lookups in one call)."""
+
+    def expert(self, layer: int, expert: int) -> Any: ...
 
 
 def default_threads() -> int:
@@ -74,17 +81,10 @@ def default_threads() -> int:
 
 
 def inv_freq(dim: int, theta: float) -> F32:
+    """RoPE's frequencies, in float32 as spec/model.md §4 writes them."""
     exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
     out: F32 = (np.float32(1.0) / np.power(np.float32(theta), exponents)).astype(np.float32)
     return out
-
-
-def dsa_select(scores: F32, topk: int) -> I64 | None:
-    """Kept positions ascending (spec §6): best scores, ties to the earlier position."""
-    if scores.shape[0] <= topk:
-        return None
-    kept: I64 = np.sort(np.argsort(-scores, kind="stable")[:topk]).astype(np.int64)
-    return kept
 
 
 class Model(RowModel):
@@ -133,13 +133,12 @@ class Model(RowModel):
         self.store: ExpertLookup | None = None
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
         self._products: dict[tuple[int, bool, bool], Products] = {}
-        self._blocks: dict[int, LayerBlock] = {}
-        #: Layers in one C call where they can be (``layer_block``), and a step's decoder
-        #: layers all in one (``decoder_stack``) when none selects; False forces the
-        #: per-kernel path everywhere (the tests compare the paths byte for byte).
+        #: Ranges of layers in one C call (``decoder_stack``) wherever no row selects; False
+        #: runs every layer on the per-kernel path (the CUDA placement; the tests compare the
+        #: paths byte for byte).
         self.fused_layers = True
-        self.fused_stack = True
         self._stack: DecoderStack | None = None
+        self._mtp_stack: DecoderStack | None = None
 
     @property
     def mtp(self) -> Layer | None:
@@ -151,13 +150,24 @@ class Model(RowModel):
         return self._read_expert(layer, e)
 
     def expert(self, layer: int, e: int) -> Expert:
-        if self.store is not None:
-            held = self.store.expert(layer, e)
-            assert isinstance(held, Expert)
-            return held
-        found = self._experts.get((layer, e))
-        if found is None:
-            found = self._experts[(layer, e)] = self._read_expert(layer, e)
+        return self.experts(layer, [e])[0]
+
+    def experts(self, layer: int, ids: list[int]) -> list[Expert]:
+        """Experts ``ids`` of ``layer`` (a step's distinct choices there, ascending), asked of
+        the store in one call where it answers a layer's batch (so it can read the ones it
+        misses together), else one by one in that order; the model's own unbounded cache
+        when there is no store."""
+        if self.store is None:
+            for e in ids:
+                if (layer, e) not in self._experts:
+                    self._experts[(layer, e)] = self._read_expert(layer, e)
+            return [self._experts[(layer, e)] for e in ids]
+        batch = getattr(self.store, "experts", None)
+        found = (list(batch(layer, ids)) if callable(batch)
+                 else [self.store.expert(layer, e) for e in ids])
+        if len(found) != len(ids) or not all(isinstance(ex, Expert) for ex in found):
+            raise TypeError(f"the expert store answered layer {layer}'s lookup with "
+                            f"{[type(ex).__name__ for ex in found]} for experts {ids}")
         return found
 
     def close(self) -> None:
@@ -186,39 +196,53 @@ class Model(RowModel):
 
     def _decoder_layers(self, states: Sequence[KVState], positions: list[int], x: F32,
                         rope: tuple[F32, F32]) -> tuple[F32, list[I32]]:
-        """All decoder layers in one C call unless some row would attend to a DSA-selected
-        subset of its past (then layer by layer, ``_row_layer``)."""
-        cfg = self.config
-        selecting = any(p + 1 > cfg.index_topk for p in positions) and any(
-            mode == "full" and lw.attention.indexer is not None
-            for mode, lw in zip(self.indexer_modes, self.layers, strict=True))
-        if not (self.fused_layers and self.fused_stack) or selecting:
-            return super()._decoder_layers(states, positions, x, rope)
-        if self._stack is None:
-            self._stack = DecoderStack([self._block(lw, mode == "full"
-                                                    and lw.attention.indexer is not None)
-                                        for lw, mode in zip(self.layers, self.indexer_modes,
-                                                            strict=True)],
-                                       cfg.num_experts_per_tok)
-        x = np.array(x, dtype=np.float32, order="C")  # updated in place
-        routes = self._stack.run(self.kernels, x, rope, states, positions, self.expert,
-                                 self.clock)
+        """The decoder layers over the rows: each maximal range of layers where no row
+        attends to a DSA-selected subset of its past in one C call, the others on the
+        per-kernel path."""
+        n = self.config.num_hidden_layers
+        keeps: list[I64 | None] = [None] * len(positions)
+        routes: list[I32] = []
+        first = 0
+        while first < n:
+            if self._per_kernel(self.layers[first], self.indexer_modes[first], positions, keeps):
+                caches = [s.layers[first] for s in states]
+                x, keeps, chosen = self._kernel_layer(x, self.layers[first],
+                                                      self.indexer_modes[first], positions,
+                                                      caches, positions, keeps, rope)
+                routes += [] if chosen is None else [chosen]
+                first += 1
+                continue
+            keeps = [None] * len(positions)  # a stacked layer attends to every position
+            end = first + 1
+            while end < n and not self._per_kernel(self.layers[end], self.indexer_modes[end],
+                                                   positions, keeps):
+                end += 1
+            x = np.array(x, dtype=np.float32, order="C")  # the stack updates it in place
+            routes += self._decoder_stack().run(
+                self.kernels, x, rope, [[s.layers[i] for s in states] for i in range(first, end)],
+                positions, self.experts, self.clock, first, end)
+            first = end
         return x, routes
 
-    def _block(self, lw: Layer, index_keys: bool) -> LayerBlock:
-        """The layer's one-call record (one per layer: the decoder stack and the per-layer
-        path share its expert table)."""
-        block = self._blocks.get(lw.index)
-        if block is None or block.index_keys != index_keys:
-            block = self._blocks[lw.index] = LayerBlock(self.config, lw, index_keys)
-            if lw.index < len(self.layers):  # the stack's records point at its own blocks
-                self._stack = None
-        return block
+    def _per_kernel(self, lw: Layer, mode: str | None, slots: list[int],
+                    prev_keep: list[I64 | None]) -> bool:
+        """Whether layer ``lw`` runs on the per-kernel path: always without ``fused_layers``,
+        else where a row attends to a DSA-selected subset of its past (it selects past
+        index_topk, or a shared layer inherits a selection), which the one call lacks."""
+        selecting = (mode == "full" and lw.attention.indexer is not None
+                     and any(s + 1 > self.config.index_topk for s in slots))
+        return (not self.fused_layers or selecting
+                or any(keep is not None for keep in prev_keep))
 
-    def _decoder_rows(self, layer: int, x: F32, positions: list[int], caches: list[KVLayer],
-                      keeps: list[I64 | None], rope: tuple[F32, F32]) -> LayerRows:
-        return self._row_layer(x, self.layers[layer], self.indexer_modes[layer], positions,
-                               caches, positions, keeps, rope)
+    def _block(self, lw: Layer, mode: str | None) -> LayerBlock:
+        return LayerBlock(self.config, lw, mode == "full" and lw.attention.indexer is not None)
+
+    def _decoder_stack(self) -> DecoderStack:
+        if self._stack is None:
+            self._stack = DecoderStack([self._block(lw, mode) for lw, mode in
+                                        zip(self.layers, self.indexer_modes, strict=True)],
+                                       self.config.num_experts_per_tok)
+        return self._stack
 
     def _head(self, x: F32, mtp: bool) -> F32:
         k = self.kernels
@@ -237,9 +261,19 @@ class Model(RowModel):
 
     def _mtp_rows(self, z: F32, positions: list[int], caches: list[KVLayer], slots: list[int],
                   rope: tuple[F32, F32]) -> LayerRows:
-        assert self.mtp_layer is not None
-        return self._row_layer(z, self.mtp_layer, self.mtp_indexer_mode, positions, caches,
-                               slots, [None] * len(positions), rope)
+        lw = self.mtp_layer
+        assert lw is not None
+        keeps: list[I64 | None] = [None] * len(positions)
+        if self._per_kernel(lw, self.mtp_indexer_mode, slots, keeps):
+            return self._kernel_layer(z, lw, self.mtp_indexer_mode, positions, caches, slots,
+                                      keeps, rope)
+        if self._mtp_stack is None:
+            self._mtp_stack = DecoderStack([self._block(lw, self.mtp_indexer_mode)],
+                                           self.config.num_experts_per_tok)
+        z = np.array(z, dtype=np.float32, order="C")  # updated in place
+        routes = self._mtp_stack.run(self.kernels, z, rope, [caches], slots, self.experts,
+                                     self.clock)
+        return z, keeps, routes[0]
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------
 
@@ -259,48 +293,6 @@ class Model(RowModel):
                 weights.append(ix.weights_proj)
             found = self._products[(lw.index, keys, head_weights)] = Products(weights)
         return found
-
-    def _row_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
-                   caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
-                   rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
-        """One decoder layer over the step's rows: in two C calls (``layer_block``) unless a
-        row attends to a DSA-selected subset of its past, which the per-kernel path below
-        handles (it has the indexer's scoring and top-k)."""
-        cfg = self.config
-        selecting = (mode == "full" and lw.attention.indexer is not None
-                     and any(s + 1 > cfg.index_topk for s in slots))
-        if (not self.fused_layers or selecting
-                or any(keep is not None for keep in prev_keep)):
-            return self._kernel_layer(x, lw, mode, positions, caches, slots, prev_keep, rope)
-        return self._fused_layer(x, lw, mode == "full" and lw.attention.indexer is not None,
-                                 caches, slots, rope)
-
-    def _fused_layer(self, x: F32, lw: Layer, index_keys: bool, caches: list[KVLayer],
-                     slots: list[int], rope: tuple[F32, F32]
-                     ) -> tuple[F32, list[I64 | None], I32 | None]:
-        block = self._block(lw, index_keys)
-        k, clock = self.kernels, self.clock
-        m = x.shape[0]
-        x = np.array(x, dtype=np.float32, order="C")  # updated in place below
-        seconds = np.zeros(2, np.float64)
-        h, chosen, weights, missing = block.step(k, x, rope[0], rope[1], caches, slots, seconds)
-        clock.attention_s += float(seconds[0])
-        clock.matmul_s += float(seconds[1])
-        keeps: list[I64 | None] = [None] * m
-        if chosen is None:
-            return x, keeps, None
-        # The store's lookups, as the per-kernel path makes them (each distinct expert the
-        # rows chose, ascending), now that C has chosen; an expert C had no descriptor for
-        # is handed to it here and the layer's experts run now.
-        for e in np.unique(chosen).tolist():
-            block.hold(e, self.expert(lw.index, e))
-        if missing:
-            assert weights is not None
-            started = time.perf_counter()  # the expert products only: reads are disk time
-            block.routed_held(k, x, h, chosen, weights)
-            clock.matmul_s += time.perf_counter() - started
-        block.release()
-        return x, keeps, chosen
 
     def _route_rows(self, logits: F32, lw: Layer) -> tuple[I32, F32]:
         """Every row's routed experts (ascending) and weights (spec §7.1; ``col_route``, as
@@ -362,7 +354,8 @@ class Model(RowModel):
                 scores = k.index_scores(np.ascontiguousarray(iq[r].reshape(nh, hd)),
                                         np.ascontiguousarray(iw[r]), caches[r]["index_key"],
                                         float(np.float32(hd**-0.5)))[: slots[r] + 1]
-                keep = dsa_select(scores, cfg.index_topk)
+                if scores.shape[0] > cfg.index_topk:  # else every position is kept
+                    keep = k.index_select(scores, cfg.index_topk)
             elif mode == "shared":
                 keep = prev_keep[r]
             keeps.append(keep)
@@ -394,7 +387,7 @@ class Model(RowModel):
         used, counts = np.unique(flat, return_counts=True)
         start = np.zeros(used.shape[0] + 1, np.int64)
         np.cumsum(counts, out=start[1:])
-        experts = [self.expert(lw.index, int(e)) for e in used]
+        experts = self.experts(lw.index, used.tolist())
         rows = (order // top).astype(np.int64)
         descs = [ex.desc_bytes for ex in experts]
         if lw.shared is not None:  # the shared expert rides along: every row, last block

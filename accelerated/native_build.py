@@ -20,6 +20,14 @@ kind (b) (spec/model.md §15).
 A variant is rebuilt only when a source, a header or the flags change: a stamp next to the
 library records the SHA-256 of all of them.
 
+The three compiled pieces of ``make build`` share this module's shape: this C library, the
+CUDA library (``cuda_build``, beside ``cuda_native`` which loads it) and the mypyc control
+plane (``colibri.control_plane_build``, beside ``colibri.control_plane`` which loads it).
+Each is ``python -m MODULE``: a stamp of its inputs decides a rebuild, ``build()`` returns
+``(artifact, compiled now)`` pairs, a missing tool (:class:`ToolMissing`) is a one-line note
+and exit status 0 (the reference engine needs none of them), a refusal (:class:`BuildError`)
+exit status 1, and :func:`run_step` prints what was built, or one line when all is current.
+
 ``--sanitize`` builds one more variant, ``sanitize`` (ASan + UBSan, ``-O1 -g``, any UB fatal),
 into ``build/accelerated/sanitize/`` — never by default. A Python process can load it only with
 the ASan runtime preloaded; ``--sanitize -- COMMAND...`` builds it, then runs COMMAND with that
@@ -135,10 +143,34 @@ class BuildError(RuntimeError):
     """The compiler refused the sources (its message is included)."""
 
 
+class ToolMissing(BuildError):
+    """The step's compiler is absent here: the piece is not built (not an error)."""
+
+
+def run_step(what: str, where: Path, build_step: Callable[[], list[tuple[Path, bool]]],
+             skipped: str) -> int:
+    """``python -m`` of a build module: build, then one line per artifact compiled now, or
+    one line when every one was current. ``skipped``: what is unavailable without the tool."""
+    try:
+        built = build_step()
+    except ToolMissing as exc:
+        print(f"colibri {what} build skipped: {exc}; {skipped}", file=sys.stderr)
+        return 0
+    except BuildError as exc:
+        print(f"colibri {what} build failed: {exc}", file=sys.stderr)
+        return 1
+    for path, compiled in built:
+        if compiled:
+            print(f"built {path}")
+    if not any(compiled for _, compiled in built):
+        print(f"{what} in {where} is current ({len(built)} file(s))")
+    return 0
+
+
 def build(out: Path = DEFAULT_OUT) -> list[tuple[Path, bool]]:
     cc = compiler()
     if cc is None:
-        raise BuildError("no C compiler found (set CC, or install cc/gcc/clang)")
+        raise ToolMissing("no C compiler found (set CC, or install cc/gcc/clang)")
     if not sources():
         raise BuildError(f"no C sources under {SOURCE_DIR}")
     return [build_variant(cc, v, out) for v in variants()]
@@ -147,7 +179,7 @@ def build(out: Path = DEFAULT_OUT) -> list[tuple[Path, bool]]:
 def build_sanitized(out: Path = DEFAULT_OUT) -> tuple[Path, bool]:
     cc = compiler()
     if cc is None:
-        raise BuildError("no C compiler found (set CC, or install cc/gcc/clang)")
+        raise ToolMissing("no C compiler found (set CC, or install cc/gcc/clang)")
     if not sources():
         raise BuildError(f"no C sources under {SOURCE_DIR}")
     return build_variant(cc, SANITIZE, out)
@@ -184,28 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if command and not args.sanitize:
         parser.error("a command is run only with --sanitize")
-    if compiler() is None:
-        # Not an error for the rest of colibri: the reference engine needs no compiler, and
-        # `--accelerated` says which step is missing when asked for.
-        print("colibri accelerated build skipped: no C compiler found (set CC, or install "
-              "cc/gcc/clang); --accelerated will not be available", file=sys.stderr)
-        return 0 if not args.sanitize else 1
+    if not args.sanitize:
+        return run_step("C library", DEFAULT_OUT, build,
+                        "--accelerated will not be available")
     try:
-        built = [build_sanitized()] if args.sanitize else build()
+        built = build_sanitized()
         env = sanitizer_env() if command else None
     except BuildError as exc:
-        print(f"colibri accelerated build failed: {exc}", file=sys.stderr)
+        print(f"colibri sanitized C library build failed: {exc}", file=sys.stderr)
         return 1
-    # One line per library compiled now; one line in all when every one was current.
-    for path, compiled in built:
-        if compiled:
-            print(f"built {path}")
-    if not any(compiled for _, compiled in built):
-        print(f"C library in {DEFAULT_OUT} is current ({len(built)} variant(s))")
+    if built[1]:
+        print(f"built {built[0]}")
     if command:
         return subprocess.run(command, env=env, check=False).returncode
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

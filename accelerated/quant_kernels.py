@@ -26,7 +26,8 @@ the call.
 Sizes are validated in C before anything is read (``coli_q_matmul`` is O(1) in checks); the
 content a kernel trusts -- finite scales, no fp8 NaN byte, finite e8 super-scales, the e8
 tag -- is scanned once by :func:`quant_matrix` (``coli_q_check``). Every C error code is a
-named :class:`QuantKernelError` subclass.
+named :class:`QuantKernelError` subclass. The functions are declared, and their codes read,
+by the engine's one binding of the library (``binding.py``).
 """
 
 from __future__ import annotations
@@ -39,12 +40,30 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
-from colibri.accelerated.native import load_library
+from colibri.accelerated.binding import (
+    EQUANT_BASE,
+    QUANT_ERRORS,
+    E8TagError,
+    Fp8NanError,
+    GroupSizeError,
+    KernelMemoryError,
+    NonFiniteScaleError,
+    NullPointerError,
+    OutputRangeError,
+    PayloadSizeError,
+    QuantKernelError,
+    ScaleCountError,
+    ShapeError,
+    StrideError,
+    UnknownFormatError,
+    bind,
+    library,
+    raise_for,
+)
 from colibri.reference.quant.codec import group_size_from_scales
 from colibri.reference.quant.container import QuantContainer
 from colibri.reference.quant.formats import FORMAT_NAMES, Fmt, parse_format
@@ -66,99 +85,8 @@ QUANT_FORMATS = (
 )
 
 
-class QuantKernelError(ValueError):
-    """A quantized kernel refused its arguments (the C return code is ``code``)."""
-
-    code = -1
-
-    def __init__(self, tensor: str, detail: str) -> None:
-        super().__init__(f"{tensor}: {detail}")
-        self.tensor = tensor
-
-
-class UnknownFormatError(QuantKernelError):
-    code = 1
-
-
-class ShapeError(QuantKernelError):
-    code = 2
-
-
-class PayloadSizeError(QuantKernelError):
-    code = 3
-
-
-class ScaleCountError(QuantKernelError):
-    code = 4
-
-
-class GroupSizeError(QuantKernelError):
-    code = 5
-
-
-class OutputRangeError(QuantKernelError):
-    code = 6
-
-
-class StrideError(QuantKernelError):
-    code = 7
-
-
-class NullPointerError(QuantKernelError):
-    code = 8
-
-
-class NonFiniteScaleError(QuantKernelError):
-    code = 9
-
-
-class Fp8NanError(QuantKernelError):
-    code = 10
-
-
-class E8TagError(QuantKernelError):
-    code = 11
-
-
-class KernelMemoryError(QuantKernelError):
-    code = 12
-
-
-ERRORS: dict[int, type[QuantKernelError]] = {
-    cls.code: cls
-    for cls in (
-        UnknownFormatError,
-        ShapeError,
-        PayloadSizeError,
-        ScaleCountError,
-        GroupSizeError,
-        OutputRangeError,
-        StrideError,
-        NullPointerError,
-        NonFiniteScaleError,
-        Fp8NanError,
-        E8TagError,
-        KernelMemoryError,
-    )
-}
-
-_I64 = ctypes.c_int64
-_PTR = ctypes.c_void_p
-_INT = ctypes.c_int
-
-#: The one prototype table: name -> (restype, argtypes).
-PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
-    "coli_q_sizes": (_INT, [_INT, _INT, _I64, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64)]),
-    "coli_q_check": (_INT, [_INT, _INT, _PTR, _I64, _PTR, _I64, _I64, _I64]),
-    "coli_q_matmul": (
-        _INT,
-        [_INT, _INT, _PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR, _I64, _I64,
-         _I64, _INT],
-    ),
-    "coli_q_rotate": (_INT, [_PTR, _I64, _I64, _I64, _PTR, _I64]),
-    "coli_q_tables": (None, [_PTR, _PTR]),
-    "coli_q_strerror": (ctypes.c_char_p, [_INT]),
-}
+#: COLI_Q_* code -> its named error (``binding.QUANT_ERRORS``).
+ERRORS = QUANT_ERRORS
 
 
 @dataclass(frozen=True)
@@ -192,27 +120,23 @@ class QuantKernels:
     """The quantized kernels of one loaded library (the chosen variant, or any by path)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        for name, (restype, argtypes) in PROTOTYPES.items():
-            fn = getattr(lib, name)
-            fn.restype = restype
-            fn.argtypes = argtypes
+        """``lib``: a bound library (``binding.bind``)."""
         self.lib = lib
 
     @classmethod
     def from_path(cls, path: str | Path) -> QuantKernels:
-        return cls(ctypes.CDLL(str(path)))
+        from colibri.accelerated.kernels import LAYER_DTYPE
+
+        return cls(bind(ctypes.CDLL(str(path)), LAYER_DTYPE.itemsize))
 
     def _raise(self, code: int, tensor: str) -> None:
-        if code == 0:
-            return
-        detail = self.lib.coli_q_strerror(code)
-        text = detail.decode() if isinstance(detail, bytes) else str(detail)
-        raise ERRORS.get(code, QuantKernelError)(tensor, f"{text} (code {code})")
+        """A COLI_Q_* code, in the binding's one range."""
+        raise_for(self.lib, EQUANT_BASE + code if code else 0, tensor)
 
     def sizes(self, fmt: Fmt, out_features: int, in_features: int, group_size: int = 0
               ) -> tuple[int, int]:
         """``(payload bytes, .qs float count)`` of an ``[out, in]`` tensor in ``fmt``."""
-        nb, ns = _I64(), _I64()
+        nb, ns = ctypes.c_int64(), ctypes.c_int64()
         rc = self.lib.coli_q_sizes(int(fmt), group_size, out_features, in_features,
                                    ctypes.byref(nb), ctypes.byref(ns))
         self._raise(rc, FORMAT_NAMES.get(fmt, str(fmt)))
@@ -303,7 +227,7 @@ def _rows(x: npt.ArrayLike) -> F32:
 @cache
 def kernels() -> QuantKernels:
     """The kernels of the library variant this CPU runs (``COLIBRI_ISA`` may force one)."""
-    return QuantKernels(load_library())
+    return QuantKernels(library())
 
 
 def quant_matrix(
@@ -428,7 +352,18 @@ def render_tables_header() -> str:
 
 __all__ = [
     "ERRORS",
-    "PROTOTYPES",
+    "E8TagError",
+    "Fp8NanError",
+    "GroupSizeError",
+    "KernelMemoryError",
+    "NonFiniteScaleError",
+    "NullPointerError",
+    "OutputRangeError",
+    "PayloadSizeError",
+    "ScaleCountError",
+    "ShapeError",
+    "StrideError",
+    "UnknownFormatError",
     "X_ROTATED",
     "QuantKernelError",
     "QuantKernels",

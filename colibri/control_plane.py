@@ -2,7 +2,7 @@
 
 The control plane is ``colibri.engine`` (mux and legacy loops, batcher, sampler, RNG, wire
 I/O, ...) and the tokenizer in ``colibri.text``. ``make build`` compiles those modules with
-mypyc (``python -m colibri.accelerated.mypyc_build``) into a build directory *beside* the
+mypyc (``python -m colibri.control_plane_build``) into a build directory *beside* the
 sources, never over them, so a plain ``import colibri.engine`` always gets the ``.py`` files.
 Only a process that calls :func:`activate` before it imports any of them runs the compiled
 ones: :func:`activate` installs a meta-path finder that answers exactly the compiled module

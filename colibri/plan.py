@@ -52,6 +52,13 @@ class Request:
     step_ms: float | None = None
 
 
+def usage_hit_rate(ranked: list[tuple[int, int, int]], resident: int) -> float:
+    """With a usage history (``ranked_usage``), the resident set is its hottest experts:
+    the hit rate is their share of the recorded selections (what pins and a warm LRU serve)."""
+    total = sum(n for _, _, n in ranked)
+    return sum(n for _, _, n in ranked[:resident]) / total if total else 0.0
+
+
 def predict_decode(*, hit_rate: float, bytes_per_token: int, read_gb_s: float,
                    step_s: float) -> dict[str, float]:
     """Decode under a RAM budget: the misses' bytes per token (``1 - hit_rate`` of the
@@ -309,12 +316,8 @@ def build(model: Path, request: Request, host: Mapping[str, int] | None = None,
         # little for one more, so the engine pins exactly this set.
         plan["env"]["PIN_GB"] = repr((len(pins) + 0.5) * typical / GB)
     hit = plan["projected_hit_rate"]
-    if request.usage is not None:
-        # With a usage history the resident set is its hottest experts: the hit rate is their
-        # share of the recorded selections (what pins and a warm LRU serve).
-        total = sum(n for _, _, n in ranked)
-        hit = round(sum(n for _, _, n in ranked[:resident]) / total, 4) if total else hit
-        plan["projected_hit_rate"] = hit
+    if request.usage is not None and ranked:
+        hit = plan["projected_hit_rate"] = round(usage_hit_rate(ranked, resident), 4)
     per_token = config.num_experts_per_tok * routed_layers * typical
     plan["projected_read_bytes_per_token"] = round((1.0 - hit) * per_token)
     if request.read_gb_s and request.step_ms:

@@ -145,3 +145,37 @@ int col_index_scores(col_pool *pool, const float *q, const float *w, size_t nh, 
     col_pool_run(pool, s, idx_task, &c);
     return COL_OK;
 }
+
+/* The DSA top-k (spec §6): the best scores first, ties (and equal zeros of either sign) to the
+ * earlier position, a NaN after every number -- the order of a stable sort of the negated
+ * scores -- then the kept positions ascending. Exact: no arithmetic on the scores. */
+typedef struct {
+    float score;
+    int64_t pos;
+} scored;
+
+static int better_first(const void *pa, const void *pb) {
+    const scored *a = pa, *b = pb;
+    int na = a->score != a->score, nb = b->score != b->score;
+    if (na != nb) return na - nb;
+    if (!na && a->score > b->score) return -1;
+    if (!na && a->score < b->score) return 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+static int ascending(const void *pa, const void *pb) {
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    return (a > b) - (a < b);
+}
+
+int col_index_select(const float *scores, size_t s, size_t topk, int64_t *keep) {
+    if (!scores || !keep || topk == 0 || topk > s) return COL_EINVAL;
+    scored *order = malloc(s * sizeof(scored));
+    if (order == NULL) return COL_ENOMEM;
+    for (size_t t = 0; t < s; t++) order[t] = (scored){scores[t], (int64_t)t};
+    qsort(order, s, sizeof(scored), better_first);
+    for (size_t i = 0; i < topk; i++) keep[i] = order[i].pos;
+    free(order);
+    qsort(keep, topk, sizeof(int64_t), ascending);
+    return COL_OK;
+}

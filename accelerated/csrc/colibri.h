@@ -18,7 +18,7 @@ enum {
     COL_ENOMEM = 2,  /* scratch memory could not be allocated */
     COL_EDTYPE = 3,  /* a weight dtype code the kernels do not support */
     COL_ETHREAD = 4, /* the thread pool could not be created */
-    /* col_layer_step: a chosen expert has no descriptor yet (the caller brings it in and
+    /* col_decoder_layers: a chosen expert has no descriptor yet (the caller brings it in and
      * finishes the layer with col_layer_routed); not an error. */
     COL_EMISSING = 5,
     /* COL_EQUANT_BASE + c: a quantized kernel refused its matrix with COLI_Q_* code c. */
@@ -106,6 +106,9 @@ int col_mla_attention(col_pool *pool, size_t m, size_t h, size_t nope, size_t ro
  * keys [s, hd] -> out [s] = sum_h w_h relu(q_h . k_t * scale). */
 int col_index_scores(col_pool *pool, const float *q, const float *w, size_t nh, size_t hd,
                      const float *keys, size_t s, float scale, float *out);
+/* The DSA selection of one query (spec §6): keep [topk] the positions of the topk best of
+ * scores [s] (ties to the earlier position, NaN last), ascending; 0 < topk <= s. */
+int col_index_select(const float *scores, size_t s, size_t topk, int64_t *keep);
 
 /* One weight of an expert as col_moe reads it: fmt 0 is a float matrix in `dtype` (COL_F32,
  * COL_BF16, COL_F16) at `data`; otherwise a COLI_Q_* format (coli_quant.h) with its packed
@@ -141,7 +144,7 @@ int col_mat_matmul(col_pool *pool, const col_mat *w, const float *x, size_t m, s
 int col_mats_matmul(col_pool *pool, size_t n, const col_mat *ws, const float *x, size_t m,
                     size_t ldx, float *const *outs);
 
-/* One decoder layer as col_attention_block reads it (built once per layer at load; every
+/* One decoder layer as col_decoder_layers reads it (built once per layer at load; every
  * field 8 bytes or a col_mat, so its layout is the same in the Python binding's record,
  * which col_layer_size lets it check). */
 typedef struct {
@@ -167,24 +170,6 @@ typedef struct {
 
 size_t col_layer_size(void);
 
-/* A layer's attention block for m rows without DSA selection (spec §3-§5): x [m, d] gets
- * the attention output added in place; h_out [m, d] is post_attention_layernorm(x) and
- * router_out [m, n_router] its router logits (when n_router). Row r's new latent, rope key
- * (and index key) go to row slot[r] of its caches; it attends to rows [0, slot[r]]. cos/sin
- * are [m, rope/2]. Each element as the per-kernel calls compute it (layer.c). */
-int col_attention_block(col_pool *pool, const col_layer *L, size_t m, float *x, float *h_out,
-                        float *router_out, const float *cos, const float *sin,
-                        float *const *latent, float *const *rope_key, float *const *index_key,
-                        const size_t *slot);
-
-/* col_moe over h [m, d], then x[r] += sum_s weights[r, s] * y[slot_row[r, s]] (s ascending)
- * + y[extra_row[r]] (the shared expert or a dense MLP; extra_row may be NULL), the sums in
- * that order, one rounding per operation. k may be 0 (a dense layer). */
-int col_moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
-                     const int64_t *start, const int64_t *rows, const float *h, size_t m,
-                     size_t d, size_t k, const int64_t *slot_row, const float *weights,
-                     const int64_t *extra_row, float *x);
-
 /* noaux_tc routing of m rows (route.c): logits [m, n_experts] -> chosen [m, k] (ascending
  * expert ids) and weights [m, k]; each row on its own, the reference's float32 operations. */
 int col_route(const float *logits, size_t m, size_t n_experts, const float *bias,
@@ -198,31 +183,27 @@ int col_group_rows(const int32_t *chosen, size_t m, size_t k, size_t n_experts,
                    int64_t *used, size_t *n_used, int64_t *start, int64_t *rows,
                    int64_t *slot_row);
 
-/* A whole decoder layer without DSA selection in one call: col_attention_block, then a dense
- * layer's MLP, or the router (col_route: chosen/weights [m, top_k] out) and, when every
- * chosen expert has a descriptor, col_layer_routed. COL_EMISSING: some chosen expert has
- * none; x holds the attention's residual and h the post-norm input, and the caller finishes
- * with col_layer_routed once it has filled them in. seconds (may be NULL) gets the wall
- * seconds of the attention block and of the rest (router and experts). */
-int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float *h,
-                   const float *cos, const float *sin, float *const *latent,
-                   float *const *rope_key, float *const *index_key, const size_t *slot,
-                   int32_t *chosen, float *weights, double *seconds);
-
-/* Decoder layers first .. n_layers - 1 over m rows, each one col_layer_step, x updated in
- * place (h: an [m, d] scratch). caches[3 m l + j m + r] is row r's latent (j 0), rope-key (1)
- * and index-key (2, full indexer layers) cache of layer l; chosen/weights [n_layers, m, top_k]
- * (dense layers' blocks untouched). seconds [2] accumulates the layers' phases. On a non-zero
- * status *stopped is the layer that returned it (COL_EMISSING: finish it with
- * col_layer_routed, then continue from *stopped + 1); on success n_layers. */
-int col_decoder_layers(col_pool *pool, size_t n_layers, const col_layer *const *layers,
-                       size_t first, size_t m, float *x, float *h, const float *cos,
+/* Decoder layers [first, end) over m rows without DSA selection, in one call: per layer the
+ * attention block (spec §3-§5: row r's new latent, rope key and index key go to row slot[r]
+ * of its caches and it attends to rows [0, slot[r]]; cos/sin [m, rope/2]), then a dense
+ * layer's MLP, or the router (col_route) and, when every chosen expert has a descriptor,
+ * col_layer_routed; x [m, d] updated in place (h: an [m, d] scratch). layers[l] and
+ * caches[3 m l + j m + r] (row r's latent (j 0), rope-key (1) and index-key (2, full
+ * indexer layers) cache of layer l) are read for l in [first, end); chosen/weights
+ * [end, m, top_k] (dense layers' blocks untouched). seconds [2] accumulates the attention's
+ * and the rest's wall seconds. On a non-zero status *stopped is the layer that returned it;
+ * COL_EMISSING (some chosen expert has no descriptor yet): x holds that layer's attention
+ * residual and h its post-norm input; finish it with col_layer_routed once the experts are
+ * filled in, then continue from *stopped + 1. On success *stopped is end. */
+int col_decoder_layers(col_pool *pool, const col_layer *const *layers, size_t first,
+                       size_t end, size_t m, float *x, float *h, const float *cos,
                        const float *sin, float *const *caches, const size_t *slot,
                        size_t top_k, int32_t *chosen, float *weights, double *seconds,
                        size_t *stopped);
 
 /* x += the routed experts' weighted outputs (+ the shared expert) over h: rows grouped by
- * expert (col_group_rows), each expert read once for all its rows (col_moe_residual). */
+ * expert (col_group_rows), each expert read once for all its rows (col_moe), the weighted sum
+ * per element in slot (ascending expert id) order, then the shared expert, then x. */
 int col_layer_routed(col_pool *pool, const col_layer *L, size_t m, const float *h,
                      const int32_t *chosen, const float *weights, float *x);
 

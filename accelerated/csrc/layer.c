@@ -1,12 +1,13 @@
-/* A decoder layer's attention block, and its MoE/dense output folded back into the residual,
- * each in one call (spec §3, §4, §5, §7.2): what accelerated/model.py did as ~15 kernel calls
- * with numpy glue between them per layer.
+/* A range of decoder layers in one call (spec §3, §4, §5, §7.2): per layer the attention
+ * block, then the router and the routed experts (or the dense MLP) folded back into the
+ * residual -- the ~15 kernel calls with numpy glue between them that the per-kernel path of
+ * accelerated/model.py makes per layer.
  *
- * Every step calls the kernel the Python path called, with the same arguments, in the same
- * order, so each output element is computed exactly as before: the bytes equal the per-kernel
- * path's (and so stay independent of the batch and the thread count, sameness kind (c)).
- * What goes is the interpreter between the kernels: argument checks, temporaries, cache row
- * copies, a pool wake-up per small product.
+ * Every step calls the kernel the per-kernel path calls, with the same arguments, in the
+ * same order, so each output element is computed the same way: the bytes equal the
+ * per-kernel path's (and so stay independent of the batch and the thread count, sameness
+ * kind (c)). What goes is the interpreter between the kernels: argument checks, temporaries,
+ * cache row copies, a pool wake-up per small product.
  *
  * Not covered here: rows that attend to a DSA-selected subset of their past (a full indexer
  * layer past index_topk, or a shared layer after one). The caller runs those layers on the
@@ -48,10 +49,15 @@ static int check_layer(const col_layer *L) {
     return rc;
 }
 
-int col_attention_block(col_pool *pool, const col_layer *L, size_t m, float *x, float *h_out,
-                        float *router_out, const float *cos, const float *sin,
-                        float *const *latent, float *const *rope_key, float *const *index_key,
-                        const size_t *slot) {
+/* A layer's attention block for m rows without DSA selection (spec §3-§5): x [m, d] gets
+ * the attention output added in place; h_out [m, d] is post_attention_layernorm(x) and
+ * router_out [m, n_router] its router logits (when n_router). Row r's new latent, rope key
+ * (and index key) go to row slot[r] of its caches; it attends to rows [0, slot[r]]. cos/sin
+ * are [m, rope/2]. */
+static int attention_block(col_pool *pool, const col_layer *L, size_t m, float *x,
+                           float *h_out, float *router_out, const float *cos, const float *sin,
+                           float *const *latent, float *const *rope_key,
+                           float *const *index_key, const size_t *slot) {
     if (L == NULL || x == NULL || h_out == NULL || cos == NULL || sin == NULL ||
         latent == NULL || rope_key == NULL || slot == NULL ||
         (L->index_keys && index_key == NULL) || (L->n_router && router_out == NULL))
@@ -138,10 +144,13 @@ done:
     return rc;
 }
 
-int col_moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
-                     const int64_t *start, const int64_t *rows, const float *h, size_t m,
-                     size_t d, size_t k, const int64_t *slot_row, const float *weights,
-                     const int64_t *extra_row, float *x) {
+/* col_moe over h [m, d], then x[r] += sum_s weights[r, s] * y[slot_row[r, s]] (s ascending)
+ * + y[extra_row[r]] (the shared expert or a dense MLP; extra_row may be NULL), the sums in
+ * that order, one rounding per operation. k may be 0 (a dense layer). */
+static int moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
+                        const int64_t *start, const int64_t *rows, const float *h, size_t m,
+                        size_t d, size_t k, const int64_t *slot_row, const float *weights,
+                        const int64_t *extra_row, float *x) {
     if (x == NULL || (k && (slot_row == NULL || weights == NULL)) || start == NULL) {
         return COL_EINVAL;
     }
@@ -218,8 +227,8 @@ int col_layer_routed(col_pool *pool, const col_layer *L, size_t m, const float *
         start[n_used + 1] = (int64_t)(pairs + m);
     }
     if (!rc)
-        rc = col_moe_residual(pool, n_used + (extra ? 1 : 0), mats, start, rows, h, m, d, k,
-                              slot_row, weights, extra ? extra_row : NULL, x);
+        rc = moe_residual(pool, n_used + (extra ? 1 : 0), mats, start, rows, h, m, d, k,
+                          slot_row, weights, extra ? extra_row : NULL, x);
     free(ints);
     free(mats);
     return rc;
@@ -231,10 +240,16 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float *h,
-                   const float *cos, const float *sin, float *const *latent,
-                   float *const *rope_key, float *const *index_key, const size_t *slot,
-                   int32_t *chosen, float *weights, double *seconds) {
+/* A whole decoder layer without DSA selection: the attention block, then a dense layer's MLP,
+ * or the router (chosen/weights [m, top_k] out) and, when every chosen expert has a
+ * descriptor, col_layer_routed. COL_EMISSING: some chosen expert has none; x holds the
+ * attention's residual and h the post-norm input, and the caller finishes with
+ * col_layer_routed once it has filled them in. seconds gets the wall seconds of the
+ * attention block and of the rest (router and experts). */
+static int layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float *h,
+                      const float *cos, const float *sin, float *const *latent,
+                      float *const *rope_key, float *const *index_key, const size_t *slot,
+                      int32_t *chosen, float *weights, double *seconds) {
     if (L == NULL || (L->n_router && (chosen == NULL || weights == NULL || !L->router_bias ||
                                       L->n_group <= 0 || L->topk_group <= 0 ||
                                       L->top_k <= 0)) ||
@@ -246,14 +261,14 @@ int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float
     int64_t *every = n_exp ? NULL : malloc((m + 2) * sizeof(int64_t));
     if (n_exp ? logits == NULL : every == NULL) return COL_ENOMEM;
     double t0 = now_s();
-    int rc = col_attention_block(pool, L, m, x, h, logits, cos, sin, latent, rope_key,
-                                 index_key, slot);
+    int rc = attention_block(pool, L, m, x, h, logits, cos, sin, latent, rope_key, index_key,
+                             slot);
     double t1 = now_s();
     if (!rc && !n_exp) { /* a dense layer: one MLP over every row */
         int64_t start[2] = {0, (int64_t)m};
         for (size_t r = 0; r < m; r++) every[r] = (int64_t)r;
-        rc = col_moe_residual(pool, 1, L->dense, start, every, h, m, (size_t)L->d, 0, NULL,
-                              NULL, every, x);
+        rc = moe_residual(pool, 1, L->dense, start, every, h, m, (size_t)L->d, 0, NULL, NULL,
+                          every, x);
     }
     if (!rc && n_exp) {
         rc = col_route(logits, m, n_exp, L->router_bias, (size_t)L->n_group,
@@ -261,32 +276,31 @@ int col_layer_step(col_pool *pool, const col_layer *L, size_t m, float *x, float
                        L->routed_scale, chosen, weights);
         if (!rc) rc = col_layer_routed(pool, L, m, h, chosen, weights, x);
     }
-    if (seconds) { /* the phases PERF/PROF report: attention (with the router), experts */
-        seconds[0] = t1 - t0;
-        seconds[1] = now_s() - t1;
-    }
+    /* the phases PERF/PROF report: attention (with the router), experts */
+    seconds[0] = t1 - t0;
+    seconds[1] = now_s() - t1;
     free(logits);
     free(every);
     return rc;
 }
 
-int col_decoder_layers(col_pool *pool, size_t n_layers, const col_layer *const *layers,
-                       size_t first, size_t m, float *x, float *h, const float *cos,
+int col_decoder_layers(col_pool *pool, const col_layer *const *layers, size_t first,
+                       size_t end, size_t m, float *x, float *h, const float *cos,
                        const float *sin, float *const *caches, const size_t *slot,
                        size_t top_k, int32_t *chosen, float *weights, double *seconds,
                        size_t *stopped) {
-    if (layers == NULL || caches == NULL || stopped == NULL || seconds == NULL ||
-        first > n_layers || (top_k && (chosen == NULL || weights == NULL)))
+    if (layers == NULL || caches == NULL || stopped == NULL || seconds == NULL || first > end ||
+        (top_k && (chosen == NULL || weights == NULL)))
         return COL_EINVAL;
-    for (size_t l = first; l < n_layers; l++) {
+    for (size_t l = first; l < end; l++) {
         const col_layer *L = layers[l];
         if (L == NULL || (L->n_router && L->top_k != (int64_t)top_k)) return COL_EINVAL;
         float *const *c = caches + 3 * m * l; /* latent, rope key, index key: m each */
         double sec[2] = {0.0, 0.0};
-        int rc = col_layer_step(pool, L, m, x, h, cos, sin, c, c + m,
-                                L->index_keys ? c + 2 * m : NULL, slot,
-                                top_k ? chosen + l * m * top_k : NULL,
-                                top_k ? weights + l * m * top_k : NULL, sec);
+        int rc = layer_step(pool, L, m, x, h, cos, sin, c, c + m,
+                            L->index_keys ? c + 2 * m : NULL, slot,
+                            top_k ? chosen + l * m * top_k : NULL,
+                            top_k ? weights + l * m * top_k : NULL, sec);
         seconds[0] += sec[0];
         seconds[1] += sec[1];
         if (rc) {
@@ -294,6 +308,6 @@ int col_decoder_layers(col_pool *pool, size_t n_layers, const col_layer *const *
             return rc;
         }
     }
-    *stopped = n_layers;
+    *stopped = end;
     return COL_OK;
 }

@@ -32,14 +32,8 @@ from typing import Any
 from colibri.benchmarks import BenchOptions, Section, register, workers
 from colibri.benchmarks.bandwidth import storage_read_gb_s
 from colibri.benchmarks.memory_cgroup import MemoryCgroup, available, drop_caches
-from colibri.benchmarks.out_of_core_model import (
-    OOC_CONFIG,
-    ROUTINGS,
-    ensure_models,
-    expert_bytes,
-    model_dir,
-)
-from colibri.plan import predict_decode
+from colibri.benchmarks.out_of_core_model import ensure_models
+from colibri.plan import predict_decode, ranked_usage, usage_hit_rate
 
 #: What a cap allows beyond the experts' share and the dense weights: the interpreter,
 #: numpy, the kernel library, buffers (the engine's own budget says what it needs).
@@ -54,9 +48,14 @@ DECODE = "out_of_core_worker:decode"
 
 @dataclass(frozen=True)
 class Setup:
-    cache_dir: Path
+    #: routing ("uniform", "skewed") -> model directory.
+    models: dict[str, Path]
+    #: Where the skewed model's usage file is recorded.
+    work_dir: Path
     engines: tuple[str, ...] = ("accelerated", "reference")
     caps: tuple[float, ...] = CAPS
+    tokens: dict[str, int] | None = None
+    allowance: int = ALLOWANCE
     peer_python: str | None = None
     gguf: dict[str, Path] | None = None
 
@@ -75,12 +74,31 @@ def _warm(model_dir: Path) -> None:
                 pass
 
 
-def dense_bytes(model_dir: Path) -> int:
-    from colibri.reference.safetensors import Checkpoint
+@dataclass(frozen=True)
+class ModelBytes:
+    """A model's routed-expert bytes, the rest, and the expert bytes one token routes to."""
 
-    checkpoint = Checkpoint(model_dir)
-    return sum(info.end - info.begin for name, info in checkpoint.tensors.items()
-               if ".mlp.experts." not in name)
+    experts: int
+    dense: int
+    per_token: int
+    files: list[Path]
+
+    @classmethod
+    def of(cls, model: Path) -> ModelBytes:
+        from colibri.reference.config import ModelConfig
+        from colibri.reference.safetensors import Checkpoint
+
+        checkpoint = Checkpoint(model)
+        cfg = ModelConfig.from_dir(model)
+        sizes = [(info.end - info.begin, info.file) for name, info in checkpoint.tensors.items()
+                 if ".mlp.experts." in name]
+        experts = sum(size for size, _ in sizes)
+        count = sum(cfg.is_sparse(i) for i in range(cfg.num_hidden_layers)) * \
+            cfg.n_routed_experts
+        per_token = experts * cfg.num_experts_per_tok * \
+            sum(cfg.is_sparse(i) for i in range(cfg.num_hidden_layers)) // max(count, 1)
+        return cls(experts, checkpoint.total_bytes - experts, per_token,
+                   sorted({file for _, file in sizes}))
 
 
 def _capped(function: str, spec: dict[str, Any], limit: int, cgroup_version: str | None,
@@ -99,57 +117,55 @@ def _capped(function: str, spec: dict[str, Any], limit: int, cgroup_version: str
 
 
 def run_section(setup: Setup) -> dict[str, Any]:
-    models = ensure_models(setup.cache_dir)
-    experts = expert_bytes()
+    tokens = {**TOKENS, **(setup.tokens or {})}
+    sizes = {routing: ModelBytes.of(model) for routing, model in setup.models.items()}
     cgroup_version, no_cgroup = available()
     drop_caches()
-    shards = sorted(models["uniform"].glob("experts-*.safetensors"))
-    bandwidth = storage_read_gb_s(shards)
+    bandwidth = storage_read_gb_s(sizes["uniform"].files)
     doc: dict[str, Any] = {
         "section": "out-of-core",
-        "model": {"config": {k: OOC_CONFIG[k] for k in (
-            "hidden_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
-            "num_hidden_layers", "first_k_dense_replace")}, "expert_bytes": experts},
+        "models": {routing: {"path": str(model), "expert_bytes": sizes[routing].experts,
+                             "dense_bytes": sizes[routing].dense}
+                   for routing, model in setup.models.items()},
         "memory_cgroup": cgroup_version or f"none: {no_cgroup} (RAM_GB alone bounds the runs)",
         "read_bandwidth_gb_s": bandwidth,
-        "allowance_bytes": ALLOWANCE,
+        "allowance_bytes": setup.allowance,
         "runs": [],
     }
-    per_token_all = (OOC_CONFIG["num_hidden_layers"] - OOC_CONFIG["first_k_dense_replace"]) * \
-        OOC_CONFIG["num_experts_per_tok"] * experts // expert_count()
-    for routing, model in models.items():
-        dense = dense_bytes(model)
-        usage = setup.cache_dir / f"ooc-{routing}.coli_usage"
+    for routing, model in setup.models.items():
+        size = sizes[routing]
+        usage = setup.work_dir / f"ooc-{routing}.coli_usage"
+        limits = {f: int(f * size.experts) + size.dense + setup.allowance for f in setup.caps}
         for engine in setup.engines:
-            tokens = TOKENS[engine]
-            base = {"model": str(model), "backend": engine, "tokens": tokens,
+            base = {"model": str(model), "backend": engine, "tokens": tokens[engine],
                     "prompt_tokens": PROMPT_TOKENS, "prompt_seed": MEASURED_PROMPT}
             _warm(model)
             in_ram = _worker(DECODE, base, None)
             if routing == "skewed" and engine == setup.engines[0]:
                 _worker(DECODE, {**base, "prompt_seed": USAGE_PROMPT,
                                  "record_usage": str(usage)}, None)
-            step_s = in_ram["decode_s"] / tokens if "decode_s" in in_ram else None
+            step_s = in_ram["decode_s"] / tokens[engine] if "decode_s" in in_ram else None
             doc["runs"].append({"routing": routing, "engine": engine, "cap": "in RAM",
                                 **_summary(in_ram)})
-            for fraction in setup.caps:
-                limit = int(fraction * experts) + dense + ALLOWANCE
+            for fraction, limit in limits.items():
                 variants: list[tuple[str, dict[str, Any]]] = [("lru", {})]
                 if routing == "skewed" and usage.is_file():
                     # Half the expert cache, as AUTOPIN shares it out.
                     variants.append(("pinned", {"pin": str(usage),
-                                                "pin_gb": 0.5 * fraction * experts / 1e9}))
+                                                "pin_gb": 0.5 * fraction * size.experts / 1e9}))
                 for policy, extra in variants:
                     measured = _capped(DECODE, {**base, "ram_gb": limit / 1e9, **extra},
                                        limit, cgroup_version)
-                    doc["runs"].append(_capped_row(
-                        routing, engine, policy, fraction, limit, measured, in_ram, step_s,
-                        bandwidth, per_token_all))
+                    row = _capped_row(routing, engine, policy, fraction, limit, measured,
+                                      in_ram, step_s, bandwidth, size.per_token)
+                    if step_s and bandwidth:
+                        row["predicted"] = _prediction(model, usage, fraction, size, bandwidth,
+                                                       step_s)
+                    doc["runs"].append(row)
         if setup.gguf and routing in setup.gguf and setup.peer_python:
-            for fraction in setup.caps:
-                limit = int(fraction * experts) + dense + ALLOWANCE
+            for fraction, limit in limits.items():
                 measured = _capped("out_of_core_llama:decode", {
-                    "gguf": str(setup.gguf[routing]), "tokens": TOKENS["llama_cpp"],
+                    "gguf": str(setup.gguf[routing]), "tokens": tokens["llama_cpp"],
                     "prompt_tokens": PROMPT_TOKENS, "prompt_seed": MEASURED_PROMPT},
                     limit, cgroup_version, python=setup.peer_python)
                 doc["runs"].append({"routing": routing, "engine": "llama_cpp", "policy": "mmap",
@@ -157,12 +173,6 @@ def run_section(setup: Setup) -> dict[str, Any]:
                                     **_summary(measured)})
     doc["summary"] = summarize(doc["runs"])
     return doc
-
-
-def expert_count() -> int:
-    cfg = OOC_CONFIG
-    return int((cfg["num_hidden_layers"] - cfg["first_k_dense_replace"])
-               * cfg["n_routed_experts"])
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -173,7 +183,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
 
 def _capped_row(routing: str, engine: str, policy: str, fraction: float, limit: int,
                 measured: dict[str, Any], in_ram: dict[str, Any], step_s: float | None,
-                bandwidth: float | None, per_token_all: int) -> dict[str, Any]:
+                bandwidth: float | None, per_token: int) -> dict[str, Any]:
     row: dict[str, Any] = {"routing": routing, "engine": engine, "policy": policy,
                            "cap_fraction": fraction, "cap_bytes": limit, **_summary(measured)}
     if "tokens" in measured and "tokens" in in_ram:
@@ -185,10 +195,23 @@ def _capped_row(routing: str, engine: str, policy: str, fraction: float, limit: 
         bound = 1.0 / max(read_s, step_s)
         row["bound_tok_s"] = bound
         row["ratio_to_bound"] = measured["tok_s"] / bound
-    if bandwidth and step_s:
-        row["predicted"] = predict_decode(hit_rate=fraction, bytes_per_token=per_token_all,
-                                          read_gb_s=bandwidth, step_s=step_s)
     return row
+
+
+def _prediction(model: Path, usage: Path, fraction: float, size: ModelBytes, bandwidth: float,
+                step_s: float) -> dict[str, float]:
+    """``colibri plan``'s prediction for this cap: the cache holds ``fraction`` of the
+    experts, the hottest ones by the usage history where there is one."""
+    from colibri.reference.config import ModelConfig
+
+    cfg = ModelConfig.from_dir(model)
+    hit = fraction
+    if usage.is_file():
+        ranked = ranked_usage(usage, cfg)
+        routed = sum(cfg.is_sparse(i) for i in range(cfg.num_hidden_layers))
+        hit = usage_hit_rate(ranked, int(fraction * routed * cfg.n_routed_experts))
+    return predict_decode(hit_rate=hit, bytes_per_token=size.per_token, read_gb_s=bandwidth,
+                          step_s=step_s)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -221,14 +244,15 @@ def run(options: BenchOptions) -> dict[str, Any]:
     ``tools/llama_cpp_gguf.py --model DIR --out FILE``)."""
     from colibri.benchmarks.decode import peer_python
 
-    models = {routing: model_dir(options.cache_dir, routing) for routing in ROUTINGS}
+    models = ensure_models(options.cache_dir)
     gguf = {routing: options.cache_dir / "gguf" / f"{path.name}-f32.gguf"
             for routing, path in models.items()}
     python = peer_python(options)
     peer = None
     if options.peers and all(p.is_file() for p in gguf.values()):
         peer = python if workers.importable(python, "llama_cpp", "numpy") else None
-    doc = run_section(Setup(options.cache_dir, peer_python=peer, gguf=gguf if peer else None))
+    doc = run_section(Setup(models, options.cache_dir, peer_python=peer,
+                            gguf=gguf if peer else None))
     if peer is None:
         doc["llama_cpp"] = (f"skipped: needs {', '.join(str(p) for p in gguf.values())} and "
                             f"an interpreter that imports llama_cpp (--peer-python; now {python})")

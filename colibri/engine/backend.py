@@ -33,7 +33,7 @@ TIER_RAM = 1
 TIER_VRAM = 2
 
 
-class BackendReadError(RuntimeError):
+class BackendReadError(Exception):
     """A step could not read model data it needed (a routed expert's bytes: a short read, an
     I/O error, a file truncated under the engine). The step changed no state; the engine ends
     the requests it carried with ``ERROR <id> EXPERT_READ`` and keeps serving."""

@@ -107,8 +107,10 @@ def test_kernel_arguments_are_checked_before_c_sees_them() -> None:
     # A C-level refusal comes back as a code and a named error.
     status = k.lib.col_matmul(k.pool, 0, 1, 8, 8, w.ptr, 9, 4, 0, 4)
     assert status == 3
+    from colibri.accelerated.binding import raise_for
+
     with pytest.raises(KernelUnsupportedDtype, match="unsupported weight dtype"):
-        k._check(status, "col_matmul")
+        raise_for(k.lib, status, "col_matmul")
     k.close()
 
 

@@ -39,7 +39,7 @@ def test_main_prints_one_current_line_when_nothing_was_compiled(
                                                          (Path("/o/avx2/lib.so"), False)])
     assert native_build.main([]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"C library in {native_build.DEFAULT_OUT} is current (2 variant(s))"]
+        f"C library in {native_build.DEFAULT_OUT} is current (2 file(s))"]
     monkeypatch.setattr(native_build, "build", lambda: [(Path("/o/generic/lib.so"), False),
                                                          (Path("/o/avx2/lib.so"), True)])
     assert native_build.main([]) == 0

@@ -1,5 +1,7 @@
 """Compile the control plane with mypyc, incrementally, into ``build/mypyc`` (what ``make
-build`` runs: ``python -m colibri.accelerated.mypyc_build``).
+build`` runs: ``python -m colibri.control_plane_build``), beside ``colibri.control_plane``,
+which decides whether a process loads it. The step has the shape of every build step
+(``colibri.accelerated.native_build``).
 
 The control plane is every module of ``colibri.engine`` and ``colibri.text`` but the package
 ``__init__`` files (``colibri.control_plane.control_plane_sources``). They are compiled as one
@@ -13,7 +15,8 @@ Nothing lands next to a ``.py`` file, so the interpreted engine stays interprete
 process that calls ``colibri.control_plane.activate`` imports these (``--accelerated``).
 
 The build is skipped when the manifest's stamp (SHA-256 of the sources, the mypy version, the
-Python ABI and the optimisation level) is current. ``--force`` rebuilds regardless.
+Python ABI and the optimisation level) is current. ``--force`` rebuilds regardless. The C
+compiler is the C library's (``native_build.compiler``).
 """
 
 from __future__ import annotations
@@ -25,23 +28,15 @@ import os
 import sys
 import sysconfig
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from colibri import control_plane
+from colibri.accelerated.native_build import BuildError, ToolMissing, compiler, run_step
 
 GROUP = "colibri_cp"
 OPT_LEVEL = "3"
-
-
-class BuildError(RuntimeError):
-    """mypyc or the C compiler refused the control plane (the message says which)."""
-
-
-class ToolMissing(BuildError):
-    """No C compiler or no mypyc here: the control plane stays interpreted (not an error)."""
 
 
 def mypy_version() -> str | None:
@@ -139,8 +134,6 @@ def build(out: Path | None = None, *, force: bool = False, root: Path | None = N
     build_stamp = stamp(digest, mypy)
     if not force and is_current(target, build_stamp):
         return False
-    from colibri.accelerated.native_build import compiler
-
     if compiler() is None:
         raise ToolMissing("no C compiler found (set CC, or install cc/gcc/clang)")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -172,28 +165,19 @@ def build(out: Path | None = None, *, force: bool = False, root: Path | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colibri.accelerated.mypyc_build",
+    parser = argparse.ArgumentParser(prog="python -m colibri.control_plane_build",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="build directory (default: build/mypyc)")
     parser.add_argument("--force", action="store_true", help="rebuild even when current")
     args = parser.parse_args(argv)
-    started = time.monotonic()
-    try:
-        compiled = build(args.out, force=args.force)
-    except ToolMissing as exc:
-        print(f"colibri: NOT compiling the control plane with mypyc: {exc}; --accelerated "
-              "runs it interpreted", file=sys.stderr)
-        return 0
-    except BuildError as exc:
-        print(f"colibri control-plane build failed: {exc}", file=sys.stderr)
-        return 1
     where = args.out or control_plane.default_build_dir()
-    if compiled:
-        print(f"built the mypyc control plane in {where} ({time.monotonic() - started:.1f} s)")
-    else:
-        print(f"mypyc control plane in {where} is current")
-    return 0
+    return run_step("mypyc control plane", where,
+                    lambda: [(where / control_plane.MANIFEST_NAME,
+                              build(args.out, force=args.force))],
+                    "--accelerated runs the control plane interpreted")
 
+
+__all__ = ["BuildError", "ToolMissing", "build", "is_current", "main", "stamp"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
