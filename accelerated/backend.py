@@ -144,9 +144,7 @@ def _expert_tiers(model: Model, model_dir: Path, options: BackendOptions, log: T
     memory = ExpertMemory(
         dense=dense,
         kv_floats_per_position=model.new_state().floats_per_position,
-        runtime=runtime_bytes(dense), held_bytes=stored_expert_bytes(checkpoint),
-        # The decoder stack keeps a step's experts until the step ends.
-        held_layers=len(rows))
+        runtime=runtime_bytes(dense), held_bytes=stored_expert_bytes(checkpoint))
     return open_tiers(checkpoint, cfg, rows, read, build, memory,
                       ram_budget_bytes=options.ram_budget_bytes, kv_slots=options.kv_slots,
                       ctx=options.ctx, log=log,

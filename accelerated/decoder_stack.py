@@ -78,6 +78,9 @@ class DecoderStack:
                     started = time.perf_counter()  # the expert products only: reads are disk
                     self.blocks[last].routed_held(k, x, h, chosen[last], weights[last])
                     clock.matmul_s += time.perf_counter() - started
+                    # Experts read into process memory go now, not at the step's end: under a
+                    # RAM budget a step holds one layer's experts beyond the cache, not all.
+                    self.blocks[last].release()
                 at = last + 1
         finally:
             for block in self.blocks[first:end]:

@@ -128,12 +128,11 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Refer
         return expert_from_stored(stored, layer, expert, cfg, container)
 
     float32_bytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4
-    # Float32 experts, and each layer's let go before the next layer's are asked for.
+    # Float32 experts (the math reads them one at a time).
     dense = dense_bytes(checkpoint, cfg, rows)
     memory = ExpertMemory(dense=dense,
                           kv_floats_per_position=model.new_state().floats_per_position,
-                          runtime=runtime_bytes(dense), held_bytes=lambda _l, _e: float32_bytes,
-                          held_layers=1)
+                          runtime=runtime_bytes(dense), held_bytes=lambda _l, _e: float32_bytes)
     try:
         tiers = open_tiers(checkpoint, cfg, rows, read, build, memory,
                            ram_budget_bytes=options.ram_budget_bytes, kv_slots=options.kv_slots,

@@ -22,6 +22,8 @@ from colibri.reference.config import ModelConfig
 from colibri.reference.experts import stored_expert_bytes
 from colibri.reference.safetensors import Checkpoint
 
+#: Rows a step may forward at once under a budget (a prefill's chunk), at most.
+STEP_ROWS = 8
 #: A backend's expert from its stored tensors: (stored, layer, expert) -> what it computes
 #: with (``ExpertWeights`` for the reference, the accelerated engine's ``Expert``).
 BuildExpert = Callable[[StoredTensors, int, int], Any]
@@ -41,9 +43,6 @@ class ExpertMemory:
     #: Bytes one read expert occupies (stored bytes for a backend computing on them in place,
     #: float32 for one that converts).
     held_bytes: StoredBytes
-    #: Layers whose experts a step holds at once (the accelerated stack keeps a token's
-    #: experts until the step ends; the reference lets each layer's go).
-    held_layers: int
 
 
 @dataclass(frozen=True)
@@ -76,10 +75,16 @@ def open_tiers(checkpoint: Checkpoint, cfg: ModelConfig, rows: Sequence[int],
         return Tiers(TieredExpertStore(mapped, cfg, rows, 0, stored), None, None, None)
     largest = max((memory.held_bytes(layer, 0) for layer in rows), default=0)
     top_k = cfg.num_experts_per_tok
-    budget = split_budget(
-        ram_budget_bytes, runtime=memory.runtime, dense=memory.dense,
-        kv=kv_bytes(kv_slots, ctx, memory.kv_floats_per_position),
-        step=memory.held_layers * top_k * largest)
+    kv = kv_bytes(kv_slots, ctx, memory.kv_floats_per_position)
+    # A step holds one layer's experts for its rows while they compute, beyond what the cache
+    # keeps: up to ``rows * top_k`` of them. The reserve is for STEP_ROWS rows, fewer where
+    # they would take more than a quarter of what the budget leaves for experts; a longer step
+    # (a prefill) is forwarded that many rows at a time.
+    per_row = top_k * max(largest, 1)
+    left = ram_budget_bytes - memory.runtime - memory.dense - kv
+    step_rows = max(1, min(STEP_ROWS, left // (4 * per_row)))
+    budget = split_budget(ram_budget_bytes, runtime=memory.runtime, dense=memory.dense, kv=kv,
+                          step=step_rows * per_row)
     disk = DiskTier(checkpoint_extents(checkpoint))
 
     def read(layer: int, expert: int) -> Any:
@@ -92,11 +97,7 @@ def open_tiers(checkpoint: Checkpoint, cfg: ModelConfig, rows: Sequence[int],
     # which holds no expert.
     store = TieredExpertStore(read, cfg, rows, max(1, budget.experts), stored, read_many=read_many,
                               held_bytes=memory.held_bytes)
-    # One layer's distinct experts for a chunk of rows must fit the cache plus the step's
-    # reserve; more rows are forwarded in several chunks (a row's bytes do not depend on its
-    # neighbours, so the split changes nothing but the peak).
-    per_row = top_k * max(largest, 1)
-    max_rows = max(1, (budget.experts + budget.step) // per_row) if rows else None
+    max_rows = step_rows if rows else None
     print(f"== {budget.describe()}; experts read from disk "
           f"({'O_DIRECT' if disk.counters.direct else 'buffered'}) ==", file=log)
     return Tiers(store, budget, disk, max_rows, rss_guard_bytes or ram_budget_bytes)

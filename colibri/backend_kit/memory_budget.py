@@ -12,12 +12,12 @@ any expert is read, and gives the routed-expert tiers (pinned hot set + LRU) onl
   resident as the model runs, and a memory cgroup charges them);
 - **kv**: every KV slot at the full context, with the growth headroom the states keep
   (``KVLayer`` grows by doubling, so up to twice the rows in use);
-- **step**: one layer's routed experts for one token, held while they compute even when the
-  cache has let them go.
+- **step**: one layer's routed experts for a step's rows (a few rows, ``expert_tiers``),
+  held while they compute even when the cache has let them go.
 
-What is left is the expert cache. A budget that leaves less than one layer's experts for one
-token cannot run a step without exceeding it, so start-up refuses it with ``BudgetTooSmall``
-naming the minimum for this model and context.
+What is left is the expert cache. A budget that cannot hold one layer's experts for one token
+beside the rest cannot run a step without exceeding it, so start-up refuses it with
+``BudgetTooSmall`` naming the minimum for this model and context.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class MemoryBudget:
 
     def describe(self) -> str:
         return (f"RAM budget {self.total / GB:.2f} GB: runtime {self.runtime / GB:.2f}, dense "
-                f"{self.dense / GB:.2f}, KV {self.kv / GB:.2f}, one step's experts "
+                f"{self.dense / GB:.2f}, KV {self.kv / GB:.2f}, a step's experts "
                 f"{self.step / GB:.2f}, expert cache {self.experts / GB:.2f} GB "
                 f"({self.experts} bytes)")
 
@@ -66,7 +66,7 @@ def split_budget(total: int, *, runtime: int, dense: int, kv: int, step: int) ->
         raise BudgetTooSmall(
             f"RAM_GB={total / GB:.3f} is too small for this model and context: the runtime "
             f"({runtime / GB:.3f} GB), the dense weights ({dense / GB:.3f} GB), the KV caches "
-            f"({kv / GB:.3f} GB) and one layer's experts for a token ({step / GB:.3f} GB) need "
+            f"({kv / GB:.3f} GB) and the experts a step holds ({step / GB:.3f} GB) need "
             f"at least RAM_GB={need / GB:.9f}")
     return budget
 
