@@ -59,6 +59,8 @@ PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "col_decoder_layers": (c_int, [_P, _P, _Z, _Z, _Z, _P, _P, _P, _P, _P, _P, _Z, _P, _P, _P,
                                    _P]),
     "col_layer_routed": (c_int, [_P, _P, _Z, _P, _P, _P, _P]),
+    "col_layer_experts": (c_int, [_P, _P, _Z, _P, _P, _P, _P]),
+    "col_layer_combine": (c_int, [_P, _Z, _P, _P, _P, _P, _P]),
     "coli_q_sizes": (c_int, [c_int, c_int, _I64, _I64, POINTER(_I64), POINTER(_I64)]),
     "coli_q_check": (c_int, [c_int, c_int, _P, _I64, _P, _I64, _I64, _I64]),
     "coli_q_matmul": (c_int, [c_int, c_int, _P, _I64, _P, _I64, _I64, _I64, _P, _I64, _I64, _P,

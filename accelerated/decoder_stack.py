@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +30,9 @@ from colibri.backend_kit.phase_clock import PhaseClock
 I32 = npt.NDArray[np.int32]
 #: The expert store's batch lookup: (layer index, distinct experts ascending) -> the experts.
 Lookup = Callable[[int, list[int]], list[Expert]]
+#: Its two-half form (``TieredExpertStore.experts_begin``): the lookups made, the resident
+#: experts at hand and the misses' reads in flight; None from a store without it.
+Begin = Callable[[int, list[int]], Any]
 
 
 class DecoderStack:
@@ -43,7 +47,7 @@ class DecoderStack:
 
     def run(self, k: Kernels, x: F32, rope: tuple[F32, F32], caches: Sequence[Sequence[KVLayer]],
             slots: Sequence[int], lookup: Lookup, clock: PhaseClock, first: int = 0,
-            end: int | None = None) -> list[I32]:
+            end: int | None = None, begin: Begin | None = None) -> list[I32]:
         """x [m, d] through blocks [first, end) in place (``caches[i]``: the rows' caches of
         block ``first + i``; row r writes slot ``slots[r]``); returns each routed layer's
         choices [m, top_k]."""
@@ -68,16 +72,26 @@ class DecoderStack:
                 stopped = k.decoder_layers(self.records, at, end, x, h, cos, sin, table, slot_a,
                                            chosen, weights, seconds)
                 last = end - 1 if stopped is None else stopped
+                pending = None
                 for i in range(at, last + 1):
                     block = self.blocks[i]
-                    if block.routed:
-                        ids = np.unique(chosen[i]).tolist()
+                    if not block.routed:
+                        continue
+                    ids = np.unique(chosen[i]).tolist()
+                    if i == stopped and begin is not None:
+                        pending = begin(block.layer.index, ids)
+                    if pending is None:
                         for e, ex in zip(ids, lookup(block.layer.index, ids), strict=True):
                             block.hold(e, ex)
                 if stopped is not None:
-                    started = time.perf_counter()  # the expert products only: reads are disk
-                    self.blocks[last].routed_held(k, x, h, chosen[last], weights[last])
-                    clock.matmul_s += time.perf_counter() - started
+                    block = self.blocks[last]
+                    if pending is None:
+                        started = time.perf_counter()  # the expert products only
+                        block.routed_held(k, x, h, chosen[last], weights[last])
+                        clock.matmul_s += time.perf_counter() - started
+                    else:
+                        self._overlapped(k, block, x, h, chosen[last], weights[last],
+                                         pending, clock)
                     # Experts read into process memory go now, not at the step's end: under a
                     # RAM budget a step holds one layer's experts beyond the cache, not all.
                     self.blocks[last].release()
@@ -88,3 +102,25 @@ class DecoderStack:
         clock.attention_s += float(seconds[0])
         clock.matmul_s += float(seconds[1])
         return [chosen[i] for i in range(first, end) if self.blocks[i].routed]
+
+    @staticmethod
+    def _overlapped(k: Kernels, block: LayerBlock, x: F32, h: F32, chosen: I32, weights: F32,
+                    pending: Any, clock: PhaseClock) -> None:
+        """A routed layer whose misses are being read: its resident experts (and the shared
+        one) run while the reads are in flight, the rest once they arrive, then the weighted
+        sum; the bytes are ``routed_held``'s (every output lands in its place, the sum runs
+        once over all of them)."""
+        for e, ex in pending.resident():
+            block.hold(e, ex)
+        m, d = x.shape
+        y = np.empty(((chosen.shape[1] + 1) * m, d), np.float32)
+        done = np.zeros(block.cfg.n_routed_experts + 1, np.uint8)
+        started = time.perf_counter()  # the expert products only: reads are disk time
+        block.experts_held(k, h, chosen, y, done)
+        clock.matmul_s += time.perf_counter() - started
+        for e, ex in pending.wait():
+            block.hold(e, ex)
+        started = time.perf_counter()
+        block.experts_held(k, h, chosen, y, done)
+        block.combine(k, x, chosen, weights, y, done)
+        clock.matmul_s += time.perf_counter() - started

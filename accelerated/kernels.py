@@ -344,6 +344,34 @@ class Kernels:
         self._check(status, "col_decoder_layers")
         return None
 
+    def layer_experts(self, record: int, h: F32, chosen: I32, y: F32,
+                      done: npt.NDArray[np.uint8]) -> None:
+        """Into y, the outputs of the chosen experts of ``record`` that have descriptors and
+        are not ``done`` yet (and of the shared expert), marking them done
+        (``col_layer_experts``; ``layer_combine`` finishes the layer)."""
+        m, d = h.shape
+        if (chosen.ndim != 2 or chosen.shape[0] != m or chosen.dtype != np.int32
+                or not chosen.flags.c_contiguous or done.dtype != np.uint8
+                or not done.flags.c_contiguous or y.shape != ((chosen.shape[1] + 1) * m, d)):
+            raise KernelInvalidArgument("layer experts: chosen, y or done do not match h")
+        self._check(self.lib.col_layer_experts(
+            self.pool, record, m, f32_ptr(h, m * d, "h"), chosen.ctypes.data,
+            f32_ptr(y, y.size, "y"), done.ctypes.data), "col_layer_experts")
+
+    def layer_combine(self, record: int, x: F32, chosen: I32, weights: F32, y: F32,
+                      done: npt.NDArray[np.uint8]) -> None:
+        """x += the weighted sum of the experts' outputs in y (+ the shared expert's), once
+        every chosen expert is done (``col_layer_combine``)."""
+        m, d = x.shape
+        if (chosen.ndim != 2 or chosen.shape[0] != m or chosen.dtype != np.int32
+                or not chosen.flags.c_contiguous or done.dtype != np.uint8
+                or y.shape != ((chosen.shape[1] + 1) * m, d)):
+            raise KernelInvalidArgument("layer combine: chosen, y or done do not match x")
+        self._check(self.lib.col_layer_combine(
+            record, m, chosen.ctypes.data, f32_ptr(weights, chosen.size, "weights"),
+            f32_ptr(y, y.size, "y"), done.ctypes.data, f32_ptr(x, m * d, "x")),
+            "col_layer_combine")
+
     def layer_routed(self, record: int, x: F32, h: F32, chosen: I32, weights: F32) -> None:
         """x += the chosen experts' weighted outputs (+ the shared expert) over h, in place,
         from the expert table of ``record`` (``col_layer_routed``)."""

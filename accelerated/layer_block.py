@@ -146,6 +146,18 @@ class LayerBlock:
                 ptrs[j, r] = f32_ptr(a, (slot + 1) * cache.widths[name], f"{name} cache")
         return ptrs
 
+    def experts_held(self, k: Kernels, h: F32, chosen: I32, y: F32,
+                     done: npt.NDArray[np.uint8]) -> None:
+        """Run the held experts the layer chose that are not done yet (and the shared
+        expert) into y: the first half of ``routed_held``, in as many rounds as the experts
+        arrive (``col_layer_experts``)."""
+        k.layer_experts(self.address, h, chosen, y, done)
+
+    def combine(self, k: Kernels, x: F32, chosen: I32, weights: F32, y: F32,
+                done: npt.NDArray[np.uint8]) -> None:
+        """The second half: x += the weighted sum of y (``col_layer_combine``)."""
+        k.layer_combine(self.address, x, chosen, weights, y, done)
+
     def routed_held(self, k: Kernels, x: F32, h: F32, chosen: I32, weights: F32) -> None:
         """x += the chosen experts' weighted outputs (+ the shared expert) in place, over
         the held experts (``col_layer_routed``)."""

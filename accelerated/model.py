@@ -170,6 +170,12 @@ class Model(RowModel):
                             f"{[type(ex).__name__ for ex in found]} for experts {ids}")
         return found
 
+    def experts_begin(self, layer: int, ids: list[int]) -> Any:
+        """The store's two-half lookup (``TieredExpertStore.experts_begin``: the resident
+        experts now, the misses' reads in flight), or None for a store without one."""
+        begin = getattr(self.store, "experts_begin", None)
+        return begin(layer, ids) if callable(begin) else None
+
     def close(self) -> None:
         self.kernels.close()
 
@@ -220,7 +226,7 @@ class Model(RowModel):
             x = np.array(x, dtype=np.float32, order="C")  # the stack updates it in place
             routes += self._decoder_stack().run(
                 self.kernels, x, rope, [[s.layers[i] for s in states] for i in range(first, end)],
-                positions, self.experts, self.clock, first, end)
+                positions, self.experts, self.clock, first, end, begin=self.experts_begin)
             first = end
         return x, routes
 
@@ -272,7 +278,7 @@ class Model(RowModel):
                                            self.config.num_experts_per_tok)
         z = np.array(z, dtype=np.float32, order="C")  # updated in place
         routes = self._mtp_stack.run(self.kernels, z, rope, [caches], slots, self.experts,
-                                     self.clock)
+                                     self.clock, begin=self.experts_begin)
         return z, keeps, routes[0]
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------

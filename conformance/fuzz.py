@@ -17,6 +17,9 @@ from colibri.conformance.grammar import Grammar
 from colibri.conformance.outcome import CheckFailure
 from colibri.conformance.prompts import PromptCodec
 
+from colibri.protocol import SubmitRequest
+from colibri.protocol.records import Submit
+
 #: Ids far away from anything the noise can produce, so noise never names the sentinel.
 SENTINEL_ID = 987654321
 SENTINEL_PROMPT = "The sentinel request keeps decoding"
@@ -94,12 +97,9 @@ def run_fuzz(
     ``commands`` replaces the seeded noise (the pytest suite feeds hypothesis examples).
     """
     payload = codec.encode(SENTINEL_PROMPT)
-    ext = " 0 ids=1" if payload.ids else ""
-    frame = (
-        f"SUBMIT {SENTINEL_ID} {slot} {len(payload.data)} 12 0 1{ext}\n".encode()
-        + payload.data
-        + b"\n"
-    )
+    ext = {"ids": 1} if payload.ids else {}
+    frame = Submit(SENTINEL_ID, SubmitRequest(slot, payload.data, 12, 0.0, 1.0,
+                                              extensions=ext)).encode()
     start = len(engine.frames)
     engine.send(frame)
     engine.wait_for(

@@ -28,6 +28,9 @@ from colibri.conformance.engine import (
 )
 from colibri.conformance.prompts import PromptCodec
 
+from colibri.protocol import SubmitRequest
+from colibri.protocol.records import Stop, Submit
+
 PROBE_ID = 7
 UNKNOWN_ID = 424243
 
@@ -41,9 +44,9 @@ def probe_turn(target: EngineTarget, codec: PromptCodec, timeout: float) -> set[
         start = len(session.frames)
         # ids=1 only when the caller chose id payloads (--prompts ids): it then knows the
         # engine takes them; otherwise the request is the seed's six fields.
-        ext = " 0 ids=1" if codec.ids_mode else ""
-        header = f"SUBMIT {PROBE_ID} 0 {len(payload)} 2 0 1{ext}\n"
-        session.send(header.encode() + payload + b"\n")
+        ext = {"ids": 1} if codec.ids_mode else {}
+        session.send(Submit(PROBE_ID, SubmitRequest(0, payload, 2, 0.0, 1.0,
+                                                    extensions=ext)).encode())
         try:
             session.wait_for(
                 lambda f: f.kind in ("DONE", "ERROR") and f.request_id == PROBE_ID,
@@ -66,7 +69,7 @@ def probe_turn(target: EngineTarget, codec: PromptCodec, timeout: float) -> set[
         if len(kinds) >= 2 and kinds[-1] == "DONE" and kinds[-2] == "PROF":
             found.add("prof")
         after = len(session.frames)
-        session.send(f"STOP {UNKNOWN_ID}\n".encode())
+        session.send(Stop(UNKNOWN_ID).encode())
         answer = session.wait_for(lambda f: f.kind == "ERROR", timeout, "the STOP's answer",
                                   start=after)
         if answer.request_id == UNKNOWN_ID and answer.fields[2:3] == ["NOT_FOUND"]:

@@ -18,54 +18,33 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from colibri.server import frames
-from colibri.server.frames import DoneStats, FrameError, TokenRecord, TurnTelemetry
+from colibri.server.engine_events import (
+    Accept,
+    Data,
+    Done,
+    DoneStats,
+    Echo,
+    EngineDied,
+    EngineErrorFrame,
+    Event,
+    TokenRecord,
+    TurnTelemetry,
+)
 
-from colibri.protocol import BROKEN, FrameParser, SubmitRequest, WireFrame
-from colibri.protocol.records import Cancel, Stop, Submit
+from colibri.protocol import BROKEN, SPEC, FrameParser, ProtocolViolation, SubmitRequest, WireFrame
+from colibri.protocol import records as r
+from colibri.protocol.lines import parse_line
+
+__all__ = [
+    "Accept", "Data", "Done", "Echo", "EngineDied", "EngineErrorFrame", "EngineProcess",
+    "EngineStartError", "Event", "SubmitRequest", "Telemetry", "submit_header",
+]
 
 #: How much of the engine's stdout one read takes.
 _READ_CHUNK = 1 << 16
 
-
-@dataclass(frozen=True)
-class Accept:
-    prompt_tokens: int
-
-
-@dataclass(frozen=True)
-class Data:
-    payload: bytes
-    record: TokenRecord | None
-    #: The numeric tail could not be read: this request fails, the engine carries on.
-    malformed: bool = False
-
-
-@dataclass(frozen=True)
-class Echo:
-    payload: bytes
-    position: int
-    record: TokenRecord | None
-
-
-@dataclass(frozen=True)
-class Done:
-    stats: DoneStats
-    telemetry: TurnTelemetry
-
-
-@dataclass(frozen=True)
-class EngineErrorFrame:
-    code: str
-    args: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class EngineDied:
-    reason: str
-
-
-Event = Accept | Data | Echo | Done | EngineErrorFrame | EngineDied
+#: The startup lines an engine sends after READY, in order (spec/protocol.json).
+HANDSHAKE: tuple[str, ...] = tuple(SPEC.mux["handshake"])
 
 
 class EngineStartError(RuntimeError):
@@ -94,7 +73,7 @@ HANDSHAKE_TAIL_S = 0.5
 
 def submit_header(request_id: int, request: SubmitRequest) -> bytes:
     """The SUBMIT line; gbytes is written whenever there is a grammar or an extension."""
-    return Submit(request_id, request).line().encode("ascii") + b"\n"
+    return r.Submit(request_id, request).line().encode("ascii") + b"\n"
 
 
 class EngineProcess:
@@ -129,7 +108,7 @@ class EngineProcess:
         try:
             await asyncio.wait_for(self._await_ready(self.process.stdout), ready_timeout)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                FrameError, ValueError) as exc:
+                ValueError) as exc:
             code = await self._reap()
             raise EngineStartError(
                 f"engine {self.argv[0]!r} did not become READY (exit status {code})") from exc
@@ -150,7 +129,8 @@ class EngineProcess:
             self._frames.extend(self._parser.feed(chunk))
         frame = self._frames.popleft()
         if frame.kind == BROKEN:
-            raise FrameError(f"invalid engine output ({frame.problem}): {frame.describe()!r}")
+            raise ProtocolViolation(frame.kind, f"invalid engine output ({frame.problem})",
+                                    frame.describe())
         return frame
 
     async def _await_ready(self, stdout: asyncio.StreamReader) -> None:
@@ -161,7 +141,7 @@ class EngineProcess:
         # engine ready, so capabilities such as per-request seeds are known before the first
         # request. colibri's own engines put CAPS before STAT and stop after EMAP; lines after
         # STAT are awaited briefly only, so an engine with a shorter handshake still starts.
-        last = frames.HANDSHAKE[-1]
+        last = HANDSHAKE[-1]
         seen_stat = False
         while True:
             try:
@@ -170,15 +150,12 @@ class EngineProcess:
                 return
             if frame is None:
                 raise asyncio.IncompleteReadError(b"", None)
-            text = frame.header.decode("utf-8", "replace")
-            fields = text.split()
-            if not fields:
-                continue
             if frame.payload is not None:
-                raise FrameError("unexpected payload frame during the handshake")
-            self._dispatch(fields[0], fields, b"", text)
-            seen_stat = seen_stat or fields[0] == "STAT"
-            if fields[0] == last:
+                raise ProtocolViolation(frame.kind, "a payload frame during the handshake",
+                                        frame.describe())
+            self._dispatch(frame)
+            seen_stat = seen_stat or frame.kind == "STAT"
+            if frame.kind == last:
                 return
 
     async def _reap(self) -> int | None:
@@ -202,7 +179,7 @@ class EngineProcess:
         self._next_id += 1
         queue: asyncio.Queue[Event] = asyncio.Queue()
         self._queues[request_id] = queue
-        frame = Submit(request_id, request).encode()
+        frame = r.Submit(request_id, request).encode()
         try:
             await self._write(frame)
         except (BrokenPipeError, ConnectionResetError):
@@ -213,12 +190,12 @@ class EngineProcess:
     async def stop(self, request_id: int) -> None:
         if request_id in self._queues:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await self._write(Stop(request_id).encode())
+                await self._write(r.Stop(request_id).encode())
 
     async def cancel(self, request_id: int) -> None:
         if request_id in self._queues:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                await self._write(Cancel(request_id).encode())
+                await self._write(r.Cancel(request_id).encode())
 
     def release(self, request_id: int) -> None:
         """Forget a request (after its terminal event, or when its caller gave up)."""
@@ -236,11 +213,8 @@ class EngineProcess:
         reason = "engine closed its stdout"
         try:
             while (frame := await self._next_frame(stdout)) is not None:
-                text = frame.header.decode("utf-8", "replace")
-                fields = text.split()
-                if fields:
-                    self._dispatch(fields[0], fields, frame.payload or b"", text)
-        except (FrameError, asyncio.IncompleteReadError, ValueError) as exc:
+                self._dispatch(frame)
+        except (asyncio.IncompleteReadError, ValueError) as exc:
             reason = f"engine protocol error: {exc}"
         except asyncio.CancelledError:
             reason = "engine client closed"
@@ -252,67 +226,94 @@ class EngineProcess:
         if self.exited is not None and not self.exited.done():
             self.exited.set_result(message)
 
-    def _deliver(self, fields: list[str], event: Event, terminal: bool) -> None:
-        try:
-            request_id = int(fields[1])
-        except (IndexError, ValueError):
+    def _deliver(self, frame: WireFrame, event: Event, terminal: bool) -> None:
+        request_id = frame.request_id
+        if request_id is None:
             return
         queue = self._queues.pop(request_id, None) if terminal else self._queues.get(
             request_id)
         if queue is not None:
             queue.put_nowait(event)
 
-    def _dispatch(self, kind: str, fields: list[str], payload: bytes, line: str) -> None:
-        tele = self.telemetry
-        if kind == "DATA":
-            try:
-                data = Data(payload, frames.parse_logprob_tail(fields[3:]))
-            except FrameError:
-                data = Data(payload, None, malformed=True)
-            self._deliver(fields, data, False)
-        elif kind == "ECHO":
-            if len(fields) < 4:
-                raise FrameError("ECHO needs a position")
-            position = int(fields[3])
-            self._deliver(fields, Echo(payload, position,
-                                       frames.parse_logprob_tail(fields[4:])), False)
-        elif kind == "ACCEPT":
-            if len(fields) < 3:
-                raise FrameError("ACCEPT needs a token count")
-            self._deliver(fields, Accept(int(fields[2])), False)
-        elif kind == "DONE":
-            stats = frames.parse_done(fields)
-            turn, self._turn = self._turn, TurnTelemetry()
-            self._deliver(fields, Done(stats, turn), True)
-        elif kind == "ERROR":
-            if len(fields) < 3:
-                raise FrameError("ERROR needs a code")
-            self._deliver(fields, EngineErrorFrame(fields[2], tuple(fields[3:])), True)
-        elif kind == "HWINFO":
-            tele.hwinfo = frames.parse_hwinfo(line)
-        elif kind == "TIERS":
-            tele.tiers = frames.parse_tiers(fields)
-        elif kind == "EMAP":
-            tele.emap = frames.parse_bitmap(fields)
-        elif kind == "HITS":
-            tele.hits = frames.parse_bitmap(fields)[2]
-            tele.hits_seq += 1
-        elif kind == "PROF":
-            prof = frames.parse_prof(fields)
-            self._turn.perf = prof
-            tele.profile.append(prof)
-            del tele.profile[:-PROFILE_RING]
-            tele.profile_seq += 1
-        elif kind == "ENTROPY":
-            self._turn.entropy = [float(v) for v in fields[1:]]
-        elif kind == "GPUS":
-            self._turn.gpus = frames.parse_gpus(fields)
-        elif kind == "REPIN" and len(fields) == 5:
-            self._turn.repin.append({"layer": int(fields[1]), "expert": int(fields[2]),
-                                     "old_tier": int(fields[3]), "gpu": int(fields[4])})
-        elif kind == "CAPS":
-            tele.caps.update(frames.parse_caps(fields))
-        # STAT, PERF, TOPK, GPUDETAIL and unknown kinds are advisory: ignored.
+    def _dispatch(self, frame: WireFrame) -> None:
+        """One frame into an event or the telemetry. The kinds the server has no use for
+        (STAT, PERF, TOPK) and unknown kinds are not read at all (forward compatibility); a
+        known kind is read with the codec's tolerant reading, and a line it cannot read is a
+        protocol error (``ProtocolViolation``) that ends this engine, except a DATA's, which
+        fails only its request."""
+        if frame.kind not in _READ:
+            return
+        text = frame.header.decode("utf-8", "replace")
+        try:
+            parsed = parse_line(text, strict=False)
+            assert parsed is not None
+            record = r.ENGINE_RECORDS[parsed.kind].from_line(parsed, text, frame.payload)
+        except ProtocolViolation:
+            if frame.kind != "DATA":
+                raise
+            self._deliver(frame, Data(frame.payload or b"", None, malformed=True), False)
+            return
+        self._take(frame, record, parsed.extra)
+
+    def _take(self, frame: WireFrame, record: r.Record, extra: tuple[str, ...]) -> None:
+        tele, turn = self.telemetry, self._turn
+        match record:
+            case r.Data(payload=payload, logprobs=logprobs):
+                top = logprobs.top if logprobs is not None else ()
+                # A top-k table that names a token twice is no distribution: the request fails.
+                bad = len({token for token, _ in top}) != len(top)
+                self._deliver(frame, Data(payload, None, malformed=True) if bad
+                              else Data(payload, TokenRecord.of(logprobs)), False)
+            case r.Echo():
+                self._deliver(frame, Echo(record.payload, record.pos,
+                                          TokenRecord.of(record.logprobs)), False)
+            case r.Accept():
+                self._deliver(frame, Accept(record.prompt_tokens), False)
+            case r.Done():
+                stats = DoneStats(record.emitted, record.tok_s, record.hit_pct, record.rss_gb,
+                                  record.prompt_tokens, record.length_limited)
+                self._turn = TurnTelemetry()
+                self._deliver(frame, Done(stats, turn), True)
+            case r.Error():
+                # CONTEXT_EXCEEDED's two numbers, or what another family writes there instead
+                # (key=value pairs), as the request's error arguments.
+                numbers = () if record.prompt_tokens is None else (
+                    str(record.prompt_tokens), str(record.limit))
+                self._deliver(frame, EngineErrorFrame(record.code, numbers + extra), True)
+            case r.HwInfo():
+                tele.hwinfo = {
+                    "cores": record.cores, "ram_total_gb": record.ram_total_gb,
+                    "ram_avail_gb": record.ram_avail_gb, "gpus": record.ngpu,
+                    "vram_total_gb": record.vram_total_gb, "cpu": record.cpu.strip(),
+                    "gpu": record.gpu.strip()}
+            case r.Tiers():
+                tele.tiers = {"vram": record.vram, "ram": record.ram, "disk": record.disk,
+                              "vram_gb": record.vram_gb, "ram_gb": record.ram_gb}
+            case r.Emap():
+                tele.emap = (record.rows, record.cols, record.map.hex())
+            case r.Hits():
+                tele.hits = record.bits.hex()
+                tele.hits_seq += 1
+            case r.Prof():
+                turn.perf = {
+                    "wall_s": record.wall_s, "prompt_tokens": record.prompt_tokens,
+                    "completion_tokens": record.completion_tokens,
+                    "expert_disk_s": record.edisk_s, "expert_wait_s": record.ewait_s,
+                    "expert_matmul_s": record.emm_s, "attention_s": record.attn_s,
+                    "lm_head_s": record.head_s, "forwards": record.forwards}
+                tele.profile.append(turn.perf)
+                del tele.profile[:-PROFILE_RING]
+                tele.profile_seq += 1
+            case r.Entropy():
+                turn.entropy = list(record.layers)
+            case r.Gpus():
+                turn.gpus = [{"used_gb": d.used_gb, "total_gb": d.total_gb,
+                              "experts": d.experts} for d in record.devices]
+            case r.Repin():
+                turn.repin.append({"layer": record.layer, "expert": record.eid,
+                                   "old_tier": record.old_tier, "gpu": record.gpu})
+            case r.Caps():
+                tele.caps.update((key, str(value)) for key, value in record.caps)
 
     # ---- shutdown -------------------------------------------------------------------
 
@@ -337,3 +338,8 @@ class EngineProcess:
         if self._reader is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
+
+
+#: The kinds the server reads; STAT, PERF, TOPK and kinds it does not know are advisory.
+_READ = frozenset({"ACCEPT", "DATA", "ECHO", "DONE", "ERROR", "CAPS", "HWINFO", "GPUS", "TIERS",
+                   "EMAP", "HITS", "PROF", "ENTROPY", "REPIN"})

@@ -33,8 +33,8 @@ from colibri.server.engine_client import (
     EngineProcess,
     Event,
 )
+from colibri.server.engine_events import DoneStats, TokenRecord, TurnTelemetry
 from colibri.server.errors import ClientCancelled, EngineFailure
-from colibri.server.frames import DoneStats, TokenRecord, TurnTelemetry
 from colibri.server.pipeline import OutputPipeline, Piece
 from colibri.server.supervisor import EngineUnavailable
 

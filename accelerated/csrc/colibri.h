@@ -183,6 +183,18 @@ int col_group_rows(const int32_t *chosen, size_t m, size_t k, size_t n_experts,
                    int64_t *used, size_t *n_used, int64_t *start, int64_t *rows,
                    int64_t *slot_row);
 
+/* col_layer_routed in two halves, so a caller can run the experts it holds while it reads
+ * the others. col_layer_experts writes, into y [m top_k + m, d] (rows grouped by expert as
+ * col_layer_routed groups them, the shared expert's block last), the outputs of every chosen
+ * expert that has a descriptor and whose done[e] is 0, and of the shared expert while
+ * done[n_router] is 0, and sets their done flags; col_layer_combine, once every chosen
+ * expert (and the shared one) is done, adds the weighted sum to x (COL_EMISSING before).
+ * Called in any number of rounds they give col_layer_routed's bytes. */
+int col_layer_experts(col_pool *pool, const col_layer *L, size_t m, const float *h,
+                      const int32_t *chosen, float *y, uint8_t *done);
+int col_layer_combine(const col_layer *L, size_t m, const int32_t *chosen,
+                      const float *weights, const float *y, const uint8_t *done, float *x);
+
 /* Decoder layers [first, end) over m rows without DSA selection, in one call: per layer the
  * attention block (spec §3-§5: row r's new latent, rope key and index key go to row slot[r]
  * of its caches and it attends to rows [0, slot[r]]; cos/sin [m, rope/2]), then a dense

@@ -147,26 +147,10 @@ done:
 /* col_moe over h [m, d], then x[r] += sum_s weights[r, s] * y[slot_row[r, s]] (s ascending)
  * + y[extra_row[r]] (the shared expert or a dense MLP; extra_row may be NULL), the sums in
  * that order, one rounding per operation. k may be 0 (a dense layer). */
-static int moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
-                        const int64_t *start, const int64_t *rows, const float *h, size_t m,
-                        size_t d, size_t k, const int64_t *slot_row, const float *weights,
-                        const int64_t *extra_row, float *x) {
-    if (x == NULL || (k && (slot_row == NULL || weights == NULL)) || start == NULL) {
-        return COL_EINVAL;
-    }
-    size_t total = n_experts ? (size_t)start[n_experts] : 0;
-    for (size_t i = 0; i < m * k; i++)
-        if (slot_row[i] < 0 || (size_t)slot_row[i] >= total) return COL_EINVAL;
-    if (extra_row)
-        for (size_t r = 0; r < m; r++)
-            if (extra_row[r] < 0 || (size_t)extra_row[r] >= total) return COL_EINVAL;
-    float *y = malloc((total ? total : 1) * d * sizeof(float));
-    if (y == NULL) return COL_ENOMEM;
-    int rc = col_moe(pool, n_experts, mats, start, rows, h, m, d, y);
-    if (rc) {
-        free(y);
-        return rc;
-    }
+/* x[r] += the router-weighted sum of row r's expert outputs y[slot_row[r k + s]] (k slots)
+ * and y[extra_row[r]] (the shared expert, or a dense layer's MLP with k = 0). */
+static void combine_rows(const float *y, size_t m, size_t d, size_t k, const int64_t *slot_row,
+                         const float *weights, const int64_t *extra_row, float *x) {
     /* Per element, in slot (ascending expert id) order, then the shared expert, then the
      * residual: the additions numpy made, one rounding each (no fused multiply-add). */
     for (size_t r = 0; r < m; r++) {
@@ -187,50 +171,155 @@ static int moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
             xr[i] = xr[i] + acc;
         }
     }
+}
+
+static int moe_residual(col_pool *pool, size_t n_experts, const col_mat *mats,
+                        const int64_t *start, const int64_t *rows, const float *h, size_t m,
+                        size_t d, size_t k, const int64_t *slot_row, const float *weights,
+                        const int64_t *extra_row, float *x) {
+    if (x == NULL || (k && (slot_row == NULL || weights == NULL)) || start == NULL) {
+        return COL_EINVAL;
+    }
+    size_t total = n_experts ? (size_t)start[n_experts] : 0;
+    for (size_t i = 0; i < m * k; i++)
+        if (slot_row[i] < 0 || (size_t)slot_row[i] >= total) return COL_EINVAL;
+    if (extra_row)
+        for (size_t r = 0; r < m; r++)
+            if (extra_row[r] < 0 || (size_t)extra_row[r] >= total) return COL_EINVAL;
+    float *y = malloc((total ? total : 1) * d * sizeof(float));
+    if (y == NULL) return COL_ENOMEM;
+    int rc = col_moe(pool, n_experts, mats, start, rows, h, m, d, y);
+    if (!rc) combine_rows(y, m, d, k, slot_row, weights, extra_row, x);
     free(y);
-    return COL_OK;
+    return rc;
 }
 
 /* --- the whole layer: attention, router, grouping and experts in one call -------------- */
 
+/* A routed layer's grouping of its rows by expert (col_group_rows), with the shared expert's
+ * block (every row) after the routed ones; ints holds it (free it). */
+typedef struct {
+    int64_t *ints, *used, *start, *rows, *slot_row, *extra_row;
+    size_t n_used, k, pairs, extra;
+} grouping;
+
+static int group_layer(const col_layer *L, size_t m, const int32_t *chosen, grouping *g) {
+    size_t k = (size_t)L->top_k, n_exp = (size_t)L->n_router;
+    g->k = k;
+    g->pairs = m * k;
+    g->extra = L->shared ? m : 0;
+    /* used[n_exp] | start[n_exp + 2] | rows[pairs + m] | slot_row[pairs] | extra_row[m] */
+    g->ints = malloc((2 * n_exp + 2 + 2 * g->pairs + 2 * m) * sizeof(int64_t));
+    if (g->ints == NULL) return COL_ENOMEM;
+    g->used = g->ints;
+    g->start = g->used + n_exp;
+    g->rows = g->start + n_exp + 2;
+    g->slot_row = g->rows + g->pairs + m;
+    g->extra_row = g->slot_row + g->pairs;
+    g->n_used = 0;
+    int rc = col_group_rows(chosen, m, k, n_exp, g->used, &g->n_used, g->start, g->rows,
+                            g->slot_row);
+    if (!rc && g->extra) { /* the shared expert rides along: every row, the last block */
+        for (size_t r = 0; r < m; r++) {
+            g->rows[g->pairs + r] = (int64_t)r;
+            g->extra_row[r] = (int64_t)(g->pairs + r);
+        }
+        g->start[g->n_used + 1] = (int64_t)(g->pairs + m);
+    }
+    return rc;
+}
+
+static int routed_args(const col_layer *L, size_t m, const float *h, const int32_t *chosen) {
+    if (L == NULL || h == NULL || chosen == NULL || L->n_router <= 0 || L->top_k <= 0 ||
+        L->top_k > L->n_router || L->experts == NULL)
+        return COL_EINVAL;
+    (void)m;
+    return COL_OK;
+}
+
 int col_layer_routed(col_pool *pool, const col_layer *L, size_t m, const float *h,
                      const int32_t *chosen, const float *weights, float *x) {
-    if (L == NULL || h == NULL || chosen == NULL || weights == NULL || x == NULL ||
-        L->n_router <= 0 || L->top_k <= 0 || L->top_k > L->n_router || L->experts == NULL)
-        return COL_EINVAL;
+    int rc = routed_args(L, m, h, chosen);
+    if (rc || weights == NULL || x == NULL) return rc ? rc : COL_EINVAL;
     if (m == 0) return COL_OK;
-    size_t k = (size_t)L->top_k, n_exp = (size_t)L->n_router, d = (size_t)L->d;
-    size_t pairs = m * k, extra = L->shared ? m : 0;
-    /* used[n_exp] | start[n_exp + 2] | rows[pairs + m] | slot_row[pairs] | extra_row[m] */
-    int64_t *ints = malloc((2 * n_exp + 2 + 2 * pairs + 2 * m) * sizeof(int64_t));
-    col_mat *mats = malloc((n_exp + 1) * 3 * sizeof(col_mat));
-    if (ints == NULL || mats == NULL) {
-        free(ints);
-        free(mats);
-        return COL_ENOMEM;
-    }
-    int64_t *used = ints, *start = used + n_exp, *rows = start + n_exp + 2;
-    int64_t *slot_row = rows + pairs + m, *extra_row = slot_row + pairs;
-    size_t n_used = 0;
-    int rc = col_group_rows(chosen, m, k, n_exp, used, &n_used, start, rows, slot_row);
-    for (size_t i = 0; !rc && i < n_used; i++) {
-        const col_mat *e = L->experts + 3 * (size_t)used[i];
+    grouping g;
+    col_mat *mats = malloc(((size_t)L->n_router + 1) * 3 * sizeof(col_mat));
+    rc = mats == NULL ? COL_ENOMEM : group_layer(L, m, chosen, &g);
+    if (mats == NULL) return rc;
+    for (size_t i = 0; !rc && i < g.n_used; i++) {
+        const col_mat *e = L->experts + 3 * (size_t)g.used[i];
         if (e[0].data == NULL || e[1].data == NULL || e[2].data == NULL) rc = COL_EMISSING;
         memcpy(mats + 3 * i, e, 3 * sizeof(col_mat));
     }
-    if (!rc && extra) { /* the shared expert rides along: every row, the last block */
-        memcpy(mats + 3 * n_used, L->shared, 3 * sizeof(col_mat));
-        for (size_t r = 0; r < m; r++) {
-            rows[pairs + r] = (int64_t)r;
-            extra_row[r] = (int64_t)(pairs + r);
-        }
-        start[n_used + 1] = (int64_t)(pairs + m);
-    }
+    if (!rc && g.extra) memcpy(mats + 3 * g.n_used, L->shared, 3 * sizeof(col_mat));
     if (!rc)
-        rc = moe_residual(pool, n_used + (extra ? 1 : 0), mats, start, rows, h, m, d, k,
-                          slot_row, weights, extra ? extra_row : NULL, x);
-    free(ints);
+        rc = moe_residual(pool, g.n_used + (g.extra ? 1 : 0), mats, g.start, g.rows, h, m,
+                          (size_t)L->d, g.k, g.slot_row, weights, g.extra ? g.extra_row : NULL,
+                          x);
+    free(g.ints);
     free(mats);
+    return rc;
+}
+
+int col_layer_experts(col_pool *pool, const col_layer *L, size_t m, const float *h,
+                      const int32_t *chosen, float *y, uint8_t *done) {
+    int rc = routed_args(L, m, h, chosen);
+    if (rc || y == NULL || done == NULL) return rc ? rc : COL_EINVAL;
+    if (m == 0) return COL_OK;
+    size_t n_exp = (size_t)L->n_router, d = (size_t)L->d;
+    grouping g;
+    col_mat *mats = malloc((n_exp + 1) * 3 * sizeof(col_mat));
+    /* The blocks to run now: sub_start/sub_rows index them, pick[j] is block j's grouping
+     * block (n_used for the shared expert's). */
+    int64_t *sub = malloc((3 * n_exp + 4 + 2 * m * (size_t)L->top_k + 2 * m) * sizeof(int64_t));
+    rc = mats == NULL || sub == NULL ? COL_ENOMEM : group_layer(L, m, chosen, &g);
+    if (mats == NULL || sub == NULL) {
+        free(mats);
+        free(sub);
+        return rc;
+    }
+    int64_t *pick = sub, *sub_start = pick + n_exp + 1, *sub_rows = sub_start + n_exp + 2;
+    size_t n_sub = 0, n_rows = 0;
+    sub_start[0] = 0;
+    for (size_t i = 0; !rc && i <= g.n_used; i++) {
+        int shared = i == g.n_used;
+        if (shared ? (!g.extra || done[n_exp]) : done[g.used[i]]) continue;
+        const col_mat *e = shared ? L->shared : L->experts + 3 * (size_t)g.used[i];
+        if (e[0].data == NULL || e[1].data == NULL || e[2].data == NULL) continue;
+        memcpy(mats + 3 * n_sub, e, 3 * sizeof(col_mat));
+        for (int64_t r = g.start[i]; r < g.start[i + 1]; r++) sub_rows[n_rows++] = g.rows[r];
+        pick[n_sub++] = (int64_t)i;
+        sub_start[n_sub] = (int64_t)n_rows;
+    }
+    float *out = rc || n_rows == 0 ? NULL : malloc(n_rows * d * sizeof(float));
+    if (!rc && n_rows && out == NULL) rc = COL_ENOMEM;
+    if (!rc && n_rows) rc = col_moe(pool, n_sub, mats, sub_start, sub_rows, h, m, d, out);
+    for (size_t j = 0; !rc && j < n_sub; j++) { /* each block to its place in y */
+        size_t i = (size_t)pick[j], n = (size_t)(sub_start[j + 1] - sub_start[j]);
+        memcpy(y + (size_t)g.start[i] * d, out + (size_t)sub_start[j] * d, n * d * sizeof(float));
+        done[i == g.n_used ? n_exp : (size_t)g.used[i]] = 1;
+    }
+    free(out);
+    free(sub);
+    free(mats);
+    free(g.ints);
+    return rc;
+}
+
+int col_layer_combine(const col_layer *L, size_t m, const int32_t *chosen,
+                      const float *weights, const float *y, const uint8_t *done, float *x) {
+    int rc = routed_args(L, m, y, chosen);
+    if (rc || weights == NULL || x == NULL || done == NULL) return rc ? rc : COL_EINVAL;
+    if (m == 0) return COL_OK;
+    grouping g;
+    rc = group_layer(L, m, chosen, &g);
+    for (size_t i = 0; !rc && i < g.n_used; i++)
+        if (!done[g.used[i]]) rc = COL_EMISSING;
+    if (!rc && g.extra && !done[L->n_router]) rc = COL_EMISSING;
+    if (!rc)
+        combine_rows(y, m, (size_t)L->d, g.k, g.slot_row, weights,
+                     g.extra ? g.extra_row : NULL, x);
+    free(g.ints);
     return rc;
 }
 

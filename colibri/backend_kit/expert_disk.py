@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,11 +162,17 @@ class DiskTier:
         return out
 
     def read_many(self, keys: Sequence[Key]) -> list[StoredTensors]:
-        """Several experts' tensors, their reads in flight together; in ``keys``' order. The
-        first failure is raised once every read has ended (no read outlives the call)."""
-        if len(keys) <= 1:
-            return [self.read(*key) for key in keys]
-        futures = [self._pool.submit(self.read, *key) for key in keys]
+        """Several experts' tensors, their reads in flight together; in ``keys``' order."""
+        return self.gather(self.submit(keys))
+
+    def submit(self, keys: Sequence[Key]) -> list[Future[StoredTensors]]:
+        """Start reading ``keys`` on the pool (``gather`` waits for them)."""
+        return [self._pool.submit(self.read, *key) for key in keys]
+
+    @staticmethod
+    def gather(futures: Sequence[Future[StoredTensors]]) -> list[StoredTensors]:
+        """The reads' results in order. The first failure is raised once every read has
+        ended (no read outlives the call)."""
         errors = [f.exception() for f in futures]
         for error in errors:
             if error is not None:

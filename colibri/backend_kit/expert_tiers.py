@@ -90,13 +90,16 @@ def open_tiers(checkpoint: Checkpoint, cfg: ModelConfig, rows: Sequence[int],
     def read(layer: int, expert: int) -> Any:
         return build(disk.read(layer, expert), layer, expert)
 
-    def read_many(keys: Sequence[tuple[int, int]]) -> list[Any]:
-        return [build(s, *key) for key, s in zip(keys, disk.read_many(keys), strict=True)]
+    def read_start(keys: Sequence[tuple[int, int]]) -> Callable[[], list[Any]]:
+        reads = disk.submit(keys)
+        # Built on the caller's thread when it waits: the build may use the kernels' thread
+        # pool, which the caller is driving meanwhile.
+        return lambda: [build(s, *key) for key, s in zip(keys, disk.gather(reads), strict=True)]
 
     # A store's budget of 0 means unbounded: a budget that leaves no expert cache is 1 byte,
     # which holds no expert.
-    store = TieredExpertStore(read, cfg, rows, max(1, budget.experts), stored, read_many=read_many,
-                              held_bytes=memory.held_bytes)
+    store = TieredExpertStore(read, cfg, rows, max(1, budget.experts), stored,
+                              read_start=read_start, held_bytes=memory.held_bytes)
     max_rows = step_rows if rows else None
     print(f"== {budget.describe()}; experts read from disk "
           f"({'O_DIRECT' if disk.counters.direct else 'buffered'}) ==", file=log)

@@ -36,8 +36,9 @@ from colibri.reference.weights import TensorLoader
 
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
 ExpertReader = Callable[[int, int], ExpertWeights]
-#: Reads several experts with their reads in flight together (``DiskTier.read_many``).
-ExpertBatchReader = Callable[[Sequence[Key]], list[ExpertWeights]]
+#: Starts reading several experts, their reads in flight together, and returns the wait that
+#: gives them (``DiskTier.submit``/``gather``).
+ExpertBatchStart = Callable[[Sequence[Key]], Callable[[], list[ExpertWeights]]]
 #: An expert's bytes as stored in the container (``experts.stored_expert_bytes``).
 StoredBytes = Callable[[int, int], int]
 
@@ -55,6 +56,55 @@ def mapped_reader(loader: TensorLoader, cfg: ModelConfig) -> ExpertReader:
         )
 
     return read
+
+
+def _read_now(read: ExpertReader) -> ExpertBatchStart:
+    """A batch start for a reader with nothing to overlap: it reads at once."""
+
+    def start(keys: Sequence[Key]) -> Callable[[], list[ExpertWeights]]:
+        weights = [read(*key) for key in keys]
+        return lambda: weights
+
+    return start
+
+
+class PendingExperts:
+    """One layer's lookups, made: the resident experts at hand, the misses in flight."""
+
+    def __init__(self, store: TieredExpertStore, ids: list[int],
+                 found: list[ExpertWeights | None], missing: list[int], keys: list[Key],
+                 wait: Callable[[], list[ExpertWeights]] | None) -> None:
+        self._store, self._ids, self._found = store, ids, found
+        self._missing, self._keys, self._wait = missing, keys, wait
+
+    def resident(self) -> list[tuple[int, ExpertWeights]]:
+        """(expert, weights) of the experts that were resident, in lookup order."""
+        return [(e, w) for e, w in zip(self._ids, self._found, strict=True) if w is not None]
+
+    @property
+    def waiting(self) -> bool:
+        return self._wait is not None
+
+    def wait(self) -> list[tuple[int, ExpertWeights]]:
+        """(expert, weights) of the misses, once read (in lookup order); the LRU then holds
+        them where their reservations stood. A failed read leaves nothing behind."""
+        if self._wait is None:
+            return []
+        wait, self._wait = self._wait, None
+        try:
+            weights = wait()
+        except BaseException:
+            self._store._unreserve(self._keys)
+            raise
+        self._store._settle(self._keys, weights)
+        for i, w in zip(self._missing, weights, strict=True):
+            self._found[i] = w
+        return [(self._ids[i], w) for i, w in zip(self._missing, weights, strict=True)]
+
+    def all(self) -> list[ExpertWeights]:
+        """Every expert, in lookup order (waiting for the misses)."""
+        self.wait()
+        return [w for w in self._found if w is not None]
 
 
 class _Reserved:
@@ -79,11 +129,11 @@ class TieredExpertStore:
         vram: VramTier | None = None,
         vram_budget_bytes: int = 0,
         gpu: int = 0,
-        read_many: ExpertBatchReader | None = None,
+        read_start: ExpertBatchStart | None = None,
         held_bytes: StoredBytes | None = None,
     ) -> None:
         self.read = read
-        self.read_many: ExpertBatchReader = read_many or (lambda keys: [read(*k) for k in keys])
+        self.read_start: ExpertBatchStart = read_start or _read_now(read)
         self.cfg = cfg
         # Reported bytes (TIERS, disk reads) are stored bytes; the RAM budget bounds what
         # this process really holds (weights.nbytes), which differs between backends.
@@ -132,6 +182,12 @@ class TieredExpertStore:
         """Layer ``layer``'s experts ``ids`` (distinct, in lookup order): the resident ones
         from their tier, the others read from disk together, their reads in flight at once.
         Counters, heat and the LRU's order end as the same lookups one at a time leave them."""
+        return self.experts_begin(layer, ids).all()
+
+    def experts_begin(self, layer: int, ids: Sequence[int]) -> PendingExperts:
+        """``experts`` in two halves: the lookups are made now (the resident experts are at
+        hand, the misses' reads in flight), ``wait`` gives the misses; meanwhile the caller
+        can compute with the resident ones."""
         found: list[ExpertWeights | None] = []
         missing: list[int] = []
         for expert in ids:
@@ -145,19 +201,39 @@ class TieredExpertStore:
                 missing.append(len(found))
                 self._lru.put(key, _Reserved(self.held_bytes(*key)))  # type: ignore[arg-type]
             found.append(held)
-        if missing:
-            keys = [(layer, ids[i]) for i in missing]
+        keys = [(layer, ids[i]) for i in missing]
+        wait = None
+        if keys:
             try:
-                weights = self._read_batch(keys)
+                wait = self._start(keys)
             except BaseException:
-                for key in keys:  # nothing of a failed batch stays, reservations included
-                    if isinstance(self._lru.get(key), _Reserved):
-                        self._lru.pop(key)
+                self._unreserve(keys)
                 raise
-            for i, key, w in zip(missing, keys, weights, strict=True):
-                found[i] = w
-                self._lru.replace(key, w)
-        return [w for w in found if w is not None]
+        return PendingExperts(self, list(ids), found, missing, keys, wait)
+
+    def _start(self, keys: Sequence[Key]) -> Callable[[], list[ExpertWeights]]:
+        """Start the reads of ``keys`` (the disk tier); the returned wait gives the experts
+        and books the disk time (from now) and bytes."""
+        started = time.perf_counter()
+        wait = self.read_start(keys)
+
+        def done() -> list[ExpertWeights]:
+            weights = wait()
+            self._counters.disk_seconds += time.perf_counter() - started
+            self._counters.disk_bytes += sum(self.stored_bytes(key) for key in keys)
+            return weights
+
+        return done
+
+    def _unreserve(self, keys: Sequence[Key]) -> None:
+        """Nothing of a failed read stays, reservations included."""
+        for key in keys:
+            if isinstance(self._lru.get(key), _Reserved):
+                self._lru.pop(key)
+
+    def _settle(self, keys: Sequence[Key], weights: Sequence[ExpertWeights]) -> None:
+        for key, w in zip(keys, weights, strict=True):
+            self._lru.replace(key, w)
 
     def _resident(self, key: Key) -> ExpertWeights | None:
         if key in self._vram:
@@ -187,14 +263,7 @@ class TieredExpertStore:
 
     def _read(self, key: Key) -> ExpertWeights:
         """Bring an expert from the container (the disk tier) into RAM."""
-        return self._read_batch([key])[0]
-
-    def _read_batch(self, keys: Sequence[Key]) -> list[ExpertWeights]:
-        started = time.perf_counter()
-        weights = self.read_many(keys) if len(keys) > 1 else [self.read(*keys[0])]
-        self._counters.disk_seconds += time.perf_counter() - started
-        self._counters.disk_bytes += sum(self.stored_bytes(key) for key in keys)
-        return weights
+        return self._start([key])()[0]
 
     def stored_bytes(self, key: Key) -> int:
         """The expert's bytes in the container (what TIERS and the disk counters count)."""

@@ -22,16 +22,14 @@ from colibri.engine.runtime import EngineRuntime, Slot
 from colibri.engine.submit_parse import (
     MAX_PAYLOAD,
     parse_id_payload,
-    sampling_in_range,
 )
 from colibri.engine.turn_report import hit_percent
 from colibri.engine.wire_input import CommandInput, Source
 from colibri.engine.wire_output import END, READY, FrameWriter
-from colibri.protocol import OVERLONG, SPEC, TRUNCATED, Framed, FrameParser
+from colibri.protocol import OVERLONG, TRUNCATED, CommandHeader, FrameParser
 from colibri.protocol.records import Stat
 from colibri.text import chat_format
 
-_PROMPT = SPEC.request_pattern("PROMPT")
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_NUCLEUS = 0.9
 
@@ -46,9 +44,15 @@ class PromptHeader:
     top_p: float
     slot: int
 
-    @property
-    def payload_bytes(self) -> int:
-        return self.nbytes
+    @classmethod
+    def of(cls, header: CommandHeader) -> PromptHeader:
+        """The fields of a header the command parser framed, so already checked against
+        every range of the spec (a refused header is not framed, its payload not read)."""
+        fields = header.fields
+        slot = fields.get("kv_slot")
+        return cls(int(fields["bytes"]), int(fields["max_tokens"]),
+                   float(fields["temperature"]), float(fields["top_p"]),
+                   int(slot) if slot is not None else 0)
 
 
 class LegacyEngine:
@@ -64,7 +68,7 @@ class LegacyEngine:
         self.rt = runtime
         self.out = out
         self.slots: list[Slot] = [runtime.open_slot(i) for i in range(runtime.settings.kv_slots)]
-        parser = FrameParser.for_commands(self.prompt_header, MAX_PAYLOAD)
+        parser = FrameParser.for_commands("legacy", MAX_PAYLOAD, len(self.slots))
         self.commands = CommandInput(source, parser)
         # The token emitted last in each slot, not yet forwarded (None after a stop token).
         self.pending: list[int | None] = [None] * len(self.slots)
@@ -149,36 +153,11 @@ class LegacyEngine:
         self.out.raw(b"\n" + END)
         self.stat(produced, tok_s, hit)
 
-    def prompt_header(self, line: bytes) -> PromptHeader | None:
-        """A ``\\x02PROMPT`` header that passes every check made before its payload is read;
-        None otherwise (then the payload is not consumed, as in colibri). The command
-        parser's framing rule: the frame of a header this parses carries its payload."""
-        if not line.startswith(b"\x02PROMPT"):
-            return None
-        match = _PROMPT.fullmatch(line)
-        if match is None:
-            return None
-        slot = match.group("kv_slot")
-        header = PromptHeader(
-            nbytes=int(match.group("bytes")),
-            max_tokens=int(match.group("max_tokens")),
-            temperature=float(match.group("temperature")),
-            top_p=float(match.group("top_p")),
-            slot=int(slot) if slot is not None else 0,
-        )
-        if (
-            header.nbytes > MAX_PAYLOAD
-            or header.max_tokens < 1
-            or not sampling_in_range(header.temperature, header.top_p)
-            or header.slot >= len(self.slots)
-        ):
-            return None
-        return header
-
-    def api_prompt(self, header: Framed | None, payload: bytes | None) -> None:
-        if not isinstance(header, PromptHeader) or payload is None:
+    def api_prompt(self, framed: CommandHeader | None, payload: bytes | None) -> None:
+        if framed is None or payload is None:
             self.fail(six=True)
             return
+        header = PromptHeader.of(framed)
         max_tokens, temperature, top_p = header.max_tokens, header.temperature, header.top_p
         slot_index = header.slot
         if b"\0" in payload:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from colibri.engine.backend import StepRow
+from colibri.engine.backend import BackendReadError, StepRow
 from colibri.engine.constraint import GrammarError, Matcher, build_vocabulary
 from colibri.engine.host_info import gpus_line, hwinfo_line, peak_rss_gb, physical_read_bytes
 from colibri.engine.mask_overlap import MaskOverlap
@@ -34,10 +34,9 @@ from colibri.engine.submit_parse import (
     MAX_LOGPROBS,
     Control,
     Submission,
-    SubmitFrame,
-    frame_submit,
     parse_control,
     parse_id_payload,
+    submit_frame,
     validate_submit,
 )
 from colibri.engine.turn_report import Request, perf_record, prof_record, turn_numbers
@@ -80,7 +79,8 @@ class MuxEngine:
         signals: SignalFlags | None = None,
     ) -> None:
         self.rt = runtime
-        self.commands = CommandInput(source, FrameParser.for_commands(frame_submit, MAX_HEADER))
+        parser = FrameParser.for_commands("mux", MAX_HEADER, runtime.settings.kv_slots)
+        self.commands = CommandInput(source, parser)
         self.out = out
         self.signals = signals or SignalFlags()
         self.log = runtime.log
@@ -167,6 +167,17 @@ class MuxEngine:
     def error(self, rid: int, code: str) -> None:
         self.out.frame(Error(rid, code))
 
+    def read_failed(self, requests: Sequence[Request], exc: BackendReadError) -> None:
+        """A step could not read the model's bytes: its requests end with EXPERT_READ (the
+        step changed no state), and the engine goes on serving; a later request reads the
+        files afresh."""
+        print(f"[ERROR] {exc}", file=self.log)
+        for request in requests:
+            if self.active.get(request.slot) is request:
+                del self.active[request.slot]
+            self.rt.turns.forget(request.rid)
+            self.error(request.rid, "EXPERT_READ")
+
     def handle_command(self) -> None:
         frame = self.commands.next()
         if frame is None or frame.kind == TRUNCATED:
@@ -205,8 +216,8 @@ class MuxEngine:
 
     def submit(self, wire: WireFrame) -> None:
         submitted_at = time.perf_counter()
-        frame = wire.framed
-        if not isinstance(frame, SubmitFrame) or wire.payload is None:
+        frame = submit_frame(wire.framed)
+        if frame is None or wire.payload is None:
             self.error(0, "BAD_REQUEST")  # not a SUBMIT that can be framed (spec step 6)
             return
         if wire.kind == BROKEN:
@@ -315,6 +326,9 @@ class MuxEngine:
         pending_masks = self.masks.start([matcher] if matcher is not None else [])
         try:
             logits = rt.prefill(slot, tokens[keep:], all_logits=sub.logprobs > 0)
+        except BackendReadError as exc:
+            self.read_failed([request], exc)
+            return
         finally:
             self.masks.wait(pending_masks)
         request.forwards += 1
@@ -436,6 +450,9 @@ class MuxEngine:
         started = time.perf_counter()
         try:
             step = self.rt.forward(rows, [r.rid for _, r in ready])
+        except BackendReadError as exc:
+            self.read_failed([r for _, r in ready], exc)
+            return
         finally:
             done = time.perf_counter()
             elapsed = done - started
@@ -482,6 +499,9 @@ class MuxEngine:
         pending_masks = self.masks.start([matcher] if matcher is not None else [])
         try:
             draft_row = self.rt.draft(slot.state, pending)
+        except BackendReadError as exc:
+            self.read_failed([request], exc)
+            return
         finally:
             self.masks.wait(pending_masks)
         draft = greedy(draft_row if matcher is None else matcher.apply(draft_row))
@@ -497,6 +517,9 @@ class MuxEngine:
             step = self.rt.backend.step(
                 [StepRow(slot.state, pending, True), StepRow(slot.state, draft, True)]
             )
+        except BackendReadError as exc:
+            self.read_failed([request], exc)
+            return
         finally:
             elapsed = time.perf_counter() - started
             self.masks.wait(pending_masks)

@@ -2,10 +2,10 @@
 
 The grammar, the limits and the extension ranges are spec/protocol.json's, read through
 ``colibri.protocol``. A SUBMIT is handled in two stages because the engine must know the
-frame's length before it can answer with the request's id: ``frame_submit`` checks the
-header's shape (the SUBMIT regex and the two byte limits) and yields the byte counts; after
-payload, grammar and terminator are read, ``validate_submit`` checks every value and yields
-a ``Submission`` (the engine's checked request) or the error code.
+frame's length before it can answer with the request's id: the command parser frames the
+header from the spec (its grammar and the two byte limits) and reads payload, grammar and
+terminator; ``submit_frame`` takes the framed header, and ``validate_submit`` checks every
+value and yields a ``Submission`` (the engine's checked request) or the error code.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from colibri.protocol import LIMITS, SPEC
+from colibri.protocol import LIMITS, SPEC, CommandHeader
 
 MAX_PAYLOAD = LIMITS["max_payload_bytes"]
 MAX_GRAMMAR = LIMITS["max_grammar_bytes"]
@@ -24,7 +24,6 @@ MAX_LOGPROBS = LIMITS["max_logprobs"]
 U64_MAX = (1 << 64) - 1
 I32_MAX = (1 << 31) - 1
 
-_SUBMIT = SPEC.request_pattern("SUBMIT")
 _STOP = SPEC.request_pattern("STOP")
 _CANCEL = SPEC.request_pattern("CANCEL")
 
@@ -42,11 +41,6 @@ class SubmitFrame:
     fields: dict[str, bytes]
     nbytes: int
     gbytes: int
-
-    @property
-    def payload_bytes(self) -> int:
-        """Payload and grammar: what the command parser reads before the LF."""
-        return self.nbytes + self.gbytes
 
 
 @dataclass(frozen=True)
@@ -85,22 +79,15 @@ def parse_control(line: bytes) -> Control | Literal["bad"] | None:
     return Control(verb, rid)
 
 
-def frame_submit(line: bytes) -> SubmitFrame | None:
-    """The header's framing, or None when it cannot be framed (ERROR 0, nothing drained).
-    The command parser's framing rule: it reads payload, grammar and LF after a header
-    this frames and hands this parse back with the frame."""
-    if not line.startswith(b"SUBMIT "):
+def submit_frame(header: CommandHeader | None) -> SubmitFrame | None:
+    """A SUBMIT header as the command parser framed it; None for anything else (a line that
+    is not a SUBMIT that can be framed: ERROR 0, nothing drained)."""
+    if header is None or header.kind != "SUBMIT":
         return None
-    match = _SUBMIT.fullmatch(line)
-    if match is None:
-        return None
-    nbytes = int(match.group("bytes"))
-    gbytes = int(match.group("gbytes") or b"0")
-    if nbytes > MAX_PAYLOAD or gbytes > MAX_GRAMMAR:
-        return None
-    rid = int(match.group("id"))
-    fields = {k: v for k, v in match.groupdict().items() if v is not None}
-    return SubmitFrame(rid if rid <= U64_MAX else 0, fields, nbytes, gbytes)
+    fields = dict(header.fields)
+    rid = int(fields["id"])
+    nbytes = int(fields["bytes"])
+    return SubmitFrame(rid if rid <= U64_MAX else 0, fields, nbytes, header.payload_bytes - nbytes)
 
 
 def _extensions(raw: bytes) -> dict[str, int] | None:

@@ -10,11 +10,14 @@ package, split by job:
 - ``records``: every frame kind as one typed record with ``line``/``encode`` and ``decode``
   (the only place a wire keyword is written or a number spelled for the wire);
 - ``framing``: ``FrameParser``, the one I/O-free frame reader (bytes in, frames out) that
-  each side feeds from its own I/O (``FrameReader`` does so from a blocking stream).
+  each side feeds from its own I/O (``FrameReader`` does so from a blocking stream);
+- ``command_headers``: which command headers carry a payload and how long it is (the
+  framing rule the parser takes from the spec for the engine's side).
 
 spec/protocol.md is the prose behind every rule.
 """
 
+from colibri.protocol.command_headers import CommandHeader
 from colibri.protocol.framing import (
     BROKEN,
     LINE,
@@ -23,7 +26,6 @@ from colibri.protocol.framing import (
     PREAMBLE,
     TRUNCATED,
     Frame,
-    Framed,
     FrameParser,
     FrameReader,
     WireFrame,
@@ -50,8 +52,8 @@ from colibri.protocol.spec import (
 
 __all__ = [
     "BROKEN", "END", "END_LINE", "LIMITS", "LINE", "MAX_LINE_BYTES", "OVERLONG", "PREAMBLE",
-    "READY", "READY_LINE", "SPEC", "TRUNCATED", "ErrorSpec", "ExtensionSpec", "Frame", "Framed",
-    "FrameParser", "FrameReader", "LineSpec", "ParsedLine", "PayloadSpec", "ProtocolSpec",
-    "ProtocolViolation", "SubmitRequest", "Value", "WireFrame", "format_hex", "load_spec",
-    "parse_line", "spec_from_dict",
+    "READY", "READY_LINE", "SPEC", "TRUNCATED", "CommandHeader", "ErrorSpec", "ExtensionSpec",
+    "Frame", "FrameParser", "FrameReader", "LineSpec", "ParsedLine", "PayloadSpec",
+    "ProtocolSpec", "ProtocolViolation", "SubmitRequest", "Value", "WireFrame", "format_hex",
+    "load_spec", "parse_line", "spec_from_dict",
 ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Protocol
+from typing import IO
 
+from colibri.protocol.command_headers import CommandHeader, HeaderFraming
 from colibri.protocol.lines import ParsedLine, parse_line
 from colibri.protocol.spec import SPEC, ProtocolSpec, ProtocolViolation, load_spec
 
@@ -33,8 +34,8 @@ class WireFrame:
     header: bytes
     payload: bytes | None = None
     problem: str = ""
-    #: Commands only: the framing rule's parse of the header (None without a payload).
-    framed: Framed | None = None
+    #: Commands only: the header's framing (None for a header without a payload).
+    framed: CommandHeader | None = None
 
     @property
     def fields(self) -> list[str]:
@@ -69,22 +70,6 @@ LINE = "LINE"
 OVERLONG = "OVERLONG"
 TRUNCATED = "TRUNCATED"
 
-class Framed(Protocol):
-    """What a command parser's framing rule made of a header that carries a payload: the
-    engine's own parse of it (a SUBMIT's fields, a PROMPT's), handed back with the frame."""
-
-    @property
-    def payload_bytes(self) -> int:
-        """Bytes after the header line, before the terminator."""
-        ...
-
-
-#: The engine's framing rule: a header line that carries a payload -> its parse, else None.
-#: The engine decides, since only it knows every check that comes before draining (its slot
-#: count, the byte limits).
-Framing = Callable[[bytes], Framed | None]
-
-
 @dataclass
 class FrameParser:
     """The one frame reader of the wire: incremental and I/O-free. ``feed`` bytes as they
@@ -99,8 +84,8 @@ class FrameParser:
 
     Commands (:meth:`for_commands`, what an engine reads): a line of at most ``line_limit``
     bytes is one frame, its kind the request kind it names (``LINE`` if none); a longer one is
-    OVERLONG and drained to its LF. Where ``framing`` parses the header, its
-    ``payload_bytes`` and the kind's terminator follow, and the frame carries the parse: a
+    OVERLONG and drained to its LF. Where the spec frames the header (``HeaderFraming``), its
+    ``payload_bytes`` and the kind's terminator follow, and the frame carries the framing: a
     wrong terminator is BROKEN (a lenient one, the legacy PROMPT's, is left as the next
     line's first byte); EOF before them is TRUNCATED. A last line without LF still counts
     as a line.
@@ -113,13 +98,13 @@ class FrameParser:
     _count: int = 0
     _legacy_expect_status: bool = True
     _legacy_after_end: bool = False
-    framing: Framing | None = None
+    framing: HeaderFraming | None = None
     line_limit: int = MAX_LINE_BYTES
     # Command direction: where the LF search resumes, whether an overlong line is being
     # drained, and a header whose payload is still arriving (header, kind, size, lenient).
     _scanned: int = 0
     _draining: bool = False
-    _pending: tuple[bytes, str, Framed, bool] | None = None
+    _pending: tuple[bytes, str, CommandHeader, bool] | None = None
 
     def __post_init__(self) -> None:
         self._framed = self.spec.framed_kinds
@@ -136,10 +121,13 @@ class FrameParser:
 
     @classmethod
     def for_commands(
-        cls, framing: Framing, line_limit: int, spec: ProtocolSpec | None = None
+        cls, protocol: str, line_limit: int, kv_slots: int, spec: ProtocolSpec | None = None
     ) -> FrameParser:
-        """A parser of the server-to-engine direction (commands have no READY)."""
-        return cls(seen_ready=True, spec=spec or SPEC, framing=framing, line_limit=line_limit)
+        """A parser of the server-to-engine direction of ``protocol`` (``mux`` or
+        ``legacy``) for an engine with ``kv_slots`` slots (commands have no READY)."""
+        spec = spec or SPEC
+        framing = HeaderFraming(spec, protocol, kv_slots)
+        return cls(seen_ready=True, spec=spec, framing=framing, line_limit=line_limit)
 
     def feed(self, data: bytes) -> list[WireFrame]:
         """``push`` the bytes, then every frame they complete."""
@@ -175,7 +163,7 @@ class FrameParser:
         header: bytes,
         payload: bytes | None,
         problem: str = "",
-        framed: Framed | None = None,
+        framed: CommandHeader | None = None,
     ) -> WireFrame:
         frame = WireFrame(self._count, kind, header, payload, problem, framed)
         self._count += 1
@@ -279,7 +267,7 @@ class FrameParser:
         word = (header if space < 0 else header[:space]).removeprefix(b"\x02")
         kind = self._request_kinds.get(word, LINE)
         assert self.framing is not None
-        framed = self.framing(header)
+        framed = self.framing.frame(kind, header)
         if framed is None:
             return self._make(kind, header, None)
         self._pending = (header, kind, framed, kind in self._lenient)

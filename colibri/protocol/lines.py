@@ -1,5 +1,18 @@
 """The line codec's grammar walker: one line of a known kind into typed values
-(``parse_line``), or ``ProtocolViolation`` naming the field that breaks its grammar."""
+(``parse_line``), or ``ProtocolViolation`` naming the field that breaks its grammar.
+
+Two readings. The strict one (the default) is the spec's grammar to the letter: it is what the
+conformance suite holds an engine to, number spellings included (``%.2f`` is two places).
+The tolerant one (``strict=False``) is what a server reads an engine's output with: colibri's
+other model families speak the same protocol with other C formats (DONE's tok/s as ``%.3f``,
+logprobs as ``%.17g``) and append fields to a line (DONE's extra ints, ERROR's ``key=value``
+context), and a server must serve any of them. So it takes a number in any spelling its
+field's type allows (a fixed-point field any decimal, a logprob also exponents, nan and inf,
+an integer field a sign and any digits, hex in either case), still checks every range, and
+hands the fields after the grammar's last back in ``ParsedLine.extra`` instead of refusing the
+line. Structure is never relaxed: a known kind with a field missing or of the wrong type is a
+violation either way.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +25,19 @@ from colibri.protocol.spec import LineSpec, ProtocolSpec, ProtocolViolation, Val
 
 _INT_TYPES = frozenset({"u64", "uint", "int", "flag", "req_uint"})
 _FLOAT_TYPES = frozenset({"fixed1", "fixed2", "fixed3", "fixed6", "logprob", "req_float"})
+_HEX_TYPES = frozenset({"hex", "hextext"})
+#: Tolerant spellings by type family: what a C printf of that kind of number can write. A
+#: fixed-point field (``%.Nf``) is a decimal with any number of places; a logprob may also be
+#: ``%g``-style, nan or inf (the legacy ``%.17g`` writers); an integer may carry a sign.
+_TOLERANT = {
+    "int": re.compile(r"[+-]?[0-9]+\Z"),
+    "fixed": re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)\Z"),
+    "logprob": re.compile(
+        r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z"
+        r"|(?i:[+-]?(?:nan|inf(?:inity)?))\Z"
+    ),
+}
+_FIXED_TYPES = frozenset({"fixed1", "fixed2", "fixed3", "fixed6"})
 
 
 @dataclass(frozen=True)
@@ -21,6 +47,8 @@ class ParsedLine:
     kind: str
     values: Mapping[str, Value]
     spec: LineSpec
+    #: Tolerant reading only: the fields after the grammar's last (empty when strict).
+    extra: tuple[str, ...] = ()
 
     @property
     def payload_length(self) -> int:
@@ -46,7 +74,7 @@ class ParsedLine:
         return float(value)
 
 
-def _eval_expr(expr: str, env: Mapping[str, Value]) -> int:
+def eval_expr(expr: str, env: Mapping[str, Value]) -> int:
     """Evaluate the tiny integer expressions protocol.json uses ('rows*cols', '(a+7)/8')."""
     tokens = re.findall(r"[A-Za-z_]+|\d+|[()+\-*/]", expr)
     pos = 0
@@ -90,8 +118,11 @@ def _eval_expr(expr: str, env: Mapping[str, Value]) -> int:
 
 
 class _Walker:
-    def __init__(self, spec: ProtocolSpec, line: LineSpec, text: str, tokens: list[str]) -> None:
+    def __init__(
+        self, spec: ProtocolSpec, line: LineSpec, text: str, tokens: list[str], strict: bool
+    ) -> None:
         self.spec = spec
+        self.strict = strict
         self.line = line
         self.text = text
         self.tokens = tokens
@@ -102,8 +133,17 @@ class _Walker:
         return ProtocolViolation(self.line.kind, message, self.text)
 
     def pattern(self, type_name: str) -> re.Pattern[str]:
+        if not self.strict:
+            if type_name in _INT_TYPES:
+                return _TOLERANT["int"]
+            if type_name in _FIXED_TYPES:
+                return _TOLERANT["fixed"]
+            if type_name == "logprob":
+                return _TOLERANT["logprob"]
         if type_name not in self._patterns:
-            self._patterns[type_name] = re.compile(f"(?:{self.spec.types[type_name]['regex']})\\Z")
+            flags = re.IGNORECASE if not self.strict and type_name in _HEX_TYPES else 0
+            regex = f"(?:{self.spec.types[type_name]['regex']})\\Z"
+            self._patterns[type_name] = re.compile(regex, flags)
         return self._patterns[type_name]
 
     def matches(self, item: Mapping[str, Any]) -> bool:
@@ -133,6 +173,8 @@ class _Walker:
             value = int(token)
         elif type_name in _FLOAT_TYPES:
             value = float(token)
+        elif type_name in _HEX_TYPES:
+            value = token.lower()
         else:
             value = token
         if isinstance(value, int):
@@ -146,7 +188,7 @@ class _Walker:
                 raise self.fail(f"field {name}={value} is above {high}")
         hex_bytes = item.get("hex_bytes")
         if hex_bytes is not None and isinstance(value, str):
-            want = _eval_expr(str(hex_bytes), env)
+            want = eval_expr(str(hex_bytes), env)
             if len(value) != 2 * want:
                 raise self.fail(f"field {name} has {len(value) // 2} bytes, expected {want}")
         return value
@@ -169,7 +211,7 @@ class _Walker:
         count_spec = item["repeat"]
         count: int | None
         if isinstance(count_spec, str):
-            count = _eval_expr(count_spec, env)
+            count = eval_expr(count_spec, env)
         else:
             count = count_spec
         entries: list[dict[str, Any]] = []
@@ -184,11 +226,14 @@ def parse_line(
     text: str | bytes,
     spec: ProtocolSpec | None = None,
     direction: str = "engine",
+    *,
+    strict: bool = True,
 ) -> ParsedLine | None:
     """Parse one line (without its LF). None for a kind protocol.json does not define.
 
     A known kind that violates its grammar raises ProtocolViolation: that is the protocol's
     forward-compatibility rule (unknown kinds are ignored, malformed known kinds are errors).
+    ``strict=False`` is the tolerant reading of the module docstring.
     """
     spec = spec or load_spec()
     if isinstance(text, bytes):
@@ -204,15 +249,16 @@ def parse_line(
     entry = table.get(head)
     if entry is None or entry.exact is not None:
         return None
-    if not entry.regex.match(text):
+    if strict and not entry.regex.match(text):
         raise ProtocolViolation(entry.kind, "does not match the line regex", text)
     tokens = text.split(" ")[1:]
-    walker = _Walker(spec, entry, text, tokens)
+    walker = _Walker(spec, entry, text, tokens, strict)
     values: dict[str, Value] = {}
     walker.items(entry.fields, values)
-    if walker.pos != len(tokens):
-        raise walker.fail(f"{len(tokens) - walker.pos} unexpected trailing field(s)")
-    return ParsedLine(entry.kind, values, entry)
+    extra = tuple(tokens[walker.pos :])
+    if extra and strict:
+        raise walker.fail(f"{len(extra)} unexpected trailing field(s)")
+    return ParsedLine(entry.kind, values, entry, extra)
 
 
 def format_hex(data: bytes) -> str:

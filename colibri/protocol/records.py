@@ -5,6 +5,11 @@ formats, spec/protocol.md 1.1), ``record.encode()`` gives the frame's exact byte
 and for DATA/ECHO/SUBMIT/PROMPT the payload and its terminator); ``Kind.decode(header,
 payload)`` (or the module's ``decode``) parses a header with its grammar (``parse_line``) into
 the record. This is the only module that writes a wire keyword or spells a number for the wire.
+
+Decoding is strict by default: the conformance suite and the tests hold our engine to the
+spec's exact spellings. ``strict=False`` is the tolerant reading a server uses on any engine's
+output (``colibri.protocol.lines`` says what it tolerates and why); what it reads into a
+record is the same record, so a tolerant reader never sees a second set of types.
 """
 
 from __future__ import annotations
@@ -86,10 +91,12 @@ class Record:
         raise NotImplementedError
 
     @classmethod
-    def decode(cls: type[R], header: bytes | str, payload: bytes | None = None) -> R:
+    def decode(
+        cls: type[R], header: bytes | str, payload: bytes | None = None, *, strict: bool = True
+    ) -> R:
         """The record of one header line (LF optional) and its payload, if the kind has one;
         ``ProtocolViolation`` when the line is not this kind or breaks its grammar."""
-        parsed = parse_line(header, direction=cls.DIRECTION)
+        parsed = parse_line(header, direction=cls.DIRECTION, strict=strict)
         text = header if isinstance(header, str) else header.decode("utf-8", "replace")
         if parsed is None or parsed.kind != cls.KIND:
             raise ProtocolViolation(cls.KIND, "not a line of this kind", text)
@@ -692,11 +699,15 @@ REQUEST_RECORDS: dict[str, type[Record]] = {
 
 
 def decode(
-    header: bytes | str, payload: bytes | None = None, direction: str = "engine"
+    header: bytes | str,
+    payload: bytes | None = None,
+    direction: str = "engine",
+    *,
+    strict: bool = True,
 ) -> Record | None:
     """The record of a line of either direction; None for a kind protocol.json does not
     define (the forward-compatibility rule), ``ProtocolViolation`` for a malformed known one."""
-    parsed = parse_line(header, direction=direction)
+    parsed = parse_line(header, direction=direction, strict=strict)
     if parsed is None:
         return None
     table = ENGINE_RECORDS if direction == "engine" else REQUEST_RECORDS

@@ -83,9 +83,9 @@ def test_selecting_layers_fall_back_to_the_per_kernel_path(
         calls.append(("kernel", a[1].index, a[1].index + 1))
         return kernel(*a)
 
-    def spy_stack(self: DecoderStack, *a: Any) -> Any:
+    def spy_stack(self: DecoderStack, *a: Any, **kw: Any) -> Any:
         calls.append(("stack", a[7], a[8]))
-        return stack_run(self, *a)
+        return stack_run(self, *a, **kw)
 
     m._kernel_layer = spy_kernel  # type: ignore[method-assign]
     monkeypatch.setattr(DecoderStack, "run", spy_stack)

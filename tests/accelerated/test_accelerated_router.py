@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 from colibri.conformance.sameness import SAFETY_FACTOR, UNIT_ROUNDOFF
-from colibri.reference.config import ModelConfig
 from colibri.reference.router import select_experts
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -130,23 +129,24 @@ def run_with_store(fused: bool, budget: int) -> tuple[Any, list[np.ndarray]]:
     return store, outs
 
 
-@pytest.mark.parametrize("budget", [0, 1])
-def test_the_store_counts_what_the_per_kernel_path_counts(budget: int,
+@pytest.mark.parametrize("budget_bytes", [0, 128, 4 * 3 * 128 * 32 * 4])
+def test_the_store_counts_what_the_per_kernel_path_counts(budget_bytes: int,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lookups, hits, disk bytes, heat and residency equal, with an unbounded store and one
-    whose budget holds no expert (every lookup re-reads). Layers meeting an expert for the
-    first time finish through ``routed_held``, the others in the one call."""
+    """Lookups, hits, disk bytes, heat, residency and bytes equal, with an unbounded store,
+    one whose budget holds no expert (every lookup re-reads) and one holding four (a layer's
+    experts partly resident: they run while the others are read). Layers meeting an expert for the
+    first time finish outside the one call (``combine``, after the resident experts ran while
+    the others were read), the others in the one call."""
     from colibri.accelerated.layer_block import LayerBlock
 
     finished = []
-    routed_held = LayerBlock.routed_held
+    combine = LayerBlock.combine
 
     def spy(self: LayerBlock, *args: Any) -> None:
         finished.append(self.layer.index)
-        routed_held(self, *args)
+        combine(self, *args)
 
-    monkeypatch.setattr(LayerBlock, "routed_held", spy)
-    budget_bytes = budget * ModelConfig.from_dir(fixture_model_dir("glm5-tiny")).hidden_size
+    monkeypatch.setattr(LayerBlock, "combine", spy)
     fused_store, fused = run_with_store(True, budget_bytes)
     steps = 2 + 4  # two prefills, four batched decodes
     assert 0 < len(finished) < steps * len(fused_store.layers)

@@ -8,7 +8,7 @@ import io
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,11 +201,12 @@ def test_a_partial_read_is_never_returned_and_the_store_keeps_nothing_of_it(
     def read(layer: int, e: int) -> Any:
         return expert_from_stored(disk.read(layer, e), layer, e, cfg, None)
 
-    def read_many(keys: Sequence[tuple[int, int]]) -> list[Any]:
-        return [expert_from_stored(s, *k, cfg, None)
-                for k, s in zip(keys, disk.read_many(keys), strict=True)]
+    def read_start(keys: Sequence[tuple[int, int]]) -> Callable[[], list[Any]]:
+        reads = disk.submit(keys)
+        return lambda: [expert_from_stored(s, *k, cfg, None)
+                        for k, s in zip(keys, disk.gather(reads), strict=True)]
 
-    store = TieredExpertStore(read, cfg, rows, 0, lambda _l, _e: 1, read_many=read_many)
+    store = TieredExpertStore(read, cfg, rows, 0, lambda _l, _e: 1, read_start=read_start)
     layer = rows[0]
     whole = shard.read_bytes()
     last = max(checkpoint.info(n).end for n in checkpoint.tensors
@@ -248,16 +249,44 @@ def test_the_accelerated_stack_lets_a_layers_experts_go_before_the_next_layers_a
                                 io.StringIO())
     model, store = backend.model, backend.store
     holding: list[int] = []
-    asked = store.experts
+    asked = store.experts_begin
 
-    def experts(layer: int, ids: Sequence[int]) -> list[Any]:
+    def experts_begin(layer: int, ids: Sequence[int]) -> Any:
         blocks = model._decoder_stack().blocks
         holding.append(sum(1 for b in blocks if b.transient))
         return asked(layer, ids)
 
-    monkeypatch.setattr(store, "experts", experts)
+    monkeypatch.setattr(store, "experts_begin", experts_begin)
     state = backend.new_state()
     for token in PROMPT:
         backend.step([StepRow(state, token, True)])
     assert holding and max(holding) == 0
     backend.close()
+
+
+def _logit_bytes(backend: Any, steps: int = 6) -> list[bytes]:
+    state = backend.new_state()
+    step = backend.step([StepRow(state, t, True) for t in PROMPT])
+    out = [step.logits.tobytes()]
+    for _ in range(steps):
+        token = int(np.argmax(step.logits[-1]))
+        step = backend.step([StepRow(state, token, True)])
+        out.append(step.logits.tobytes())
+    backend.close()
+    return out
+
+
+@pytest.mark.usefixtures("no_runtime")
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("cached_experts", [0, 3])
+def test_the_bytes_are_the_all_in_ram_bytes(backend_name: str, cached_experts: int,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kind (c): on one machine, every logit of a prefill and the decode after it has the same
+    bytes with experts read from disk (some resident, the rest read while they compute) as
+    with every expert mapped."""
+    in_ram = _logit_bytes(open_backend(backend_name, TINY, BackendOptions(ctx=64),
+                                       io.StringIO()))
+    budget = _fixed_bytes(backend_name, TINY, monkeypatch) + cached_experts * 49152
+    capped = _logit_bytes(open_backend(
+        backend_name, TINY, BackendOptions(ram_budget_bytes=budget, ctx=64), io.StringIO()))
+    assert capped == in_ram

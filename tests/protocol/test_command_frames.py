@@ -3,30 +3,16 @@ reads from the server (spec/protocol.md 2.3 validation steps 1, 6, 7, 8 and sect
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hypothesis import given
 from hypothesis import strategies as st
 from support.frame_support import feed_in_pieces
 
-from colibri.engine.submit_parse import MAX_HEADER, frame_submit
+from colibri.engine.submit_parse import MAX_HEADER
 from colibri.protocol import BROKEN, LINE, OVERLONG, TRUNCATED, FrameParser, WireFrame
 
 
 def _mux() -> FrameParser:
-    return FrameParser.for_commands(frame_submit, MAX_HEADER)
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    payload_bytes: int
-
-
-def _prompt(header: bytes) -> _Prompt | None:
-    # The legacy engine's rule, reduced to its shape: a PROMPT header names its byte count.
-    if not header.startswith(b"\x02PROMPT "):
-        return None
-    return _Prompt(int(header.split(b" ")[1]))
+    return FrameParser.for_commands("mux", MAX_HEADER, kv_slots=1)
 
 
 def _shape(frames: list[WireFrame]) -> list[tuple[str, bytes, bytes | None]]:
@@ -95,7 +81,7 @@ def test_eof_inside_a_frame_is_truncated_and_a_strict_terminator_is_required() -
 
 def test_the_legacy_prompt_terminator_is_lenient() -> None:
     def legacy() -> FrameParser:
-        return FrameParser.for_commands(_prompt, 1 << 24)
+        return FrameParser.for_commands("legacy", 1 << 24, kv_slots=1)
 
     # A byte other than LF after the payload starts the next line.
     frames = legacy().feed(b"\x02PROMPT 2 4 0 1\nabXhello\n\x02RESET\n")
@@ -110,3 +96,24 @@ def test_the_legacy_prompt_terminator_is_lenient() -> None:
     assert _shape(at_eof.finish()) == [("PROMPT", b"\x02PROMPT 2 4 0 1", b"ab")]
     cut = legacy()
     assert cut.feed(b"\x02PROMPT 5 4 0 1\nab") == [] and cut.finish()[0].kind == TRUNCATED
+
+
+def test_payload_lengths_and_refusals_come_from_the_spec() -> None:
+    # mux: only the length fields are checked before the payload (step 6); a slot out of
+    # range is framed, so its error can name the request (step 9).
+    framed = _mux().feed(b"SUBMIT 9 5 2 4 3 1 1\nab{\n")
+    assert _shape(framed) == [("SUBMIT", b"SUBMIT 9 5 2 4 3 1 1", b"ab{")]
+    assert framed[0].framed is not None and framed[0].framed.payload_bytes == 3
+    too_big = _mux().feed(b"SUBMIT 9 0 2 4 0 1 1048577\nab\n")
+    assert _shape(too_big) == [("SUBMIT", b"SUBMIT 9 0 2 4 0 1 1048577", None),
+                               (LINE, b"ab", None)]
+    # mux does not frame the legacy PROMPT; legacy refuses a header on any field's range
+    # (KV_SLOTS included) and then reads its payload as lines.
+    assert _shape(_mux().feed(b"\x02PROMPT 2 4 0 1\nab\n"))[1] == (LINE, b"ab", None)
+    legacy = FrameParser.for_commands("legacy", 1 << 24, kv_slots=2)
+    for refused in (b"\x02PROMPT 2 0 0 1", b"\x02PROMPT 2 4 3 1", b"\x02PROMPT 2 4 0 0",
+                    b"\x02PROMPT 2 4 0 1 2"):
+        assert _shape(legacy.feed(refused + b"\nab\n")) == [("PROMPT", refused, None),
+                                                              (LINE, b"ab", None)]
+    assert _shape(legacy.feed(b"\x02PROMPT 2 4 0 1 1\nab\n")) == [
+        ("PROMPT", b"\x02PROMPT 2 4 0 1 1", b"ab")]

@@ -17,8 +17,8 @@ from colibri.server.engine_client import (
     Event,
     SubmitRequest,
 )
+from colibri.server.engine_events import DoneStats, TurnTelemetry
 from colibri.server.errors import ClientCancelled, EngineFailure
-from colibri.server.frames import DoneStats, TurnTelemetry
 from colibri.server.generation import Accepted, EngineTurn, Output, Quiet, Step
 from colibri.server.pipeline import OutputPipeline, stop_filter
 

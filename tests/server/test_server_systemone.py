@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from colibri.server import systemone as s1
 from colibri.server.context import ServerConfig
-from colibri.server.frames import TokenRecord
+from colibri.server.engine_events import TokenRecord
 from colibri.server.generation import TokenSpan
 from support.http_transcript import exchange, validate
 from support.server_harness import LiveServer, launch

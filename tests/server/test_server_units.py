@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from colibri.server import frames
 from colibri.server.app import host_of
 from colibri.server.context import ServerConfig, conversation_slot
-from colibri.server.engine_client import SubmitRequest, submit_header
+from colibri.server.engine_client import EngineProcess, SubmitRequest, submit_header
+from colibri.server.engine_events import Data, Done
 from colibri.server.errors import APIError, ClientCancelled, context_exceeded
 from colibri.server.metrics import GenerationMetrics, render
 from colibri.server.pipeline import OutputPipeline, stop_filter
@@ -25,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from colibri.commands.serve import cors_origins
+from colibri.protocol import SPEC, FrameParser
 
 # ---- stop filter ----------------------------------------------------------------------
 
@@ -316,20 +317,38 @@ def test_metrics_lines() -> None:
     assert buckets[-1] == ("+Inf", 2.0) and dict(buckets)["5.0"] == 2.0
 
 
+def _read_by_the_client(wire: bytes) -> tuple[EngineProcess, list[Any]]:
+    """What the engine client makes of some engine output: the events of request 4."""
+    engine = EngineProcess(["engine"], {})
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    engine._queues[4] = queue
+    for frame in FrameParser(seen_ready=True).feed(wire):
+        engine._dispatch(frame)
+    events = []
+    while not queue.empty():
+        events.append(queue.get_nowait())
+    return engine, events
+
+
 def test_frame_parsers() -> None:
-    record = frames.parse_logprob_tail("-0.5 2 7 -1.0 3 -0.5".split())
-    assert record is not None and record.candidates == ((7, -1.0), (3, -0.5))
-    with pytest.raises(frames.FrameError):
-        frames.parse_logprob_tail("-0.5 2 7 -1.0 7 -0.5".split())
-    with pytest.raises(frames.FrameError):
-        frames.parse_logprob_tail("-0.5 3 7 -1.0".split())
-    done = frames.parse_done("DONE 4 STAT 3 1.250 50.0 1.25 7 1".split())
-    assert done.completion_tokens == 3 and done.prompt_tokens == 7 and done.length_limited
-    assert frames.parse_hwinfo("HWINFO 8 31.2 20.5 1 24.0 AMD Ryzen 9|CUDA device x1") == {
+    _, (data,) = _read_by_the_client(b"DATA 4 1 -0.5 2 7 -1.0 3 -0.5\nx\n")
+    assert isinstance(data, Data) and data.record is not None
+    assert data.record.candidates == ((7, -1.0), (3, -0.5)) and not data.malformed
+    for bad in (b"DATA 4 1 -0.5 2 7 -1.0 7 -0.5\nx\n", b"DATA 4 1 -0.5 3 7 -1.0\nx\n"):
+        _, (data,) = _read_by_the_client(bad)
+        assert isinstance(data, Data) and data.malformed and data.record is None
+    # Another family's DONE spells tok/s with three places: the server still reads it.
+    _, (done,) = _read_by_the_client(b"DONE 4 STAT 3 1.250 50.0 1.25 7 1\n")
+    assert isinstance(done, Done)
+    assert done.stats.completion_tokens == 3 and done.stats.prompt_tokens == 7
+    assert done.stats.length_limited and done.stats.tokens_per_second == 1.25
+    engine, _ = _read_by_the_client(b"HWINFO 8 31.2 20.5 1 24.0 AMD Ryzen 9|CUDA device x1\n"
+                                    b"CAPS seed=1 ids=0\n")
+    assert engine.telemetry.hwinfo == {
         "cores": 8, "ram_total_gb": 31.2, "ram_avail_gb": 20.5, "gpus": 1,
         "vram_total_gb": 24.0, "cpu": "AMD Ryzen 9", "gpu": "CUDA device x1"}
-    assert frames.parse_caps(["CAPS", "seed=1", "ids=0"]) == {"seed": "1", "ids": "0"}
-    assert "DATA" in frames.PAYLOAD_KINDS and "ECHO" in frames.PAYLOAD_KINDS
+    assert engine.telemetry.caps == {"seed": "1", "ids": "0"}
+    assert "DATA" in SPEC.framed_kinds and "ECHO" in SPEC.framed_kinds
 
 
 @pytest.mark.parametrize(("header", "host"), [
@@ -436,7 +455,7 @@ def test_fake_engine_speaks_the_protocol_grammar() -> None:
             continue
         parsed = parse_line(line)
         kinds.append(parsed.kind if parsed else line.split()[0].decode())
-        if kinds[-1] in frames.PAYLOAD_KINDS:
+        if kinds[-1] in SPEC.framed_kinds:
             i += 1  # the payload line
     assert kinds.count("DONE") == 3 and "FUTURE_KIND" in kinds and "ECHO" in kinds
     assert "ERROR" in kinds and "TOPK" in kinds and "PROF" in kinds

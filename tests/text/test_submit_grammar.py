@@ -11,10 +11,17 @@ from colibri.engine.submit_parse import (
     MAX_GRAMMAR,
     MAX_PAYLOAD,
     Control,
-    frame_submit,
+    SubmitFrame,
     parse_control,
+    submit_frame,
 )
 from colibri.protocol import ProtocolViolation, load_spec, parse_line
+from colibri.protocol.command_headers import HeaderFraming
+
+
+def frame_submit(line: bytes) -> SubmitFrame | None:
+    """The mux command parser's framing of one SUBMIT header, as the engine takes it."""
+    return submit_frame(HeaderFraming(load_spec(), "mux", kv_slots=1).frame("SUBMIT", line))
 
 _TOKENS = st.sampled_from(
     [
