@@ -15,19 +15,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
-from colibri.accelerated.kernels import KernelError
+from colibri.accelerated.kernels import F32, MAT_DTYPE, KernelError, Kernels
 from colibri.accelerated.model import Model, open_model
 from colibri.accelerated.native import LibraryNotBuilt
-from colibri.accelerated.weights import Expert, stored_expert
+from colibri.accelerated.weights import (
+    Expert,
+    WeightLoader,
+    mapped_experts,
+    quantized_experts,
+    stored_expert,
+)
+from colibri.reference.config import ModelConfig
 from colibri.reference.experts import stored_expert_bytes
 from colibri.reference.indexer_presence import log_indexer
 from colibri.reference.quant.container import QuantContainer
+from colibri.reference.safetensors import Checkpoint
 
 from colibri.backend_kit.expert_disk import DiskTier, StoredTensors
 from colibri.backend_kit.expert_tiers import ExpertMemory, Tiers, dense_bytes, open_tiers
 from colibri.backend_kit.kv_state_backend import KVStateBackend
 from colibri.backend_kit.memory_budget import BudgetTooSmall, runtime_bytes
 from colibri.backend_kit.model_fingerprint import model_fingerprint
+from colibri.backend_kit.remote_experts import I64, RemoteExperts, expert_layers
 from colibri.backend_kit.tiered_expert_store import TieredExpertStore
 from colibri.engine.backend import Device
 from colibri.engine.registry import BackendOptions, BackendUnavailable
@@ -83,6 +92,9 @@ class AcceleratedBackend(KVStateBackend):
                        experts)]
 
     def close(self) -> None:
+        if self.model.remote_experts is not None:
+            self.model.remote_experts.close()
+            self.model.remote_experts = None
         if self.disk is not None:
             self.disk.close()
         self.model.close()
@@ -123,7 +135,65 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
     backend.max_step_rows = tiers.max_step_rows
     backend.rss_guard_bytes = tiers.rss_guard_bytes
     backend.disk = tiers.disk
+    if options.cluster is not None:
+        if gpu is not None:
+            backend.close()
+            raise BackendUnavailable("--cluster computes the routed experts on CPU workers; "
+                                     "it does not combine with --device cuda")
+        try:
+            model.remote_experts = _open_cluster(model_dir, options, model, log)
+        except BackendUnavailable:
+            backend.close()
+            raise
     return backend
+
+
+def _open_cluster(model_dir: Path, options: BackendOptions, model: Model,
+                  log: TextIO) -> RemoteExperts:
+    from colibri.backend_kit.ray_cluster import ClusterSpec, ClusterStartError, open_ray_experts
+
+    try:
+        spec = ClusterSpec.parse(options.cluster or "ray", options.cluster_workers)
+        return open_ray_experts(spec, str(model_dir),
+                                "colibri.accelerated.backend:expert_compute",
+                                expert_layers(model.checkpoint, model.config),
+                                model.config.n_routed_experts, log)
+    except (ValueError, ClusterStartError) as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+class AcceleratedExpertCompute:
+    """An expert worker's math: ``col_moe`` over the experts as the engine maps them (stored
+    dtype, or a container's quantized bytes), so a worker's outputs are the engine's bytes on
+    the same machine kind (a row's result does not depend on the rows or experts beside it)."""
+
+    def __init__(self, model_dir: str, threads: int) -> None:
+        path = Path(model_dir)
+        checkpoint = Checkpoint(path)
+        config = ModelConfig.from_dir(path)
+        self.kernels = Kernels(max(1, threads))
+        t = WeightLoader(checkpoint, self.kernels.all_finite)
+        layers = expert_layers(checkpoint, config)
+        quantized = (quantized_experts(path, config, t, layers)
+                     if any(n.endswith(".qs") for n in checkpoint.tensors) else None)
+        self.read = quantized or mapped_experts(t, config, layers)
+        self.held: dict[tuple[int, int], Expert] = {}
+
+    def load(self, layer: int, expert: int) -> int:
+        ex = self.held[(layer, expert)] = self.read(layer, expert)
+        return ex.nbytes
+
+    def run(self, layer: int, experts: list[int], x: F32, start: I64, rows: I64) -> F32:
+        descs = b"".join(self.held[(layer, e)].desc_bytes for e in experts)
+        return self.kernels.moe(np.ascontiguousarray(x, np.float32),
+                                np.frombuffer(descs, MAT_DTYPE),
+                                np.ascontiguousarray(start, np.int64),
+                                np.ascontiguousarray(rows, np.int64))
+
+
+def expert_compute(model_dir: str, threads: int) -> AcceleratedExpertCompute:
+    """An expert worker's compute (``colibri.backend_kit.expert_worker``)."""
+    return AcceleratedExpertCompute(model_dir, threads)
 
 
 def _expert_tiers(model: Model, model_dir: Path, options: BackendOptions, log: TextIO) -> Tiers:
@@ -136,8 +206,11 @@ def _expert_tiers(model: Model, model_dir: Path, options: BackendOptions, log: T
     container = (QuantContainer.open(model_dir)
                  if any(n.endswith(".qs") for n in checkpoint.tensors) else None)
 
+    def finite(raw: np.ndarray, code: int) -> bool:
+        return model.kernels.all_finite(raw, code, inline=True)  # on a reading thread
+
     def build(stored: StoredTensors, layer: int, expert: int) -> Expert:
-        return stored_expert(stored, layer, expert, cfg, model.kernels.all_finite, container)
+        return stored_expert(stored, layer, expert, cfg, finite, container)
 
     read: Any = model.read_expert  # Expert has the nbytes the store's LRU budgets by
     dense = dense_bytes(checkpoint, cfg, rows)

@@ -10,6 +10,10 @@ layer that chose an expert C has no descriptor for stops the call (``COL_EMISSIN
 lookups (and those of the layers before it) are made then, the layer's experts run
 (``routed_held``) and the call resumes at the next layer, so nothing computed depends on
 when the lookups are made.
+
+On a cluster (``remote``) the engine holds no routed expert: every routed layer stops the call,
+the shared expert runs here, the workers fill the routed blocks (``RemoteExperts.fill_blocks``)
+and the weighted sum runs here, in the order the one call sums them; the store is not asked.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from colibri.accelerated.weights import Expert
 
 from colibri.backend_kit.kv_state import KVLayer
 from colibri.backend_kit.phase_clock import PhaseClock
+from colibri.backend_kit.remote_experts import RemoteExperts
 
 I32 = npt.NDArray[np.int32]
 #: The expert store's batch lookup: (layer index, distinct experts ascending) -> the experts.
@@ -47,7 +52,8 @@ class DecoderStack:
 
     def run(self, k: Kernels, x: F32, rope: tuple[F32, F32], caches: Sequence[Sequence[KVLayer]],
             slots: Sequence[int], lookup: Lookup, clock: PhaseClock, first: int = 0,
-            end: int | None = None, begin: Begin | None = None) -> list[I32]:
+            end: int | None = None, begin: Begin | None = None,
+            remote: RemoteExperts | None = None) -> list[I32]:
         """x [m, d] through blocks [first, end) in place (``caches[i]``: the rows' caches of
         block ``first + i``; row r writes slot ``slots[r]``); returns each routed layer's
         choices [m, top_k]."""
@@ -75,7 +81,7 @@ class DecoderStack:
                 pending = None
                 for i in range(at, last + 1):
                     block = self.blocks[i]
-                    if not block.routed:
+                    if not block.routed or remote is not None:
                         continue
                     ids = np.unique(chosen[i]).tolist()
                     if i == stopped and begin is not None:
@@ -85,7 +91,9 @@ class DecoderStack:
                             block.hold(e, ex)
                 if stopped is not None:
                     block = self.blocks[last]
-                    if pending is None:
+                    if remote is not None:
+                        self._remote(k, block, x, h, chosen[last], weights[last], remote, clock)
+                    elif pending is None:
                         started = time.perf_counter()  # the expert products only
                         block.routed_held(k, x, h, chosen[last], weights[last])
                         clock.matmul_s += time.perf_counter() - started
@@ -102,6 +110,21 @@ class DecoderStack:
         clock.attention_s += float(seconds[0])
         clock.matmul_s += float(seconds[1])
         return [chosen[i] for i in range(first, end) if self.blocks[i].routed]
+
+    @staticmethod
+    def _remote(k: Kernels, block: LayerBlock, x: F32, h: F32, chosen: I32, weights: F32,
+                remote: RemoteExperts, clock: PhaseClock) -> None:
+        """A routed layer on the expert workers: the shared expert here (no routed expert is
+        held), the routed blocks from the workers, then the weighted sum; an error from the
+        workers leaves x as the attention left it (the step is rolled back)."""
+        m, d = x.shape
+        y = np.empty(((chosen.shape[1] + 1) * m, d), np.float32)
+        done = np.zeros(block.cfg.n_routed_experts + 1, np.uint8)
+        started = time.perf_counter()  # the round trip counts as expert products
+        block.experts_held(k, h, chosen, y, done)
+        remote.fill_blocks(block.layer.index, h, chosen, y, done)
+        block.combine(k, x, chosen, weights, y, done)
+        clock.matmul_s += time.perf_counter() - started
 
     @staticmethod
     def _overlapped(k: Kernels, block: LayerBlock, x: F32, h: F32, chosen: I32, weights: F32,

@@ -191,16 +191,18 @@ class Kernels:
                                              ptrs.ctypes.data), "col_mats_matmul")
         return outs
 
-    def all_finite(self, raw: np.ndarray, dtype: int) -> bool:
+    def all_finite(self, raw: np.ndarray, dtype: int, inline: bool = False) -> bool:
         """Whether the stored weight ``raw`` (C-contiguous, its ``DTYPE_CODES`` code) holds
-        only finite values, read on the pool (``csrc/finite.c``)."""
+        only finite values, read on the pool (``csrc/finite.c``); ``inline``: on the calling
+        thread alone (a thread other than the one driving the pool)."""
         if not raw.flags.c_contiguous or raw.dtype.itemsize != (
                 4 if dtype == DTYPE_CODES["F32"] else 2):
             raise KernelInvalidArgument(f"all_finite: need a C-contiguous array of dtype code "
                                         f"{dtype}, got {raw.dtype} {list(raw.shape)}")
         finite = c_int()
-        self._check(self.lib.col_all_finite(self.pool, raw.ctypes.data, dtype, raw.size,
-                                            ctypes.byref(finite)), "col_all_finite")
+        self._check(self.lib.col_all_finite(None if inline else self.pool, raw.ctypes.data,
+                                            dtype, raw.size, ctypes.byref(finite)),
+                    "col_all_finite")
         return bool(finite.value)
 
     def rms_norm(self, x: F32, w: F32, eps: float) -> F32:

@@ -52,6 +52,7 @@ from colibri.reference.safetensors import Checkpoint
 
 from colibri.backend_kit.kv_state import KVLayer, KVState
 from colibri.backend_kit.phase_clock import PhaseClock
+from colibri.backend_kit.remote_experts import RemoteExperts, group_rows
 from colibri.backend_kit.row_driver import LayerRows, RowModel
 from colibri.host_topology import usable_cpus
 
@@ -139,6 +140,8 @@ class Model(RowModel):
         self.fused_layers = True
         self._stack: DecoderStack | None = None
         self._mtp_stack: DecoderStack | None = None
+        #: On a cluster: the workers that compute the routed experts (the store is not asked).
+        self.remote_experts: RemoteExperts | None = None
 
     @property
     def mtp(self) -> Layer | None:
@@ -226,7 +229,8 @@ class Model(RowModel):
             x = np.array(x, dtype=np.float32, order="C")  # the stack updates it in place
             routes += self._decoder_stack().run(
                 self.kernels, x, rope, [[s.layers[i] for s in states] for i in range(first, end)],
-                positions, self.experts, self.clock, first, end, begin=self.experts_begin)
+                positions, self.experts, self.clock, first, end, begin=self.experts_begin,
+                remote=self.remote_experts)
             first = end
         return x, routes
 
@@ -278,7 +282,8 @@ class Model(RowModel):
                                            self.config.num_experts_per_tok)
         z = np.array(z, dtype=np.float32, order="C")  # updated in place
         routes = self._mtp_stack.run(self.kernels, z, rope, [caches], slots, self.experts,
-                                     self.clock, begin=self.experts_begin)
+                                     self.clock, begin=self.experts_begin,
+                                     remote=self.remote_experts)
         return z, keeps, routes[0]
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------
@@ -386,6 +391,8 @@ class Model(RowModel):
         assert lw.router_gate is not None and lw.router_bias is not None
         t, top = x.shape[0], cfg.num_experts_per_tok
         chosen, w = self._route_rows(k.matmul(x, lw.router_gate), lw)
+        if self.remote_experts is not None:
+            return self._remote_moe(x, lw, chosen, w), chosen
         # Group the (row, slot) pairs by expert, rows ascending: each routed expert is read
         # once per step for all its rows, in one C call for the whole layer.
         flat = chosen.reshape(-1)
@@ -413,6 +420,30 @@ class Model(RowModel):
         if lw.shared is not None:
             out = out + y[t * top :]
         return out, chosen
+
+    def _remote_moe(self, x: F32, lw: Layer, chosen: I32, w: F32) -> F32:
+        """``_moe``'s sum over the expert workers' outputs: the routed pairs in ``_moe``'s
+        grouped order from the workers, the shared expert here (a row's bytes do not depend
+        on the rows or experts computed beside it)."""
+        assert self.remote_experts is not None
+        t, top, k = x.shape[0], self.config.num_experts_per_tok, self.kernels
+        groups = group_rows(chosen)
+        started = time.perf_counter()  # the round trip counts as expert products
+        outputs = np.empty((t * top, x.shape[1]), np.float32)
+        outputs[groups.pairs] = self.remote_experts.grouped(lw.index, x, groups)
+        shared = None
+        if lw.shared is not None:
+            shared = k.moe(x, np.frombuffer(lw.shared.desc_bytes, MAT_DTYPE),
+                           np.array([0, t], np.int64), np.arange(t, dtype=np.int64))
+        self.clock.matmul_s += time.perf_counter() - started
+        outputs = outputs.reshape(t, top, x.shape[1])
+        out = np.zeros((t, x.shape[1]), dtype=np.float32)
+        for slot in range(top):
+            out = out + w[:, slot : slot + 1] * outputs[:, slot]
+        if shared is not None:
+            out = out + shared
+        return out
+
 
 def open_model(model_dir: str | Path, threads: int | None = None,
                kernels: Kernels | None = None) -> Model:

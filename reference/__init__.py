@@ -33,13 +33,27 @@ Reading order (each module cites its spec/model.md section):
    what ``load_model`` returns) and the numpy backend behind ``colibri.engine``'s seam.
 """
 
-from colibri.reference.backend import ReferenceModel, load_model
+from typing import TYPE_CHECKING, Any
+
 from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, ExpertWeights, MappedExpertStore
 from colibri.reference.model import Model
 
 from colibri.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from colibri.reference.backend import ReferenceModel, load_model
+
+
+def __getattr__(name: str) -> Any:
+    # The numpy backend is built on the backend kit, whose modules import this package's
+    # data modules: importing it on first use (not here) lets a kit module be imported first.
+    if name in ("ReferenceModel", "load_model"):
+        from colibri.reference import backend
+
+        return getattr(backend, name)
+    raise AttributeError(f"module 'colibri.reference' has no attribute {name!r}")
 
 __all__ = [
     "CheckpointError",

@@ -19,9 +19,11 @@ from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, ExpertWeights
 from colibri.reference.indexer_presence import log_indexer
+from colibri.reference.mlp import swiglu
 from colibri.reference.model import Model
 from colibri.reference.safetensors import Checkpoint
 from colibri.reference.stored_experts import expert_from_stored
+from colibri.reference.tensors import F32, row_matmul
 from colibri.reference.weights import TensorLoader
 
 from colibri.backend_kit.expert_disk import StoredTensors
@@ -31,6 +33,7 @@ from colibri.backend_kit.layer_steps import SteppedRowModel
 from colibri.backend_kit.memory_budget import BudgetTooSmall, runtime_bytes
 from colibri.backend_kit.model_fingerprint import model_fingerprint
 from colibri.backend_kit.phase_clock import PhaseClock
+from colibri.backend_kit.remote_experts import I64, RemoteExperts, expert_layers
 from colibri.backend_kit.tiered_expert_store import TieredExpertStore, mapped_reader
 from colibri.engine.registry import BackendOptions
 
@@ -93,7 +96,9 @@ class ReferenceBackend(KVStateBackend):
         self.model = model
 
     def close(self) -> None:
-        pass
+        if self.model.remote_experts is not None:
+            self.model.remote_experts.close()
+            self.model.remote_experts = None
 
 
 def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> ReferenceBackend:
@@ -122,6 +127,8 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Refer
             container = QuantContainer.open(model_dir)
     model = ReferenceModel(config, checkpoint, quantized)
     log_indexer(model.indexer, log)
+    if options.cluster is not None:
+        model.remote_experts = _open_cluster(model_dir, options, checkpoint, config, log)
     cfg, rows = model.config, usage_rows(model.config)
 
     def build(stored: StoredTensors, layer: int, expert: int) -> ExpertWeights:
@@ -147,3 +154,52 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Refer
     backend.max_step_rows = tiers.max_step_rows
     backend.rss_guard_bytes = tiers.rss_guard_bytes
     return backend
+
+
+def _open_cluster(model_dir: Path, options: BackendOptions, checkpoint: Checkpoint,
+                  config: ModelConfig, log: TextIO) -> RemoteExperts:
+    from colibri.backend_kit.ray_cluster import ClusterSpec, ClusterStartError, open_ray_experts
+    from colibri.engine.registry import BackendUnavailable
+
+    try:
+        spec = ClusterSpec.parse(options.cluster or "ray", options.cluster_workers)
+        return open_ray_experts(spec, str(model_dir), "colibri.reference.backend:expert_compute",
+                                expert_layers(checkpoint, config), config.n_routed_experts, log)
+    except (ValueError, ClusterStartError) as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+class ReferenceExpertCompute:
+    """An expert worker's math: the reference's SwiGLU (row by row, float32) over the experts
+    as ``open_backend`` reads them (copied out of the checkpoint, or dequantized from a
+    container), so a worker's outputs are the engine's own bytes."""
+
+    def __init__(self, model_dir: str) -> None:
+        path = Path(model_dir)
+        config = ModelConfig.from_dir(path)
+        self.read = mapped_reader(TensorLoader(Checkpoint(path)), config)
+        from colibri.reference.quant.loading import quantized_expert_store
+
+        quantized = quantized_expert_store(path, config, budget_bytes=0)
+        if quantized is not None:
+            self.read = quantized.expert
+        self.held: dict[tuple[int, int], ExpertWeights] = {}
+
+    def load(self, layer: int, expert: int) -> int:
+        ew = self.held[(layer, expert)] = self.read(layer, expert)
+        return ew.nbytes
+
+    def run(self, layer: int, experts: list[int], x: F32, start: I64, rows: I64) -> F32:
+        out = np.empty((int(start[-1]), x.shape[1]), np.float32)
+        for i, e in enumerate(experts):
+            ew = self.held[(layer, e)]
+            block = slice(int(start[i]), int(start[i + 1]))
+            out[block] = swiglu(x[rows[block]], ew.gate, ew.up, ew.down, row_matmul)
+        return out
+
+
+def expert_compute(model_dir: str, threads: int) -> ReferenceExpertCompute:
+    """An expert worker's compute (``colibri.backend_kit.expert_worker``); the reference's
+    products are single-threaded row by row, so ``threads`` does not apply."""
+    del threads
+    return ReferenceExpertCompute(model_dir)

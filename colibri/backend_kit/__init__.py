@@ -13,6 +13,9 @@
 - ``kv_state_backend.py``: ``KVStateBackend``, the engine seam's bookkeeping for a backend
   whose states are ``KVState``s, and the step wrapper that reads the clock around the math.
 - ``model_fingerprint.py``: the model tag of ``.coli_kv`` files.
+- ``remote_experts.py``: ``RemoteExperts``, a layer's routed experts computed by expert workers
+  (one call per owner per layer, outputs placed where the local computation puts them);
+  ``expert_worker.py`` the worker; ``ray_cluster.py`` the workers as Ray actors (``--cluster``).
 
 The kit imports numpy, the engine's ``Backend`` interface (``colibri.engine.backend``) and, from
 ``colibri.reference``, only pure data (config, tensor aliases, checkpoint and weight loaders);

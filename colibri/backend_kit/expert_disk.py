@@ -15,6 +15,9 @@ more than the bytes. So:
   ``posix_fadvise(DONTNEED)`` over the range;
 - ``read_many`` keeps several experts' reads in flight on a small thread pool (``os.preadv``
   releases the GIL), so a layer's misses arrive at the disk's rate, not one at a time;
+- the buffers are recycled: a fresh 10 MB allocation per read would cost its page faults
+  and zeroing (a few ms, the order of the read itself), so a buffer whose expert has been
+  let go is reused for the next read of that size (``BufferPool``);
 - a read that returns fewer bytes than the tensors need (a shard truncated under a running
   engine) or fails is an ``ExpertReadError`` naming the expert, the file and the offset, and
   nothing of that expert is returned: a partially read expert is never used.
@@ -26,12 +29,14 @@ it computes with (float32 for the reference, in-place descriptors for the accele
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -40,6 +45,7 @@ from colibri.reference.experts import expert_tensor_names
 from colibri.reference.safetensors import DTYPES, Checkpoint, TensorInfo
 
 Key = tuple[int, int]
+T = TypeVar("T")
 #: An expert's stored tensors by name (gate/up/down and their ``.qs`` sidecars).
 StoredTensors = dict[str, np.ndarray]
 #: The tensors an expert is stored as: its three projections and any sidecars.
@@ -107,6 +113,41 @@ def _run(path: Path, group: list[TensorInfo]) -> Run:
     return Run(path, min(t.begin for t in group), max(t.end for t in group), tuple(group))
 
 
+class BufferPool:
+    """Block-aligned read buffers, reused once nothing refers to them.
+
+    A buffer handed out is referred to by the tensor views made of it (numpy keeps a view's
+    owner alive), so it is free again exactly when the pool holds the only reference. At
+    most ``keep_free`` free buffers of a size are kept; the rest go back to the allocator."""
+
+    def __init__(self, keep_free: int = 2 * DEFAULT_IN_FLIGHT) -> None:
+        self._buffers: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.keep_free = keep_free
+
+    def take(self, length: int) -> np.ndarray:
+        """A BLOCK-aligned uint8 buffer of ``length`` bytes (a view of a pooled array)."""
+        with self._lock:
+            held = self._buffers.setdefault(length, [])
+            free = [raw for raw in held if sys.getrefcount(raw) <= FREE_REFS]
+            if len(free) > self.keep_free:
+                extra = {id(raw) for raw in free[self.keep_free :]}
+                held[:] = [raw for raw in held if id(raw) not in extra]
+                free = free[: self.keep_free]
+            if free:
+                raw = free[0]
+            else:
+                raw = np.empty(length + BLOCK, np.uint8)
+                held.append(raw)
+        shift = -raw.ctypes.data % BLOCK
+        return raw[shift : shift + length]
+
+
+#: ``sys.getrefcount`` of a pooled array nothing else refers to: the pool's list, the
+#: comprehension's variable and the call's own argument.
+FREE_REFS = 3
+
+
 @dataclass
 class DiskCounters:
     """What the disk tier has read since the engine started."""
@@ -125,6 +166,7 @@ class DiskTier:
         self._extents = extents
         self._runs: dict[Key, list[Run]] = {}
         self._pool = ThreadPoolExecutor(max(1, in_flight), thread_name_prefix="expert-read")
+        self._buffers = BufferPool(keep_free=2 * max(1, in_flight))
         self._lock = threading.Lock()
         self.counters = DiskCounters(direct=direct and hasattr(os, "O_DIRECT"))
 
@@ -163,21 +205,14 @@ class DiskTier:
 
     def read_many(self, keys: Sequence[Key]) -> list[StoredTensors]:
         """Several experts' tensors, their reads in flight together; in ``keys``' order."""
-        return self.gather(self.submit(keys))
+        return gather(self.submit(keys, lambda stored, _layer, _expert: stored))
 
-    def submit(self, keys: Sequence[Key]) -> list[Future[StoredTensors]]:
-        """Start reading ``keys`` on the pool (``gather`` waits for them)."""
-        return [self._pool.submit(self.read, *key) for key in keys]
-
-    @staticmethod
-    def gather(futures: Sequence[Future[StoredTensors]]) -> list[StoredTensors]:
-        """The reads' results in order. The first failure is raised once every read has
-        ended (no read outlives the call)."""
-        errors = [f.exception() for f in futures]
-        for error in errors:
-            if error is not None:
-                raise error
-        return [f.result() for f in futures]
+    def submit(self, keys: Sequence[Key], then: Callable[[StoredTensors, int, int], T]
+               ) -> list[Future[T]]:
+        """Start reading ``keys`` on the pool, each expert's tensors handed to ``then`` on
+        the reading thread (the backend's check and build, off the caller's critical path;
+        it must not use the kernels' own thread pool, which the caller drives meanwhile)."""
+        return [self._pool.submit(lambda k: then(self.read(*k), *k), key) for key in keys]
 
     def _read_run(self, run: Run) -> tuple[np.ndarray, int]:
         """The run's bytes in an owned buffer, and the file offset of the buffer's first byte."""
@@ -195,9 +230,7 @@ class DiskTier:
     def _read_direct(self, run: Run) -> tuple[np.ndarray, int]:
         start = run.begin - run.begin % BLOCK
         length = -(-(run.end - start) // BLOCK) * BLOCK
-        raw = np.empty(length + BLOCK, np.uint8)
-        shift = -raw.ctypes.data % BLOCK
-        buf = raw[shift : shift + length]
+        buf = self._buffers.take(length)
         fd = os.open(run.file, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
         try:
             got = _read_full(fd, buf, start)
@@ -217,6 +250,16 @@ class DiskTier:
             os.close(fd)
         _check_length(run, run.begin, got)
         return buf, run.begin
+
+
+def gather(futures: Sequence[Future[T]]) -> list[T]:
+    """The results in order. The first failure is raised once every one has ended (no read
+    outlives the call)."""
+    errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
 
 
 def _read_full(fd: int, buf: np.ndarray, offset: int) -> int:

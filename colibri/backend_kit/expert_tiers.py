@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from colibri.backend_kit.expert_disk import DiskTier, StoredTensors, checkpoint_extents
+from colibri.backend_kit.expert_disk import DiskTier, StoredTensors, checkpoint_extents, gather
 from colibri.backend_kit.memory_budget import MemoryBudget, kv_bytes, split_budget
 from colibri.backend_kit.tiered_expert_store import ExpertReader, StoredBytes, TieredExpertStore
 from colibri.reference.config import ModelConfig
@@ -25,7 +25,9 @@ from colibri.reference.safetensors import Checkpoint
 #: Rows a step may forward at once under a budget (a prefill's chunk), at most.
 STEP_ROWS = 8
 #: A backend's expert from its stored tensors: (stored, layer, expert) -> what it computes
-#: with (``ExpertWeights`` for the reference, the accelerated engine's ``Expert``).
+#: with (``ExpertWeights`` for the reference, the accelerated engine's ``Expert``). It runs
+#: on the disk tier's reading threads, so it must be thread-safe and leave the kernels'
+#: thread pool alone.
 BuildExpert = Callable[[StoredTensors, int, int], Any]
 
 
@@ -91,10 +93,9 @@ def open_tiers(checkpoint: Checkpoint, cfg: ModelConfig, rows: Sequence[int],
         return build(disk.read(layer, expert), layer, expert)
 
     def read_start(keys: Sequence[tuple[int, int]]) -> Callable[[], list[Any]]:
-        reads = disk.submit(keys)
-        # Built on the caller's thread when it waits: the build may use the kernels' thread
-        # pool, which the caller is driving meanwhile.
-        return lambda: [build(s, *key) for key, s in zip(keys, disk.gather(reads), strict=True)]
+        # Checked and built on the reading threads, while the caller computes.
+        reads = disk.submit(keys, build)
+        return lambda: gather(reads)
 
     # A store's budget of 0 means unbounded: a budget that leaves no expert cache is 1 byte,
     # which holds no expert.

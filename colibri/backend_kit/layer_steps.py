@@ -5,11 +5,14 @@ of spec/model.md §3, with the phase clock read around them (PERF/PROF, spec/pro
     y = h + moe(post_attention_norm(h))  (or dense MLP)  -> the expert products: clock.matmul_s
 
 The hooks are the backend's math, pure functions of their inputs; the expert store is passed
-to the routed-expert step as the data source it is. This module decides only the order of the
-steps and which seconds count as which phase: the attention phase is the attention step, the
-expert products are the routed and shared experts' products of a sparse layer without the
-expert reads (reads are disk time, which the store reports; ``ReadClock`` times them around
-the store so that they can be taken out). The row driver times the head.
+to the routed-expert step as the data source it is. On a cluster (``remote_experts`` set) the
+routed experts' outputs come from the expert workers instead, in the same [rows, k, D] layout
+and bytes, and the residual step sums them as it sums local ones. This module decides only
+the order of the steps and which seconds count as which phase: the attention phase is the
+attention step, the expert products are the routed and shared experts' products of a sparse
+layer without the expert reads (reads are disk time, which the store reports; ``ReadClock``
+times them around the store so that they can be taken out; a cluster's round trip counts as
+expert products). The row driver times the head.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import time
 
 from colibri.backend_kit.kv_state import KVLayer
+from colibri.backend_kit.remote_experts import RemoteExperts
 from colibri.backend_kit.row_driver import LayerRows, RowModel
 from colibri.reference.experts import ExpertStore, ExpertWeights
 from colibri.reference.tensors import F32, I32, I64
@@ -45,6 +49,8 @@ class SteppedRowModel(RowModel):
 
     #: Where routed experts come from.
     experts: ExpertStore
+    #: On a cluster: the workers that compute the routed experts (the store is not asked).
+    remote_experts: RemoteExperts | None = None
 
     # --- the hooks: one step of a layer each -------------------------------------------------
 
@@ -105,7 +111,11 @@ class SteppedRowModel(RowModel):
         chosen, weights = routed
         reads = ReadClock(self.experts)
         started = time.perf_counter()
-        outputs = self._routed_experts(layer, xn, chosen, reads)
+        if self.remote_experts is not None:
+            # The round trip counts as expert products: it is where they are computed.
+            outputs = self.remote_experts.routed_outputs(layer, xn, chosen)
+        else:
+            outputs = self._routed_experts(layer, xn, chosen, reads)
         shared = self._shared_expert(layer, xn)
         clock.matmul_s += time.perf_counter() - started - reads.seconds
         return self._moe_residual(h, outputs, weights, shared), keeps, chosen

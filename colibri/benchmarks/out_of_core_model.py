@@ -16,8 +16,8 @@ Two routings over the same experts (the expert shards are hard links of one anot
   the router's sigmoid scores over this geometry (about 0.14), so the bias moves an expert by
   a few score deviations across the ranking without fixing the choice.
 
-Written once into ``cache_dir/glm5-ooc-<routing>-<seed>-r<revision>/`` (a dense shard, one
-shard of experts per sparse layer, the index) and reused.
+Written once into ``cache_dir/glm5-ooc-<routing>-<seed>-r<revision>/`` (HF's shard names: the
+dense weights first, then one shard of experts per sparse layer; the index) and reused.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from colibri.benchmarks.bench_model import BENCH_CONFIG, tensor_shapes
 from colibri.reference.safetensors import write_safetensors
 
 OOC_SEED = 4321
-OOC_REVISION = 1
+OOC_REVISION = 2
 ROUTINGS = ("uniform", "skewed")
 #: The skewed router's bias per log-rank step (see the module docstring).
 SKEW = 0.14
@@ -90,10 +90,12 @@ def ensure_models(cache_dir: Path, seed: int = OOC_SEED) -> dict[str, Path]:
     rng = np.random.default_rng(seed)
     dense = {name: _tensor(rng, name, shape) for name, shape in sorted(shapes.items())
              if not _is_expert(name)}
-    weight_map: dict[str, str] = {name: "dense.safetensors" for name in dense}
     sparse = range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])
-    for layer in sparse:
-        shard = f"experts-{layer:02d}.safetensors"
+    shards = len(sparse) + 1
+    dense_shard = f"model-00001-of-{shards:05d}.safetensors"
+    weight_map: dict[str, str] = {name: dense_shard for name in dense}
+    for number, layer in enumerate(sparse, 2):
+        shard = f"model-{number:05d}-of-{shards:05d}.safetensors"
         prefix = f"model.layers.{layer}.mlp.experts."
         tensors = {name: _tensor(rng, name, shape) for name, shape in sorted(shapes.items())
                    if name.startswith(prefix)}
@@ -103,12 +105,12 @@ def ensure_models(cache_dir: Path, seed: int = OOC_SEED) -> dict[str, Path]:
         os.link(uniform / shard, skewed / shard)
         weight_map.update({name: shard for name in tensors})
         del tensors
-    write_safetensors(uniform / "dense.safetensors", dense)
+    write_safetensors(uniform / dense_shard, dense)
     bias_rng = np.random.default_rng(seed + 1)
     for layer in sparse:
         name = f"model.layers.{layer}.mlp.gate.e_score_correction_bias"
         dense[name] = skewed_bias(bias_rng, cfg["n_routed_experts"])
-    write_safetensors(skewed / "dense.safetensors", dense)
+    write_safetensors(skewed / dense_shard, dense)
     index = json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1, sort_keys=True)
     for routing, target in dirs.items():
         (target / "model.safetensors.index.json").write_text(index + "\n")

@@ -40,7 +40,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_backend_arguments(parser)
     parser.add_argument("--device", help="the backend's device (e.g. cpu, cuda)")
     add_gpu_arguments(parser)
+    add_cluster_arguments(parser)
     parser.set_defaults(handler=run)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--cluster`` and ``--cluster-workers`` (engine and serve: serve hands them to the
+    engine it starts through COLI_CLUSTER and COLI_CLUSTER_WORKERS)."""
+    parser.add_argument(
+        "--cluster", metavar="ray[:ADDRESS]", default=None,
+        help="compute the routed experts on expert workers, Ray actors: `ray` starts a local "
+        "Ray, `ray:ADDRESS` joins a running cluster (`ray:auto`: the one on this machine); "
+        "needs the `cluster` extra (COLI_CLUSTER)")
+    parser.add_argument(
+        "--cluster-workers", type=int, default=None, metavar="N",
+        help="expert workers to start (default: one per node of the cluster; "
+        "COLI_CLUSTER_WORKERS)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             default_model=resources.default_model_dir(),
             backend=backend,
             device=args.device,
+            cluster=args.cluster,
+            cluster_workers=args.cluster_workers,
         )
     except SettingsError as exc:
         print(f"colibri engine: {exc}", file=sys.stderr)

@@ -60,7 +60,9 @@ def build_runtime(
                                  kv_slots=settings.kv_slots, ctx=ctx,
                                  rss_guard_bytes=settings.rss_guard_bytes,
                                  vram_budget_bytes=settings.vram_budget_bytes,
-                                 vram_reserve_bytes=settings.vram_reserve_bytes)
+                                 vram_reserve_bytes=settings.vram_reserve_bytes,
+                                 cluster=settings.cluster,
+                                 cluster_workers=settings.cluster_workers)
         try:
             backend = open_backend(settings.backend, model_dir, options, log)
         except BackendUnavailable as exc:

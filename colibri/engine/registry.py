@@ -44,6 +44,11 @@ class BackendOptions:
     vram_budget_bytes: int = 0
     #: Device memory left free for everything but experts (CUDA_RESERVE_GB, default 2).
     vram_reserve_bytes: int = 2_000_000_000
+    #: ``--cluster``: ``ray`` or ``ray:ADDRESS``, the routed experts on expert workers; None
+    #: computes them in this process.
+    cluster: str | None = None
+    #: ``--cluster-workers``: how many expert workers (0: one per node of the cluster).
+    cluster_workers: int = 0
 
 
 def vram_budget(requested_bytes: int, free_bytes: int, reserve_bytes: int) -> int:

@@ -65,6 +65,10 @@ class EngineSettings:
     #: AUTOPIN: under RAM_GB, pin the usage history's hottest experts once it holds enough
     #: selections (colibri's default; AUTOPIN=0 turns it off).
     autopin: bool = True
+    #: --cluster / COLI_CLUSTER: ``ray`` or ``ray:ADDRESS`` (routed experts on expert workers).
+    cluster: str | None = None
+    #: --cluster-workers / COLI_CLUSTER_WORKERS: expert workers (0: one per cluster node).
+    cluster_workers: int = 0
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -110,6 +114,8 @@ def from_environment(
     default_model: Path | None = None,
     backend: str = "reference",
     device: str | None = None,
+    cluster: str | None = None,
+    cluster_workers: int | None = None,
 ) -> EngineSettings:
     """Settings from options (given, not None) over environment variables."""
     snap = model_dir or (Path(env["SNAP"]) if env.get("SNAP") else default_model)
@@ -137,6 +143,13 @@ def from_environment(
             raise SettingsError(f"SEED={seed_raw!r} is not an integer") from None
     state = env.get("COLI_STATE_DIR")
     pin = env.get("PIN") or None
+    cluster = cluster or env.get("COLI_CLUSTER") or None
+    if cluster is not None and cluster != "ray" and not cluster.startswith("ray:"):
+        raise SettingsError(f"--cluster {cluster!r}: expected ray or ray:ADDRESS")
+    if cluster_workers is None:
+        cluster_workers = _int(env, "COLI_CLUSTER_WORKERS", 0, 0, 1 << 16)
+    if cluster_workers < 0:
+        raise SettingsError(f"--cluster-workers must be >= 0, got {cluster_workers}")
     return EngineSettings(
         backend=backend,
         device=device,
@@ -167,6 +180,8 @@ def from_environment(
         grammar_overlap=_flag(env, "COLI_GRAMMAR_OVERLAP", True),
         vram_budget_bytes=_vram_budget(env),
         vram_reserve_bytes=_gb(env, "CUDA_RESERVE_GB", 2.0),
+        cluster=cluster,
+        cluster_workers=cluster_workers,
     )
 
 

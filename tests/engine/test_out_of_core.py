@@ -20,7 +20,7 @@ from support.accelerated_support import needs_library
 from support.engine_harness import EngineRun, ids, run_engine, submit
 
 from colibri import resources
-from colibri.backend_kit.expert_disk import DiskTier, ExpertReadError, checkpoint_extents
+from colibri.backend_kit.expert_disk import DiskTier, ExpertReadError, checkpoint_extents, gather
 from colibri.backend_kit.memory_budget import BudgetTooSmall, split_budget
 from colibri.engine.backend import Backend, Step, StepRow, usage_rows
 from colibri.engine.registry import BackendOptions, BackendUnavailable, open_backend
@@ -202,9 +202,8 @@ def test_a_partial_read_is_never_returned_and_the_store_keeps_nothing_of_it(
         return expert_from_stored(disk.read(layer, e), layer, e, cfg, None)
 
     def read_start(keys: Sequence[tuple[int, int]]) -> Callable[[], list[Any]]:
-        reads = disk.submit(keys)
-        return lambda: [expert_from_stored(s, *k, cfg, None)
-                        for k, s in zip(keys, disk.gather(reads), strict=True)]
+        reads = disk.submit(keys, lambda s, layer, e: expert_from_stored(s, layer, e, cfg, None))
+        return lambda: gather(reads)
 
     store = TieredExpertStore(read, cfg, rows, 0, lambda _l, _e: 1, read_start=read_start)
     layer = rows[0]

@@ -1,0 +1,211 @@
+"""Expert workers as Ray actors: the transport behind ``RemoteExperts`` on a Ray cluster.
+
+``--cluster ray`` starts a local Ray on demand (a small object store, no dashboard); ``--cluster
+ray:ADDRESS`` joins an existing cluster (``ray start --head`` on one machine, ``ray start
+--address`` on the others; ``ray:auto`` finds the one running on this machine). A process that
+already called ``ray.init`` (a test that built a simulated cluster) is used as it is.
+
+Placement: one worker per alive node (or ``workers`` of them, dealt round robin over the
+nodes), each an actor that opens the model directory on its own node and loads its share. Ray
+restarts a worker whose process dies (``max_restarts``); the restarted worker reloads its share
+in its constructor. Calls are never retried (``max_task_retries=0``): a call in flight when its
+worker dies fails, the step's requests end with an error, and the next step's calls wait for
+the restarted worker.
+
+Ray is imported only here and only when a cluster is opened: the engine's start-up without
+``--cluster`` never loads it. Ray ships no type stubs, so it is held as ``Any`` behind this
+module's typed surface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+from colibri.backend_kit.expert_worker import ExpertWorker
+from colibri.backend_kit.remote_experts import (
+    DEFAULT_DEADLINE_S,
+    F32,
+    ExpertCall,
+    Placement,
+    RemoteExpertError,
+    RemoteExperts,
+)
+
+#: A worker's share is loaded before the engine says READY; a real model's share takes a
+#: while to read, a worker that cannot start at all is reported after this.
+START_TIMEOUT_S = 600.0
+#: The object store of a Ray this process starts: a step's calls carry a few rows of
+#: activations, so the store's minimum is plenty.
+LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
+
+
+class ClusterStartError(Exception):
+    """The cluster could not be opened: Ray missing, unreachable, or a worker failed to load."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``ray`` (a local Ray started on demand) or ``ray:ADDRESS`` (an existing cluster), and
+    how many workers (0: one per alive node)."""
+
+    address: str | None = None
+    workers: int = 0
+    deadline_s: float = DEFAULT_DEADLINE_S
+
+    @classmethod
+    def parse(cls, text: str, workers: int = 0,
+              deadline_s: float = DEFAULT_DEADLINE_S) -> ClusterSpec:
+        kind, sep, address = text.partition(":")
+        if kind != "ray" or (sep and not address):
+            raise ValueError(f"--cluster {text!r}: expected ray or ray:ADDRESS")
+        if workers < 0:
+            raise ValueError(f"--cluster-workers must be >= 0, got {workers}")
+        if not deadline_s > 0:
+            raise ValueError(f"the cluster deadline must be positive, got {deadline_s}")
+        return cls(address or None, workers, deadline_s)
+
+    def __str__(self) -> str:
+        return "ray" if self.address is None else f"ray:{self.address}"
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ClusterStartError("--cluster needs Ray: pip install 'colibri[cluster]'") from None
+    return ray
+
+
+class RayCaller:
+    """``ExpertCaller`` over Ray actors: every call submitted at once, then each answer
+    awaited within what is left of the deadline."""
+
+    def __init__(self, ray: Any, actors: list[Any], names: list[str], started: bool) -> None:
+        self.ray = ray
+        self.actors = actors
+        self.names = names
+        self.started = started
+
+    def call(self, calls: Sequence[tuple[int, ExpertCall]], deadline_s: float) -> list[F32]:
+        ray = self.ray
+        refs = [self.actors[owner].run.remote(c.layer, c.experts, c.x, c.start, c.rows)
+                for owner, c in calls]
+        until = time.monotonic() + deadline_s
+        answers: list[F32] = []
+        for (owner, c), ref in zip(calls, refs, strict=True):
+            name = self.names[owner]
+            try:
+                answer = ray.get(ref, timeout=max(0.0, until - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                raise RemoteExpertError(f"expert worker {name} did not answer layer {c.layer} "
+                                        f"within {deadline_s:g} s") from None
+            except ray.exceptions.RayActorError as exc:
+                raise RemoteExpertError(f"expert worker {name} was lost during layer "
+                                        f"{c.layer}: {type(exc).__name__}") from None
+            except ray.exceptions.RayError as exc:
+                raise RemoteExpertError(f"expert worker {name} failed layer {c.layer}: "
+                                        f"{str(exc).strip().splitlines()[-1]}") from None
+            answers.append(np.asarray(answer))
+        return answers
+
+    def pids(self) -> list[int]:
+        """Each worker's process id (after a restart, the new process's)."""
+        return [int(p) for p, _, _ in self.ray.get([a.ready.remote() for a in self.actors])]
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self.started:
+            self.ray.shutdown()
+
+
+def _cluster_errors_to_stderr() -> None:
+    """Ray's driver prints the cluster's error reports ("a worker died...") to ``sys.stdout``,
+    which is an engine's protocol stream: send them to stderr, the engine's log. They are
+    reports only; the calls they concern fail on their own (``RemoteExpertError``)."""
+    import importlib
+
+    module: Any = importlib.import_module("ray._private.worker")
+    printer = getattr(module, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    module.print_to_stdstream = to_stderr
+
+
+def _connect(ray: Any, spec: ClusterSpec) -> bool:
+    """Join or start Ray; True when this process started it (and so stops it)."""
+    _cluster_errors_to_stderr()
+    if ray.is_initialized():
+        return False
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    try:
+        if spec.address is not None:
+            ray.init(address=spec.address, **quiet)
+            return False
+        # The CPUs this process may use: shared by the workers as kernel threads.
+        ray.init(num_cpus=max(1, len(os.sched_getaffinity(0))),
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ClusterStartError(f"--cluster {spec}: {exc}") from None
+    return True
+
+
+def open_ray_experts(spec: ClusterSpec, model_dir: str, factory: str, layers: Sequence[int],
+                     n_experts: int, log: TextIO) -> RemoteExperts:
+    """Workers placed and loaded (each has answered ``ready``), behind ``RemoteExperts``."""
+    ray = _ray()
+    started = _connect(ray, spec)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: str(n["NodeID"]))
+    if not nodes:
+        raise ClusterStartError(f"--cluster {spec}: the cluster has no alive node")
+    count = spec.workers or len(nodes)
+    placement = Placement.striped(layers, n_experts, count)
+    where = [nodes[i % len(nodes)] for i in range(count)]
+    per_node: dict[str, int] = {}
+    for node in where:
+        per_node[str(node["NodeID"])] = per_node.get(str(node["NodeID"]), 0) + 1
+    worker_class = ray.remote(ExpertWorker)
+    actors: list[Any] = []
+    names: list[str] = []
+    for i, node in enumerate(where):
+        node_id = str(node["NodeID"])
+        # The node's CPUs shared among its workers become each worker's kernel threads; the
+        # actor reserves none, so engines sharing a cluster never wait on each other's
+        # reservations.
+        threads = max(1, int(node.get("Resources", {}).get("CPU", 1)) // per_node[node_id])
+        # soft: a worker whose node is gone may restart on another node (it opens the
+        # model directory there by the same path).
+        actors.append(worker_class.options(
+            max_restarts=-1, max_task_retries=0, num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=True),
+        ).remote(model_dir, factory, placement.owned(i), threads))
+        names.append(f"{i} ({node.get('NodeManagerAddress', '?')})")
+    caller = RayCaller(ray, actors, names, started)
+    try:
+        ready = ray.get([a.ready.remote() for a in actors], timeout=START_TIMEOUT_S)
+    except ray.exceptions.RayError as exc:
+        caller.close()
+        raise ClusterStartError(f"--cluster {spec}: an expert worker did not start: "
+                                f"{str(exc).strip().splitlines()[-1]}") from None
+    for name, (pid, held, nbytes) in zip(names, ready, strict=True):
+        print(f"== expert worker {name}: pid {pid}, {held} experts, {nbytes / 1e6:.1f} MB ==",
+              file=log)
+    where_s = f"{len(nodes)} node" + ("s" if len(nodes) > 1 else "")
+    print(f"== cluster {spec}: {count} expert workers on {where_s}, layer deadline "
+          f"{spec.deadline_s:g} s ==", file=log)
+    return RemoteExperts(caller, placement, spec.deadline_s)
