@@ -35,6 +35,9 @@ from colibri.backend_kit.remote_experts import RemoteExperts
 I32 = npt.NDArray[np.int32]
 #: The expert store's batch lookup: (layer index, distinct experts ascending) -> the experts.
 Lookup = Callable[[int, list[int]], list[Expert]]
+#: Whether the expert store still holds (layer, expert) in RAM (``TieredExpertStore``'s
+#: ``is_resident``): the table keeps an expert read into process memory exactly that long.
+Resident = Callable[[int, int], bool]
 #: Its two-half form (``TieredExpertStore.experts_begin``): the lookups made, the resident
 #: experts at hand and the misses' reads in flight; None from a store without it.
 Begin = Callable[[int, list[int]], Any]
@@ -53,6 +56,7 @@ class DecoderStack:
     def run(self, k: Kernels, x: F32, rope: tuple[F32, F32], caches: Sequence[Sequence[KVLayer]],
             slots: Sequence[int], lookup: Lookup, clock: PhaseClock, first: int = 0,
             end: int | None = None, begin: Begin | None = None,
+            resident: Resident | None = None,
             remote: RemoteExperts | None = None) -> list[I32]:
         """x [m, d] through blocks [first, end) in place (``caches[i]``: the rows' caches of
         block ``first + i``; row r writes slot ``slots[r]``); returns each routed layer's
@@ -73,6 +77,8 @@ class DecoderStack:
         seconds = np.zeros(2, np.float64)
         cos, sin = rope
         at = first
+        for block in self.blocks[first:end]:  # what the store let go between steps (pins...)
+            _let_go(block, resident)
         try:
             while at < end:
                 stopped = k.decoder_layers(self.records, at, end, x, h, cos, sin, table, slot_a,
@@ -100,13 +106,14 @@ class DecoderStack:
                     else:
                         self._overlapped(k, block, x, h, chosen[last], weights[last],
                                          pending, clock)
-                    # Experts read into process memory go now, not at the step's end: under a
-                    # RAM budget a step holds one layer's experts beyond the cache, not all.
-                    self.blocks[last].release()
+                    # Experts the store let go while this layer read its own go now, not at the
+                    # step's end: under a RAM budget a step holds one layer's experts beyond
+                    # the cache, not every layer's.
+                    _let_go(self.blocks[last], resident)
                 at = last + 1
         finally:
             for block in self.blocks[first:end]:
-                block.release()
+                _let_go(block, resident)
         clock.attention_s += float(seconds[0])
         clock.matmul_s += float(seconds[1])
         return [chosen[i] for i in range(first, end) if self.blocks[i].routed]
@@ -147,3 +154,14 @@ class DecoderStack:
         block.experts_held(k, h, chosen, y, done)
         block.combine(k, x, chosen, weights, y, done)
         clock.matmul_s += time.perf_counter() - started
+
+
+def _let_go(block: LayerBlock, resident: Resident | None) -> None:
+    """Forget the experts of ``block``'s table that were read into process memory and the
+    store no longer holds (without a store, all of them): a resident one stays, so C runs its
+    layer without stopping while the routing stays among the cached experts."""
+    if resident is None:
+        block.release()
+    else:
+        layer = block.layer.index
+        block.release(keep=lambda e: resident(layer, e))

@@ -10,7 +10,7 @@ store hands the expert out (``hold``). A chosen expert without an entry stops th
 from __future__ import annotations
 
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -131,11 +131,16 @@ class LayerBlock:
         """A layer with routed experts (else a dense one)."""
         return bool(self.held)
 
-    def release(self) -> None:
+    def release(self, keep: Callable[[int], bool] | None = None) -> None:
+        """Forget the transient experts (those ``keep`` does not keep)."""
+        kept = []
         for e in self.transient:
+            if keep is not None and keep(e):
+                kept.append(e)
+                continue
             self.held[e] = None
             self.experts[3 * e : 3 * e + 3] = np.zeros(3, MAT_DTYPE)
-        self.transient.clear()
+        self.transient = kept
 
     def cache_pointers(self, caches: Sequence[KVLayer], slots: Sequence[int]) -> np.ndarray:
         names = ("latent", "rope_key", "index_key") if self.index_keys else ("latent", "rope_key")

@@ -173,6 +173,11 @@ class Model(RowModel):
                             f"{[type(ex).__name__ for ex in found]} for experts {ids}")
         return found
 
+    def _resident(self) -> Any:
+        """The store's residency test (``is_resident``), or None for a store without one."""
+        test = getattr(self.store, "is_resident", None)
+        return test if callable(test) else None
+
     def experts_begin(self, layer: int, ids: list[int]) -> Any:
         """The store's two-half lookup (``TieredExpertStore.experts_begin``: the resident
         experts now, the misses' reads in flight), or None for a store without one."""
@@ -230,7 +235,7 @@ class Model(RowModel):
             routes += self._decoder_stack().run(
                 self.kernels, x, rope, [[s.layers[i] for s in states] for i in range(first, end)],
                 positions, self.experts, self.clock, first, end, begin=self.experts_begin,
-                remote=self.remote_experts)
+                remote=self.remote_experts, resident=self._resident())
             first = end
         return x, routes
 
@@ -283,7 +288,7 @@ class Model(RowModel):
         z = np.array(z, dtype=np.float32, order="C")  # updated in place
         routes = self._mtp_stack.run(self.kernels, z, rope, [caches], slots, self.experts,
                                      self.clock, begin=self.experts_begin,
-                                     remote=self.remote_experts)
+                                     remote=self.remote_experts, resident=self._resident())
         return z, keeps, routes[0]
 
     # --- one decoder layer over rows (spec §3) ----------------------------------------------
