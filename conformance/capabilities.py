@@ -90,6 +90,9 @@ _ALL = (
                "a decode step's DATA frames in ascending slot order"),
     Capability("state_layout", COLIBRI, "project", "protocol.md §4.2, §4.3",
                "the .coli_usage header record and the .coli_kv record layout"),
+    Capability("ram_budget", COLIBRI, "project", "protocol.md §2.4 (EXPERT_READ), §2.9 (RAM_GB)",
+               "under RAM_GB routed experts are read from the model's files; a read that fails "
+               "ends the request with ERROR <id> EXPERT_READ and the engine serves on"),
     # The serve_codec dialect: the codec's fixed rules, then one capability per switch of its
     # wire profile (ColiServeWireProfile), which each family engine sets for itself.
     Capability(CODEC_WIRE, SERVE_CODEC, "colibri", "protocol.md §5",
@@ -131,7 +134,8 @@ DECLARABLE = EXTENSIONS | CODEC
 #: engine announcing ``CAPS proto=1`` claims them all.
 REVISION_1 = frozenset(
     {"caps", "accept", "stop", "context_exceeded", "persistence", "prof", "submit_ext",
-     "strict_validation", "drain_rule", "turn_end_block", "batch_order", "state_layout"}
+     "strict_validation", "drain_rule", "turn_end_block", "batch_order", "state_layout",
+     "ram_budget"}
 )
 
 #: CAPS keys (and older spellings) -> capability names; a value 0 means "not supported".

@@ -53,6 +53,9 @@ class CaseError(ValueError):
 
 #: Steps that end or replace the engine process: a session using them needs its own engine.
 LIFECYCLE_OPS = frozenset({"close_stdin", "await_exit", "restart", "kill", "fuzz"})
+#: Steps that damage or mend the session's private model copy (``experts_apart``): no later
+#: case may be served by an engine whose files were damaged, so they too need their own.
+MODEL_OPS = frozenset({"truncate_experts", "restore_experts"})
 
 
 @dataclass(frozen=True)
@@ -129,10 +132,18 @@ def _build(raw: dict[str, Any], source: str) -> Case:
             name,
             engine,
             steps,
-            bool(fresh or raw.get("fresh") or any(st["op"] in LIFECYCLE_OPS for st in steps)),
+            bool(fresh or raw.get("fresh")
+                 or any(st["op"] in LIFECYCLE_OPS | MODEL_OPS for st in steps)),
         )
         for name, engine, steps, fresh in specs
     ]
+    for session in sessions:
+        damage = sorted({st["op"] for st in session.steps} & MODEL_OPS)
+        if damage and not session.engine.get("experts_apart"):
+            raise CaseError(
+                f"{source}: {raw['id']}: session {session.name} uses {damage} without "
+                "engine.experts_apart (a model copy of its own to damage)"
+            )
     requires = frozenset(raw.get("requires", []))
     if suite == "protocol":
         strange = unknown(requires)

@@ -3,7 +3,9 @@
 The child gets colibri's environment (``SNAP``, ``SERVE=1``, ``SERVE_BATCH=1``, ``KV_SLOTS``,
 ``CTX``, ``COLI_STATE_DIR``, ...), so colibri's own C binary is as valid a target as
 ``colibri engine``. Each session gets a private state directory so persistence files of one
-case never leak into another; a restart inside a case keeps it.
+case never leak into another; a restart inside a case keeps it. A session whose case asks for
+``experts_apart`` also gets a private copy of the model with the routed experts in a shard of
+their own (expert_shard.py), which its steps may damage and mend under the running engine.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
 from colibri.conformance.capabilities import from_caps
-from colibri.conformance.frames import Frame, FrameReader
+from colibri.conformance.expert_shard import ExpertShard, ModelCopyError, split_experts
+from colibri.conformance.frames import Frame
 from colibri.conformance.snapshot import link_model
+
+from colibri.protocol import FrameParser, FrameReader
 
 #: Handshake lines that announce optional capabilities (forward compatible: old servers
 #: ignore them). Tokens are ``name``, ``name=1`` or ``name=0``.
@@ -71,13 +76,18 @@ class EngineTarget:
             raise EngineError("--engine-cmd is empty")
         return cls(argv, model_dir, dict(extra_env or {}))
 
-    def environment(self, config: dict[str, Any], state_dir: Path) -> dict[str, str]:
+    def environment(
+        self, config: dict[str, Any], state_dir: Path, model_dir: Path | None = None
+    ) -> dict[str, str]:
+        """The engine's environment; ``model_dir`` stands in for the target's model (a
+        session's private copy)."""
         env = dict(os.environ)
         env.update(self.extra_env)
-        if self.model_dir is not None:
-            env["SNAP"] = str(self.model_dir)
+        model = model_dir or self.model_dir
+        if model is not None:
+            env["SNAP"] = str(model)
             if self.state_dir == "snap":
-                link_model(self.model_dir, state_dir)
+                link_model(model, state_dir)
                 env["SNAP"] = str(state_dir)
         env["SERVE"] = "1"
         if config.get("protocol", "mux") == "mux":
@@ -114,6 +124,10 @@ class EngineSession:
         self._stderr: IO[bytes] | None = None
         self._stdin_closed = False
         self._generation_start = 0
+        self._model_copy: tempfile.TemporaryDirectory[str] | None = None
+        self.model_dir: Path | None = None
+        #: The experts' shard of the private model copy (``experts_apart``), else None.
+        self.expert_shard: ExpertShard | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -123,6 +137,8 @@ class EngineSession:
     def spawn(self) -> None:
         """Start the process without waiting (so several engines can load in parallel)."""
         legacy = self.config.get("protocol", "mux") == "legacy"
+        if self.config.get("experts_apart") and self._model_copy is None:
+            self._copy_model()
         self._stderr = tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(
@@ -130,7 +146,7 @@ class EngineSession:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._stderr,
-                env=self.target.environment(self.config, self.state_dir),
+                env=self.target.environment(self.config, self.state_dir, self.model_dir),
                 bufsize=0,
             )
         except OSError as exc:
@@ -140,7 +156,22 @@ class EngineSession:
         # A restarted engine's READY is a new frame: the previous process's must not count.
         self._generation_start = len(self.frames)
         assert self._proc.stdout is not None
-        self._reader = FrameReader(cast(BinaryIO, self._proc.stdout), legacy=legacy)
+        self._reader = FrameReader(cast(BinaryIO, self._proc.stdout), FrameParser(legacy=legacy))
+
+    def _copy_model(self) -> None:
+        """The session's model: a copy with the routed experts in their own shard, kept for
+        the whole session (a restart serves the same files)."""
+        source = self.target.model_dir
+        if source is None:
+            raise EngineError("experts_apart needs a model directory (--model)")
+        self._model_copy = tempfile.TemporaryDirectory(prefix="colibri-conformance-model-")
+        root = Path(self._model_copy.name)
+        try:
+            shard = split_experts(source, root / "model")
+        except (ModelCopyError, OSError) as exc:
+            raise EngineError(f"cannot put the experts of {source} apart: {exc}") from exc
+        self.model_dir = root / "model"
+        self.expert_shard = ExpertShard(shard, root / "experts.whole")
 
     def await_ready(self) -> None:
         start = self._generation_start
@@ -188,6 +219,8 @@ class EngineSession:
             if self._stderr is not None:
                 self._stderr.close()
             self._state.cleanup()
+            if self._model_copy is not None:
+                self._model_copy.cleanup()
 
     def _drain(self) -> None:
         reader = self._reader
@@ -254,10 +287,29 @@ class EngineSession:
             if item is None:
                 tail = self.stderr_tail(300).strip()
                 hint = f" (stderr: {tail})" if tail else ""
-                raise EngineError(f"engine output ended while waiting for {what}{hint}")
+                raise EngineError(
+                    f"engine output ended while waiting for {what}{self._how_it_ended()}{hint}"
+                )
             self.frames.append(item)
             if predicate(item):
                 return item
+
+    def _how_it_ended(self) -> str:
+        """How the process ended, once its output has: a crash (a signal) reads differently
+        from an exit, and neither is a frame the case can name."""
+        proc = self._proc
+        if proc is None:
+            return ""
+        try:
+            code = proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return ""
+        if code < 0:
+            try:
+                return f"; it was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"; it was killed by signal {-code}"
+        return f"; it exited with status {code}"
 
     def await_exit(self, timeout: float) -> int:
         proc = self._proc

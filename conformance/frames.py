@@ -1,19 +1,35 @@
-"""Splitting an engine's stdout into frames: ``colibri.protocol.FrameParser`` (the one frame
-reader, I/O-free) fed from a pipe by a thread, so callers can wait with a deadline.
+"""The suite's names for the wire's frames: ``Frame`` is ``colibri.protocol.WireFrame``,
+``FrameSplitter`` is ``colibri.protocol.FrameParser`` (an engine's stdout is read by
+``colibri.protocol.FrameReader``); kinds, sentinels and limits come from spec/protocol.json.
 
-The names the suite uses are the protocol module's: ``Frame`` is ``WireFrame``,
-``FrameSplitter`` is ``FrameParser``; kinds, sentinels and limits come from spec/protocol.json.
+A check reads a frame's fields through the codec (:func:`line`, :func:`read`): strictly where
+it compares spellings, otherwise as a server reads an engine (any spelling a number's type
+allows), since the grammar expectation is what holds every line to the spec's spellings.
+Fields past the grammar's last are a violation either way: a check relates exactly the fields
+of its frame's kind.
 """
 
 from __future__ import annotations
 
-import threading
-from queue import Empty, Queue
-from typing import BinaryIO
+from functools import lru_cache
+from typing import TypeVar
 
-from colibri.protocol import BROKEN, END, LIMITS, PREAMBLE, READY, SPEC
+from colibri.protocol import (
+    BROKEN,
+    END,
+    LIMITS,
+    PREAMBLE,
+    READY,
+    SPEC,
+    ParsedLine,
+    ProtocolViolation,
+    parse_line,
+)
 from colibri.protocol import FrameParser as FrameSplitter
 from colibri.protocol import WireFrame as Frame
+from colibri.protocol.records import Record
+
+R = TypeVar("R", bound=Record)
 
 LEGACY_END = END
 
@@ -32,44 +48,31 @@ LEGACY_STATUS_KINDS: frozenset[str] = frozenset(SPEC.legacy["status_kinds"])
 
 __all__ = [
     "BROKEN", "LEGACY_END", "LEGACY_STATUS_KINDS", "MAX_PAYLOAD", "PAYLOAD_KINDS", "PREAMBLE",
-    "READY", "TAGGED_KINDS", "Frame", "FrameReader", "FrameSplitter",
+    "READY", "TAGGED_KINDS", "Frame", "FrameSplitter", "line", "read",
 ]
 
 
-class FrameReader:
-    """A thread that splits a pipe into frames so callers can wait with a deadline."""
+@lru_cache(maxsize=4096)
+def _line(header: bytes, strict: bool) -> ParsedLine | None:
+    parsed = parse_line(header, strict=strict)
+    if parsed is not None and parsed.extra:
+        text = header.decode("utf-8", "replace")
+        raise ProtocolViolation(parsed.kind, f"{len(parsed.extra)} unexpected trailing field(s)",
+                                text, values=parsed.values)
+    return parsed
 
-    def __init__(self, stream: BinaryIO, legacy: bool = False) -> None:
-        self._stream = stream
-        self._splitter = FrameSplitter(legacy=legacy)
-        self._queue: Queue[Frame | None] = Queue()
-        self.eof = False
-        self._thread = threading.Thread(target=self._pump, name="frame-reader", daemon=True)
-        self._thread.start()
 
-    def _pump(self) -> None:
-        read = getattr(self._stream, "read1", self._stream.read)
-        try:
-            while True:
-                chunk = read(65536)
-                if not chunk:
-                    break
-                for frame in self._splitter.feed(chunk):
-                    self._queue.put(frame)
-        except (OSError, ValueError):
-            pass
-        for frame in self._splitter.finish():
-            self._queue.put(frame)
-        self._queue.put(None)
+def line(frame: Frame, *, strict: bool = False) -> ParsedLine | None:
+    """The frame's header by its kind's grammar (None for a kind protocol.json does not
+    define); ``ProtocolViolation`` when it breaks it."""
+    return _line(frame.header, strict)
 
-    def next(self, timeout: float) -> Frame | None:
-        """The next frame; None at EOF. Raises TimeoutError when nothing came in time."""
-        if self.eof:
-            return None
-        try:
-            item = self._queue.get(timeout=max(timeout, 0.0))
-        except Empty as exc:
-            raise TimeoutError from exc
-        if item is None:
-            self.eof = True
-        return item
+
+def read(frame: Frame, kind: type[R], *, strict: bool = False) -> R:
+    """The frame as the codec's record of ``kind``; ``ProtocolViolation`` when it is not
+    one."""
+    parsed = line(frame, strict=strict)
+    text = frame.header.decode("utf-8", "replace")
+    if parsed is None or parsed.kind != kind.KIND:
+        raise ProtocolViolation(kind.KIND, "not a line of this kind", text)
+    return kind.from_line(parsed, text, frame.payload)

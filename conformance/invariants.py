@@ -26,12 +26,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from colibri.conformance.engine import expand_env
-from colibri.conformance.frames import PREAMBLE, Frame
+from colibri.conformance.frames import PREAMBLE, Frame, R, line, read
 from colibri.conformance.outcome import CheckFailure, NotApplicable
 from colibri.conformance.prompts import PromptCodec
 from colibri.conformance.usage_records import read_usage
 
-from colibri.protocol import LIMITS
+from colibri.protocol import LIMITS, ProtocolViolation
+from colibri.protocol.records import (
+    Accept,
+    Data,
+    Done,
+    Echo,
+    Emap,
+    Entropy,
+    Error,
+    Gpus,
+    Hits,
+    HwInfo,
+    Perf,
+    Prof,
+    Tiers,
+    Topk,
+    f3,
+    logprob,
+)
 
 if TYPE_CHECKING:
     from colibri.conformance.protocol_checks import SessionView
@@ -60,7 +78,7 @@ class Turn:
 
     @property
     def prompt_tokens(self) -> int:
-        return _int(self.accept.fields, 2, "ACCEPT prompt tokens")
+        return read(self.accept, Accept).prompt_tokens
 
     def of(self, kind: str) -> list[Frame]:
         return [f for f in self.frames if f.kind == kind]
@@ -69,18 +87,9 @@ class Turn:
     def done(self) -> Frame | None:
         return self.end if self.end is not None and self.end.kind == "DONE" else None
 
-
-def _int(fields: list[str], index: int, what: str) -> int:
-    if index >= len(fields) or not fields[index].lstrip("-").isdigit():
-        raise CheckFailure(f"{what}: no integer at field {index} of {' '.join(fields)!r}")
-    return int(fields[index])
-
-
-def _float(fields: list[str], index: int, what: str) -> float:
-    try:
-        return float(fields[index])
-    except (IndexError, ValueError):
-        raise CheckFailure(f"{what}: no number at field {index} of {' '.join(fields)!r}") from None
+    def done_record(self) -> Done:
+        assert self.done is not None
+        return read(self.done, Done)
 
 
 def _frames(view: SessionView) -> list[Frame]:
@@ -165,46 +174,55 @@ def _echo_at(view: SessionView, rid: int) -> int:
 
 
 # -- §2.6: telemetry dimensions ------------------------------------------------------------
-@dataclass(frozen=True)
-class Emap:
-    rows: int
-    cols: int
-    cells: bytes  # one byte per expert, row-major: (tier << 6) | heat
+def heats(emap: Emap) -> list[int]:
+    """One byte per expert, row-major: (tier << 6) | heat."""
+    return [b & 0x3F for b in emap.map]
 
-    def heats(self) -> list[int]:
-        return [b & 0x3F for b in self.cells]
+
+def _dimensions(exc: ProtocolViolation) -> tuple[int, int] | None:
+    """The rows and cols a line declared before its hex broke (None if it broke earlier)."""
+    rows, cols = exc.values.get("rows"), exc.values.get("cols")
+    return (rows, cols) if isinstance(rows, int) and isinstance(cols, int) else None
 
 
 def _emap(frame: Frame) -> Emap:
-    fields = frame.fields
-    if len(fields) != 4:
-        raise CheckFailure(f"EMAP has {len(fields)} fields: {frame.describe()!r}")
-    rows, cols = _int(fields, 1, "EMAP rows"), _int(fields, 2, "EMAP cols")
-    text = fields[3]
-    if len(text) != 2 * rows * cols:
-        raise CheckFailure(
-            f"EMAP {rows}x{cols} declares {rows * cols} experts but carries "
-            f"{len(text) / 2:g} bytes of hex"
-        )
     try:
-        cells = bytes.fromhex(text)
-    except ValueError:
-        raise CheckFailure(f"EMAP hex is not hex: {text[:40]!r}") from None
-    return Emap(rows, cols, cells)
+        return read(frame, Emap)
+    except ProtocolViolation as exc:
+        shape = _dimensions(exc) if exc.field == "map" else None
+        if shape is None:
+            if exc.field == "" and exc.values:  # a whole line with fields after its hex
+                raise CheckFailure(
+                    f"EMAP has {len(frame.fields)} fields: {frame.describe()!r}"
+                ) from None
+            raise
+        rows, cols = shape
+        if len(exc.token) != 2 * rows * cols:
+            raise CheckFailure(
+                f"EMAP {rows}x{cols} declares {rows * cols} experts but carries "
+                f"{len(exc.token) / 2:g} bytes of hex"
+            ) from None
+        raise CheckFailure(f"EMAP hex is not hex: {exc.token[:40]!r}") from None
 
 
 def _hits(frame: Frame, emap: Emap | None) -> set[int]:
-    fields = frame.fields
-    rows, cols = _int(fields, 1, "HITS rows"), _int(fields, 2, "HITS cols")
+    hits: Hits | None
+    try:
+        hits = read(frame, Hits)
+        rows, cols, carried = hits.rows, hits.cols, len(hits.bits)
+    except ProtocolViolation as exc:
+        shape = _dimensions(exc) if exc.field == "bits" else None
+        if shape is None:
+            raise
+        hits, (rows, cols), carried = None, shape, len(exc.token) // 2
     if emap is not None and (rows, cols) != (emap.rows, emap.cols):
         raise CheckFailure(f"HITS is {rows}x{cols}, EMAP is {emap.rows}x{emap.cols}")
-    text = fields[3] if len(fields) > 3 else ""
-    if len(fields) != 4 or len(text) != 2 * math.ceil(rows * cols / 8):
+    if hits is None:
         raise CheckFailure(
             f"HITS {rows}x{cols} needs {math.ceil(rows * cols / 8)} bytes, "
-            f"carries {len(text) / 2:g}: {frame.describe()!r}"
+            f"carries {carried:g}: {frame.describe()!r}"
         )
-    data = bytes.fromhex(text)
+    data = hits.bits
     bits = {i for i in range(len(data) * 8) if data[i // 8] >> (i % 8) & 1}
     padding = {b for b in bits if b >= rows * cols}
     if padding:
@@ -226,22 +244,30 @@ def telemetry_dimensions(view: SessionView, codec: PromptCodec) -> None:
     emap = emaps[0][1]
     ngpu: int | None = None
     for frame in frames:
-        fields = frame.fields
         if frame.kind == "HITS":
             _hits(frame, emap)
-        elif frame.kind == "ENTROPY" and len(fields) - 1 != emap.rows:
+        elif frame.kind == "ENTROPY" and len(read(frame, Entropy).layers) != emap.rows:
             raise CheckFailure(
-                f"ENTROPY has {len(fields) - 1} values for {emap.rows} EMAP rows: "
-                f"{frame.describe()!r}"
+                f"ENTROPY has {len(read(frame, Entropy).layers)} values for {emap.rows} EMAP "
+                f"rows: {frame.describe()!r}"
             )
         elif frame.kind == "HWINFO":
-            ngpu = _int(fields, 4, "HWINFO CUDA devices")
+            ngpu = read(frame, HwInfo).ngpu
         elif frame.kind == "GPUS":
-            n = _int(fields, 1, "GPUS n")
-            if len(fields) != 2 + 3 * n:
-                raise CheckFailure(f"GPUS declares {n} devices: {frame.describe()!r}")
+            n = _devices(frame)
             if ngpu is not None and n != ngpu:
                 raise CheckFailure(f"GPUS lists {n} devices, HWINFO counts {ngpu}")
+
+
+def _devices(frame: Frame) -> int:
+    """How many devices a GPUS line lists: as many as it declares."""
+    try:
+        return len(read(frame, Gpus).devices)
+    except ProtocolViolation as exc:
+        declared = exc.values.get("n")
+        if not isinstance(declared, int):
+            raise
+        raise CheckFailure(f"GPUS declares {declared} devices: {frame.describe()!r}") from None
 
 
 def tiers_match_emap(view: SessionView, codec: PromptCodec) -> None:
@@ -255,14 +281,14 @@ def tiers_match_emap(view: SessionView, codec: PromptCodec) -> None:
         if not previous or previous[0].kind != "TIERS":
             continue
         emap = _emap(frame)
-        fields = previous[0].fields
-        vram, ram, disk = (_int(fields, i, "TIERS count") for i in (1, 2, 3))
+        counts = read(previous[0], Tiers)
+        vram, ram, disk = counts.vram, counts.ram, counts.disk
         if vram + ram + disk != emap.rows * emap.cols:
             raise CheckFailure(
                 f"TIERS {vram}+{ram}+{disk} = {vram + ram + disk} experts, "
                 f"EMAP has {emap.rows}x{emap.cols} = {emap.rows * emap.cols}"
             )
-        tiers = Counter(b >> 6 for b in emap.cells)
+        tiers = Counter(b >> 6 for b in emap.map)
         if (tiers[2], tiers[1], tiers[0]) != (vram, ram, disk):
             raise CheckFailure(
                 f"TIERS says {vram} VRAM / {ram} RAM / {disk} disk, the EMAP after it has "
@@ -280,14 +306,13 @@ def turn_accounting(view: SessionView, codec: PromptCodec) -> None:
     exactly nt ECHO frames, others none; with CAPS topk=1 every DATA has one TOPK."""
     topk = view.caps.get("topk", 0) == 1
     for turn in _finished(view):
-        done = turn.done
-        assert done is not None
+        done = turn.done_record()
         nt = turn.prompt_tokens
-        emitted = _int(done.fields, 3, "DONE emitted")
+        emitted = done.emitted
         data = len(turn.of("DATA"))
         if emitted != data:
             raise CheckFailure(f"request {turn.rid}: DONE emitted {emitted}, {data} DATA sent")
-        if _int(done.fields, 7, "DONE prompt tokens") != nt:
+        if done.prompt_tokens != nt:
             raise CheckFailure(f"request {turn.rid}: DONE prompt tokens != ACCEPT's {nt}")
         echoes = len(turn.of("ECHO"))
         wanted = nt if _logprobs_k(view, turn.rid) > 0 else 0
@@ -303,8 +328,8 @@ def turn_accounting(view: SessionView, codec: PromptCodec) -> None:
         prof = next((f for f in _before(frames, turn.end_index, 1) if f.kind == "PROF"), None)
         if prof is None:
             raise CheckFailure(f"request {turn.rid}: no PROF right before its DONE")
-        prof_prompt = _int(prof.fields, 2, "PROF prompt tokens")
-        prof_done = _int(prof.fields, 3, "PROF completion tokens")
+        prof_counts = read(prof, Prof)
+        prof_prompt, prof_done = prof_counts.prompt_tokens, prof_counts.completion_tokens
         if (prof_prompt, prof_done) != (nt, emitted):
             raise CheckFailure(
                 f"request {turn.rid}: PROF counts {prof_prompt} prompt / {prof_done} "
@@ -360,10 +385,9 @@ def length_limited(view: SessionView, codec: PromptCodec) -> None:
         maximum = _maximum(view, turn)
         if maximum is None:
             continue
-        done = turn.done
-        assert done is not None
-        emitted = _int(done.fields, 3, "DONE emitted")
-        flag = _int(done.fields, 8, "DONE length_limited")
+        done = turn.done_record()
+        emitted = done.emitted
+        flag = int(done.length_limited)
         if emitted > max(maximum, 0):
             raise CheckFailure(f"request {turn.rid}: {emitted} tokens, maximum {maximum}")
         if flag != int(emitted >= maximum):
@@ -376,6 +400,22 @@ def length_limited(view: SessionView, codec: PromptCodec) -> None:
 
 
 # -- §1.1, §2.1, §2.3, §2.5, §2.6: value ranges ------------------------------------------
+def _spelled(frame: Frame, name: str) -> str:
+    """A field of the frame as the engine spelled it."""
+    parsed = line(frame)
+    return parsed.spelled.get(name, "") if parsed is not None else ""
+
+
+def _read_flag(frame: Frame, kind: type[R], flag: str) -> R | str:
+    """The frame's record, or what stood in its 0/1 field ``flag`` where that broke it."""
+    try:
+        return read(frame, kind)
+    except ProtocolViolation as exc:
+        if exc.field != flag:
+            raise
+        return exc.token
+
+
 def value_ranges(view: SessionView, codec: PromptCodec) -> None:
     """Flags are 0/1, percentages within 0..100, tok/s 0.00 without tokens, ACCEPT's nt
     within 1..CTX-2, RAM available <= total, GPU used <= total, EMAP tiers 0..2, entropies
@@ -388,47 +428,53 @@ def value_ranges(view: SessionView, codec: PromptCodec) -> None:
         nt = turn.prompt_tokens
         if not 1 <= nt <= ctx - 2:
             raise CheckFailure(f"request {turn.rid}: ACCEPT nt {nt} outside 1..{ctx - 2}")
-        fields = turn.done.fields if turn.done is not None else []
-        if fields[8] not in ("0", "1"):
-            raise CheckFailure(f"DONE length_limited {fields[8]!r} is not 0 or 1")
-        hit = _float(fields, 5, "DONE hit %")
-        if not 0.0 <= hit <= 100.0:
-            raise CheckFailure(f"request {turn.rid}: hit % {hit} outside 0..100")
-        if fields[3] == "0" and fields[4] != "0.00":
-            raise CheckFailure(f"request {turn.rid}: tok/s {fields[4]} with nothing emitted")
+        assert turn.done is not None
+        done = _read_flag(turn.done, Done, "length_limited")
+        if isinstance(done, str):
+            raise CheckFailure(f"DONE length_limited {done!r} is not 0 or 1")
+        if not 0.0 <= done.hit_pct <= 100.0:
+            raise CheckFailure(f"request {turn.rid}: hit % {done.hit_pct} outside 0..100")
+        tok_s = _spelled(turn.done, "tok_s")
+        if done.emitted == 0 and tok_s != "0.00":
+            raise CheckFailure(f"request {turn.rid}: tok/s {tok_s} with nothing emitted")
     for frame in frames:
-        fields = frame.fields
         if frame.kind == "HWINFO":
-            if _int(fields, 1, "HWINFO cores") < 1:
+            host = read(frame, HwInfo)
+            if host.cores < 1:
                 raise CheckFailure(f"HWINFO counts no CPU cores: {frame.describe()!r}")
-            if _float(fields, 3, "RAM available") > _float(fields, 2, "RAM total"):
+            if host.ram_avail_gb > host.ram_total_gb:
                 raise CheckFailure(f"HWINFO RAM available > total: {frame.describe()!r}")
         elif frame.kind == "GPUS":
-            for d in range(_int(fields, 1, "GPUS n")):
-                if _float(fields, 2 + 3 * d, "GPU used") > _float(fields, 3 + 3 * d, "total"):
+            for d, device in enumerate(read(frame, Gpus).devices):
+                if device.used_gb > device.total_gb:
                     raise CheckFailure(f"GPU {d} uses more than it has: {frame.describe()!r}")
         elif frame.kind == "EMAP":
-            tiers = {b >> 6 for b in _emap(frame).cells}
+            tiers = {b >> 6 for b in _emap(frame).map}
             if not tiers <= {0, 1, 2}:
                 raise CheckFailure(f"EMAP tier {max(tiers)} is not 0, 1 or 2")
         elif frame.kind == "ENTROPY" and cols:
             ceiling = math.log2(cols) + 0.0005
-            for value in fields[1:]:
-                if not 0.0 <= float(value) <= ceiling:
-                    raise CheckFailure(f"entropy {value} bits outside 0..log2({cols})")
+            for value in read(frame, Entropy).layers:
+                if not 0.0 <= value <= ceiling:
+                    raise CheckFailure(f"entropy {f3(value)} bits outside 0..log2({cols})")
         elif frame.kind == "PERF":
-            dt = _float(fields, 2, "PERF dt")
-            for index, name in ((5, "t_emm"), (6, "t_attn"), (8, "t_head")):
-                if not 0.0 <= _float(fields, index, f"PERF field {name}") <= dt + 0.0000015:
+            perf = read(frame, Perf)
+            for name, seconds in (("t_emm", perf.t_emm), ("t_attn", perf.t_attn),
+                                  ("t_head", perf.t_head)):
+                if not 0.0 <= seconds <= perf.dt + 0.0000015:
                     raise CheckFailure(f"PERF {name} outside 0..dt: {frame.describe()!r}")
         elif frame.kind == "PROF":
-            if fields[17:18] not in (["0"], ["1"]):
+            prof = _read_flag(frame, Prof, "physical_valid")
+            if isinstance(prof, str):
                 raise CheckFailure(f"PROF physical_valid is not 0 or 1: {frame.describe()!r}")
-            p50, p99 = _float(fields, 10, "PROF p50"), _float(fields, 11, "PROF p99")
+            p50, p99 = prof.fwd_p50_ms, prof.fwd_p99_ms
             if (p50 == -1.0) != (p99 == -1.0) or p50 > p99:
                 raise CheckFailure(f"PROF percentiles p50 {p50} / p99 {p99} out of order")
-        elif frame.kind == "ERROR" and fields[2:3] == ["CONTEXT_EXCEEDED"]:
-            nt, limit = _int(fields, 3, "prompt tokens"), _int(fields, 4, "limit")
+        elif frame.kind == "ERROR" and read(frame, Error).code == "CONTEXT_EXCEEDED":
+            error = read(frame, Error)
+            if error.prompt_tokens is None or error.limit is None:
+                raise CheckFailure(f"CONTEXT_EXCEEDED without its counts: {frame.describe()!r}")
+            nt, limit = error.prompt_tokens, error.limit
             if limit != ctx - 2 or nt <= limit:
                 raise CheckFailure(f"CONTEXT_EXCEEDED {nt} {limit} with CTX {ctx}")
     caps = view.caps
@@ -471,16 +517,16 @@ def heat_monotonic(view: SessionView, codec: PromptCodec) -> None:
                 if last is not None:
                     fallen = [
                         i
-                        for i, (a, b) in enumerate(zip(last.heats(), emap.heats(), strict=True))
+                        for i, (a, b) in enumerate(zip(heats(last), heats(emap), strict=True))
                         if b < a
                     ]
                     if fallen:
                         raise CheckFailure(
                             f"EMAP heat fell for expert cells {fallen[:6]} "
-                            f"({last.heats()[fallen[0]]} -> {emap.heats()[fallen[0]]})"
+                            f"({heats(last)[fallen[0]]} -> {heats(emap)[fallen[0]]})"
                         )
                     compared += 1
-                cold = sorted(i for i in routed if emap.heats()[i] == 0)
+                cold = sorted(i for i in routed if heats(emap)[i] == 0)
                 if cold:
                     raise CheckFailure(f"experts {cold[:6]} were routed (HITS) but have heat 0")
                 last = emap
@@ -490,7 +536,7 @@ def heat_monotonic(view: SessionView, codec: PromptCodec) -> None:
                 previous = _before(run, index, 1)
                 if last is not None and previous and previous[0].kind == "EMAP":
                     # In the turn-end block nothing is routed between EMAP and HITS.
-                    cold = sorted(i for i in bits if last.heats()[i] == 0)
+                    cold = sorted(i for i in bits if heats(last)[i] == 0)
                     if cold:
                         raise CheckFailure(
                             f"HITS routes experts {cold[:6]} the EMAP before it shows cold"
@@ -512,7 +558,7 @@ def heat_restored(view: SessionView, codec: PromptCodec) -> None:
         new = [f for f in after if f.kind == "EMAP"]
         if not old or not new:
             continue
-        was, now = _emap(old[-1]).heats(), _emap(new[0]).heats()
+        was, now = heats(_emap(old[-1])), heats(_emap(new[0]))
         if was != now:
             diff = next(i for i, (a, b) in enumerate(zip(was, now, strict=False)) if a != b)
             raise CheckFailure(
@@ -531,9 +577,20 @@ def _payload_id(payload: bytes | None, vocab: int, what: str) -> int:
     return int(text[1:])
 
 
-def _hex(text: str) -> bytes:
-    """A hextext field: token bytes, '-' for none."""
-    return b"" if text == "-" else bytes.fromhex(text)
+def _topk(frame: Frame, expected: int) -> Topk:
+    """The TOPK record, holding ``expected`` entries."""
+    try:
+        topk = read(frame, Topk)
+    except ProtocolViolation as exc:
+        count = exc.values.get("count", exc.token if exc.field == "count" else None)
+        if count is None:
+            raise
+        raise CheckFailure(f"TOPK holds {count} entries, min(5, vocab) is expected") from None
+    if len(topk.candidates) != expected:
+        raise CheckFailure(
+            f"TOPK holds {len(topk.candidates)} entries, min(5, vocab) is expected"
+        )
+    return topk
 
 
 def _no_tokenizer(view: SessionView) -> bool:
@@ -549,22 +606,19 @@ def topk_table(view: SessionView, codec: PromptCodec) -> None:
     for index, frame in enumerate(frames):
         if frame.kind != "TOPK":
             continue
-        fields = frame.fields
         rid = frame.request_id
         data = _before(frames, index, 1)
         if not data or data[0].kind != "DATA" or data[0].request_id != rid:
             raise CheckFailure(f"TOPK does not follow its request's DATA: {frame.describe()!r}")
-        count = _int(fields, 2, "TOPK count")
-        if count != min(TOPK_COUNT, codec.vocab) or len(fields) != 3 + 2 * count:
-            raise CheckFailure(f"TOPK holds {count} entries, min(5, vocab) is expected")
-        lps = [_float(fields, 3 + 2 * i, "TOPK logprob") for i in range(count)]
-        texts = [fields[4 + 2 * i] for i in range(count)]
+        candidates = _topk(frame, min(TOPK_COUNT, codec.vocab)).candidates
+        lps = [lp for lp, _ in candidates]
+        texts = [text for _, text in candidates]
         if any(not lp <= 0.0 for lp in lps):
             raise CheckFailure(f"TOPK logprob above 0 or nan: {frame.describe()!r}")
         if any(b > a for a, b in zip(lps, lps[1:], strict=False)):
             raise CheckFailure(f"TOPK is not by descending logprob: {lps}")
         if _no_tokenizer(view):
-            ids = [_payload_id(_hex(t), codec.vocab, "TOPK entry") for t in texts]
+            ids = [_payload_id(t, codec.vocab, "TOPK entry") for t in texts]
             if len(set(ids)) != len(ids):
                 raise CheckFailure(f"TOPK repeats a token: {ids}")
             entries = list(zip(ids, lps, strict=True))
@@ -577,10 +631,11 @@ def topk_table(view: SessionView, codec: PromptCodec) -> None:
                 raise CheckFailure(f"TOPK ties not by ascending id: {ties}")
         asked = view.requests.get(rid or -1)
         if asked is not None and asked["temperature"] == 0:
-            chosen = (data[0].payload or b"").hex() or "-"
+            chosen = data[0].payload or b""
             if texts[0] != chosen:
                 raise CheckFailure(
-                    f"greedy request {rid} sent {chosen!r} but TOPK ranks {texts[0]!r} first"
+                    f"greedy request {rid} sent {chosen.hex() or '-'!r} but TOPK ranks "
+                    f"{texts[0].hex() or '-'!r} first"
                 )
         checked += 1
     if not checked:
@@ -642,7 +697,7 @@ def echo_at_window(view: SessionView, codec: PromptCodec) -> None:
             continue
         if not echoes:
             raise CheckFailure(f"request {turn.rid}: echo_at={at} inside the prompt, no ECHO")
-        positions = [_int(f.fields, 3, "ECHO position") for f in echoes]
+        positions = [read(f, Echo).pos for f in echoes]
         first = nt - len(echoes)
         if positions != list(range(first, nt)):
             raise CheckFailure(
@@ -677,20 +732,23 @@ def chosen_in_table(view: SessionView, codec: PromptCodec) -> None:
         for frame in turn.frames:
             if frame.kind not in ("DATA", "ECHO"):
                 continue
-            at = 3 if frame.kind == "DATA" else 4
-            fields = frame.fields
-            if len(fields) <= at + 1 or (frame.kind == "ECHO" and fields[3] == "0"):
+            # Strictly read: the check compares spellings, and a strict logprob is spelled
+            # the one way its value prints.
+            record: Data | Echo = (read(frame, Data, strict=True) if frame.kind == "DATA"
+                                   else read(frame, Echo, strict=True))
+            tail = record.logprobs
+            if tail is None or (isinstance(record, Echo) and record.pos == 0):
                 continue
             chosen = _payload_id(frame.payload, codec.vocab, frame.kind)
-            k = _int(fields, at + 1, "table size")
-            table = {fields[at + 2 + 2 * i]: fields[at + 3 + 2 * i] for i in range(k)}
-            spelled = table.get(str(chosen))
-            if spelled is not None and spelled != fields[at]:
+            table = {token: logprob(lp) for token, lp in tail.top}
+            spelled = table.get(chosen)
+            own = logprob(tail.logprob)
+            if spelled is not None and spelled != own:
                 raise CheckFailure(
-                    f"token {chosen} is spelled {fields[at]} as chosen and {spelled} in the "
+                    f"token {chosen} is spelled {own} as chosen and {spelled} in the "
                     f"table: {frame.describe()!r}"
                 )
-            if greedy and frame.kind == "DATA" and k:
+            if greedy and frame.kind == "DATA" and table:
                 top = max(table.values(), key=float)
                 if spelled is None or float(spelled) != float(top):
                     raise CheckFailure(
@@ -734,10 +792,9 @@ def state_history(view: SessionView, codec: PromptCodec) -> None:
     if not last:
         raise CheckFailure("no finished turn on slot 0")
     turn = last[-1]
-    done = turn.done
-    assert done is not None
-    emitted = _int(done.fields, 3, "DONE emitted")
-    if done.fields[8] != "1" or emitted < 1:
+    done = turn.done_record()
+    emitted = done.emitted
+    if not done.length_limited or emitted < 1:
         raise CheckFailure(f"request {turn.rid} must end length-limited with tokens")
     data = (view.state_dir / ".coli_kv").read_bytes()
     if len(data) < 40:
@@ -774,7 +831,7 @@ def _usage_matches_emap(
     if len({layer for layer, _ in counts}) > emap.rows:
         raise CheckFailure(f"{path.name} names more layers than EMAP's {emap.rows} rows")
     saved = sorted(min(count.bit_length(), 63) for count in counts.values())
-    shown = sorted(h for h in emap.heats() if h)
+    shown = sorted(h for h in heats(emap) if h)
     if saved != shown:
         raise CheckFailure(
             f"{path.name} counts give heats {saved[:10]}..., the last EMAP shows {shown[:10]}..."
@@ -821,15 +878,16 @@ def stats_dump(view: SessionView, codec: PromptCodec) -> None:
         raise CheckFailure("the case must use each slot once in one engine process")
     forwarded = 0
     for rid, done in finished:
-        emitted = _int(done.fields, 3, "DONE emitted")
+        done_counts = read(done, Done)
+        emitted = done_counts.emitted
         # DONE's own prompt_tokens (a seed field), not ACCEPT's nt: the dump is a seed-era
         # feature, so an engine without the ACCEPT extension is judged by it too.
-        prompt = _int(done.fields, 7, "DONE prompt_tokens")
+        prompt = done_counts.prompt_tokens
         # A turn that reached its limit never forwards its last token. The limit is read
         # from what was asked as well as from length_limited: glm.c sets that flag only for
         # the context clamp, and whether the flag is right is length-limited's question.
         asked = view.requests.get(rid, {}).get("max_tokens")
-        at_limit = done.fields[8:9] == ["1"] or (isinstance(asked, int) and emitted >= asked)
+        at_limit = done_counts.length_limited or (isinstance(asked, int) and emitted >= asked)
         forwarded += prompt + emitted - (1 if emitted and at_limit else 0)
     # The header records are the state_layout extension (stats-dump-header checks them);
     # the counts are what every STATS dump, colibri's glm.c included, is for.

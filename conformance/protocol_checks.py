@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import re
@@ -13,7 +14,7 @@ from typing import Any
 
 from colibri.conformance.capabilities import CAPABILITIES, kinds_text, pattern_for
 from colibri.conformance.cases import Case
-from colibri.conformance.frames import PREAMBLE, Frame
+from colibri.conformance.frames import PREAMBLE, Frame, read
 from colibri.conformance.golden_bytes import check_golden_bytes, oracle_continuation
 from colibri.conformance.grammar import Grammar
 from colibri.conformance.invariants import check_invariant
@@ -22,24 +23,18 @@ from colibri.conformance.prompts import Payload, PromptCodec
 from colibri.conformance.request_ids import RequestRef, names
 from colibri.conformance.sameness import Tolerance, printed
 
-#: Field names by position, so cases can say {"kind": "DONE", "name": "emitted"}.
-FIELD_NAMES: dict[str, tuple[str, ...]] = {
-    "ACCEPT": ("kind", "id", "prompt_tokens"),
-    "DATA": ("kind", "id", "nbytes", "logprob", "k"),
-    "ECHO": ("kind", "id", "nbytes", "position", "logprob", "k"),
-    "DONE": (
-        "kind",
-        "id",
-        "stat",
-        "emitted",
-        "tok_s",
-        "hit_pct",
-        "rss_gb",
-        "prompt_tokens",
-        "length_limited",
-    ),
-    "ERROR": ("kind", "id", "code", "arg1", "arg2"),
-    "STAT": ("kind", "f1", "f2", "f3", "rss_gb"),
+from colibri.protocol import SPEC, ProtocolViolation
+from colibri.protocol.records import Data, Echo
+
+#: A case names a frame's field by its name in the kind's grammar (spec/protocol.json), so
+#: cases can say {"kind": "DONE", "name": "emitted"}, or by its position; these are the other
+#: names cases use for a field.
+FIELD_ALIASES: dict[str, dict[str, str]] = {
+    "DATA": {"nbytes": "n"},
+    "ECHO": {"nbytes": "n", "position": "pos"},
+    "DONE": {"stat": "2"},
+    "ERROR": {"arg1": "prompt_tokens", "arg2": "limit"},
+    "STAT": {"f1": "produced", "f2": "tok_s", "f3": "hit_pct"},
 }
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -101,10 +96,34 @@ def _pick(views: Views, selector: dict[str, Any]) -> Frame:
         ) from None
 
 
+@functools.cache
+def field_positions(kind: str) -> dict[str, int]:
+    """Where each field of ``kind``'s grammar stands on its line (the keyword at 0), up to
+    the first repeated group: a field is found by its place, so a line a check cannot read
+    as a whole (a dialect's request ids, a field spelled off the spec) still has it."""
+    positions = {"kind": 0}
+    line_spec = SPEC.engine_lines.get(kind)
+    items = list(line_spec.fields) if line_spec is not None else []
+    at = 1
+    while items:
+        item = items.pop(0)
+        if "optional" in item:
+            items[:0] = item["optional"]
+        elif "repeat" in item:
+            break
+        else:
+            if "name" in item:
+                positions[str(item["name"])] = at
+            at += 1
+    return positions
+
+
 def field_value(frame: Frame, name: str) -> str:
-    names = FIELD_NAMES.get(frame.kind, ())
+    """A field as the engine spelled it, by its name in the kind's grammar, one of
+    ``FIELD_ALIASES`` or its position."""
+    name = FIELD_ALIASES.get(frame.kind, {}).get(name, name)
     fields = frame.fields
-    index = names.index(name) if name in names else (int(name) if name.isdigit() else -1)
+    index = int(name) if name.isdigit() else field_positions(frame.kind).get(name, -1)
     if index < 0 or index >= len(fields):
         raise CheckFailure(f"{frame.kind} frame has no field {name!r}: {frame.describe()!r}")
     return fields[index]
@@ -162,7 +181,9 @@ def token_stream(view: SessionView, rid: RequestRef) -> list[tuple[str, bytes]]:
             out.append(("ACCEPT", " ".join(frame.fields[2:]).encode()))
         elif frame.kind == "DONE":
             fields = frame.fields
-            kept = [fields[i] for i in (3, 7, 8) if i < len(fields)]
+            where = field_positions("DONE")
+            kept = [fields[where[n]] for n in ("emitted", "prompt_tokens", "length_limited")
+                    if where[n] < len(fields)]
             out.append(("DONE", " ".join(kept).encode()))
         elif frame.kind == "ERROR":
             out.append(("ERROR", " ".join(frame.fields[2:]).encode()))
@@ -293,10 +314,10 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
     got: list[int] = []
     for frame in view.frames:
         if frame.kind == "DATA" and frame.request_id == exp["id"]:
-            fields = frame.fields
-            if len(fields) < 7:
+            table = _top(frame, Data)
+            if not table:
                 raise CheckFailure(f"DATA without a logprob tail: {frame.describe()!r}")
-            got.append(int(fields[5]))  # k=1 table: its single entry is the greedy token
+            got.append(table[0][0])  # k=1 table: its single entry is the greedy token
     # The oracle decodes a fixed number of steps; an engine stops at end-of-sequence, which
     # it does not send as DATA (oracle_continuation cuts there).
     limit = int(exp.get("limit", len(expected)))
@@ -324,16 +345,25 @@ def _golden(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
         )
 
 
+def _top(frame: Frame, kind: type[Data] | type[Echo]) -> tuple[tuple[int, float], ...]:
+    """The logprob table of a DATA or ECHO frame (empty where it has none)."""
+    try:
+        logprobs = read(frame, kind).logprobs
+    except ProtocolViolation:
+        return ()
+    return logprobs.top if logprobs is not None else ()
+
+
 def _golden_echo(view: SessionView, rid: int, predictions: list[int], prompt_len: int) -> None:
     """ECHO at position p (p >= 1) carries, with logprobs=1, the argmax after tokens 0..p-1:
     the oracle's teacher-forced prediction for position p-1."""
     got: list[int] = []
     for frame in view.frames:
-        if frame.kind == "ECHO" and frame.request_id == rid and frame.fields[3] != "0":
-            fields = frame.fields
-            if len(fields) < 8:
+        if frame.kind == "ECHO" and frame.request_id == rid and field_value(frame, "pos") != "0":
+            table = _top(frame, Echo)
+            if not table:
                 raise CheckFailure(f"ECHO without a k=1 table: {frame.describe()!r}")
-            got.append(int(fields[6]))
+            got.append(table[0][0])
     want = predictions[: prompt_len - 1]
     if got != want:
         raise CheckFailure(f"teacher-forced argmax {got} != oracle tf_pred {want}")
@@ -435,35 +465,48 @@ def _interleave(views: Views, exp: dict[str, Any]) -> None:
         raise CheckFailure(f"DATA order while batched is {window[:12]}, expected {expected[:12]}")
 
 
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise CheckFailure(f"{text!r} is not a logprob") from None
-
-
 def _table(
-    fields: list[str], at: int, k_expected: int | None, vocab: int, what: str
+    frame: Frame, kind: type[Data] | type[Echo], k_expected: int | None, vocab: int, what: str
 ) -> tuple[float, list[tuple[int, float]]]:
-    if len(fields) < at + 2:
+    try:
+        logprobs = read(frame, kind).logprobs
+    except ProtocolViolation as exc:
+        if exc.field == "logprob" and exc.token:
+            raise CheckFailure(f"{exc.token!r} is not a logprob") from None
+        k = exc.values.get("k", exc.token if exc.field == "k" else None)
+        if k is None and kind is Echo:
+            raise CheckFailure(f"{what}: no logprob tail") from None
+        raise CheckFailure(f"{what}: tail length does not match k={k}") from None
+    if logprobs is None:
         raise CheckFailure(f"{what}: no logprob tail")
-    lp = _float(fields[at])
-    k = int(fields[at + 1]) if fields[at + 1].isdigit() else -1
-    if k < 0 or len(fields) != at + 2 + 2 * k:
-        raise CheckFailure(f"{what}: tail length does not match k={fields[at + 1]}")
+    lp, k = logprobs.logprob, len(logprobs.top)
     if k_expected is not None and k != k_expected:
         raise CheckFailure(f"{what}: table has {k} entries, expected {k_expected}")
     entries = []
-    for i in range(k):
-        tid, value = fields[at + 2 + 2 * i], _float(fields[at + 3 + 2 * i])
-        if not tid.isdigit() or int(tid) >= vocab:
-            raise CheckFailure(f"{what}: token id {tid!r} out of range")
+    for tid, value in logprobs.top:
+        if tid >= vocab:
+            raise CheckFailure(f"{what}: token id {str(tid)!r} out of range")
         if not math.isfinite(value) or value > 0:
             raise CheckFailure(f"{what}: logprob {value} is not finite and <= 0")
-        entries.append((int(tid), value))
+        entries.append((tid, value))
     if len({t for t, _ in entries}) != len(entries):
         raise CheckFailure(f"{what}: repeated token ids in the table")
     return lp, entries
+
+
+def _position(echo: Frame) -> int:
+    """An ECHO's prompt position (-1 where the line has none)."""
+    try:
+        return read(echo, Echo).pos
+    except ProtocolViolation as exc:
+        position = exc.values.get("pos")
+        return position if isinstance(position, int) else -1
+
+
+def _tail(frame: Frame) -> list[str]:
+    """A DATA or ECHO line's logprob tail as spelled: everything after its fixed fields."""
+    fixed = 4 if frame.kind == "ECHO" else 3
+    return frame.fields[fixed:]
 
 
 def _logprobs(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
@@ -476,14 +519,14 @@ def _logprobs(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
         raise CheckFailure("no ACCEPT")
     prompt_tokens = int(field_value(accept, "prompt_tokens"))
     echoes = [f for f in frames if f.kind == "ECHO"]
-    positions = [int(f.fields[3]) if f.fields[3].isdigit() else -1 for f in echoes]
+    positions = [_position(f) for f in echoes]
     if positions != list(range(prompt_tokens)):
         raise CheckFailure(f"ECHO positions {positions[:10]} are not 0..{prompt_tokens - 1}")
     seen_data = False
     for f in frames:
         if f.kind == "DATA":
             seen_data = True
-            lp, entries = _table(f.fields, 3, k, codec.vocab, f"DATA {f.describe()!r}")
+            lp, entries = _table(f, Data, k, codec.vocab, f"DATA {f.describe()!r}")
             if not math.isfinite(lp) or lp > 0:
                 raise CheckFailure(f"chosen-token logprob {lp} is not finite and <= 0")
             if exp.get("greedy") and entries and lp != max(v for _, v in entries):
@@ -491,11 +534,11 @@ def _logprobs(views: Views, exp: dict[str, Any], codec: PromptCodec) -> None:
         elif f.kind == "ECHO":
             if seen_data:
                 raise CheckFailure("ECHO after DATA")
-            if f.fields[3] == "0":
-                if f.fields[4:] != ["nan", "0"]:
+            if _position(f) == 0:
+                if _tail(f) != ["nan", "0"]:
                     raise CheckFailure(f"position 0 tail must be 'nan 0': {f.describe()!r}")
                 continue
-            _table(f.fields, 4, k, codec.vocab, f"ECHO {f.describe()!r}")
+            _table(f, Echo, k, codec.vocab, f"ECHO {f.describe()!r}")
     if not seen_data:
         raise CheckFailure(f"no DATA frames for request {rid}: no logprob tables to check")
 
@@ -585,20 +628,21 @@ def _golden_logprobs(
     for frame in view.frames:
         if frame.request_id != rid or frame.kind not in ("ECHO", "DATA"):
             continue
-        fields = frame.fields
         if frame.kind == "ECHO":
-            position = int(fields[3])
-            if position == 0:
+            echo = read(frame, Echo)
+            if echo.pos == 0:
                 continue
-            value, row, token = fields[4], position - 1, full[position]
+            got, row, token = echo.logprobs.logprob, echo.pos - 1, full[echo.pos]
         else:
             if data_index >= len(continuation):
                 break
-            value, row = fields[3], prompt_len - 1 + data_index
+            logprobs = read(frame, Data).logprobs
+            if logprobs is None:
+                raise CheckFailure(f"DATA without a logprob tail: {frame.describe()!r}")
+            got, row = logprobs.logprob, prompt_len - 1 + data_index
             token = full[prompt_len + data_index]
             data_index += 1
         want = float(log_softmax[row, token])
-        got = _float(value)
         worst = max(worst, abs(got - want))
         checked += 1
         if abs(got - want) > tolerance:

@@ -232,6 +232,14 @@ class ProtocolRunner:
                 engine.wait_for(
                     stat_count, self.timeout, "the legacy reply's STAT", start=len(engine.frames)
                 )
+        elif op in ("truncate_experts", "restore_experts"):
+            shard = engine.expert_shard
+            if shard is None:  # pragma: no cover - case loading refuses it
+                raise NotApplicable(f"{op} needs the session's engine to set experts_apart")
+            if op == "truncate_experts":
+                shard.truncate()
+            else:
+                shard.restore()
         elif op == "fuzz":
             run_fuzz(
                 engine,

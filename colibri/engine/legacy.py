@@ -24,9 +24,9 @@ from colibri.engine.submit_parse import (
     parse_id_payload,
 )
 from colibri.engine.turn_report import hit_percent
-from colibri.engine.wire_input import CommandInput, Source
+from colibri.engine.wire_input import Source
 from colibri.engine.wire_output import END, READY, FrameWriter
-from colibri.protocol import OVERLONG, TRUNCATED, CommandHeader, FrameParser
+from colibri.protocol import OVERLONG, TRUNCATED, CommandHeader, FrameParser, FrameReader
 from colibri.protocol.records import Stat
 from colibri.text import chat_format
 
@@ -69,7 +69,7 @@ class LegacyEngine:
         self.out = out
         self.slots: list[Slot] = [runtime.open_slot(i) for i in range(runtime.settings.kv_slots)]
         parser = FrameParser.for_commands("legacy", MAX_PAYLOAD, len(self.slots))
-        self.commands = CommandInput(source, parser)
+        self.commands = FrameReader(source, parser)
         # The token emitted last in each slot, not yet forwarded (None after a stop token).
         self.pending: list[int | None] = [None] * len(self.slots)
         self.temperature = temperature

@@ -40,9 +40,18 @@ from colibri.engine.submit_parse import (
     validate_submit,
 )
 from colibri.engine.turn_report import Request, perf_record, prof_record, turn_numbers
-from colibri.engine.wire_input import CommandInput, Source
+from colibri.engine.wire_input import Source
 from colibri.engine.wire_output import READY, FrameWriter
-from colibri.protocol import BROKEN, LIMITS, OVERLONG, SPEC, TRUNCATED, FrameParser, WireFrame
+from colibri.protocol import (
+    BROKEN,
+    LIMITS,
+    OVERLONG,
+    SPEC,
+    TRUNCATED,
+    FrameParser,
+    FrameReader,
+    WireFrame,
+)
 from colibri.protocol.records import (
     NO_PREDICTOR,
     Accept,
@@ -80,7 +89,7 @@ class MuxEngine:
     ) -> None:
         self.rt = runtime
         parser = FrameParser.for_commands("mux", MAX_HEADER, runtime.settings.kv_slots)
-        self.commands = CommandInput(source, parser)
+        self.commands = FrameReader(source, parser)
         self.out = out
         self.signals = signals or SignalFlags()
         self.log = runtime.log

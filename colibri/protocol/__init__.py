@@ -9,8 +9,11 @@ package, split by job:
   the field);
 - ``records``: every frame kind as one typed record with ``line``/``encode`` and ``decode``
   (the only place a wire keyword is written or a number spelled for the wire);
-- ``framing``: ``FrameParser``, the one I/O-free frame reader (bytes in, frames out) that
-  each side feeds from its own I/O (``FrameReader`` does so from a blocking stream);
+- ``framing``: ``WireFrame``, the one frame type, and ``FrameParser``, the I/O-free frame
+  splitter (bytes in, frames out) of either direction;
+- ``reader``: ``FrameReader``, the one reader that feeds the parser from a ``Source`` (the
+  engine's stdin, a script, a child's stdout drained by ``StreamSource``) with readiness
+  and deadlines;
 - ``command_headers``: which command headers carry a payload and how long it is (the
   framing rule the parser takes from the spec for the engine's side).
 
@@ -25,12 +28,11 @@ from colibri.protocol.framing import (
     OVERLONG,
     PREAMBLE,
     TRUNCATED,
-    Frame,
     FrameParser,
-    FrameReader,
     WireFrame,
 )
 from colibri.protocol.lines import ParsedLine, format_hex, parse_line
+from colibri.protocol.reader import FrameReader, Source, StreamSource
 from colibri.protocol.records import SubmitRequest
 from colibri.protocol.spec import (
     END,
@@ -53,7 +55,7 @@ from colibri.protocol.spec import (
 __all__ = [
     "BROKEN", "END", "END_LINE", "LIMITS", "LINE", "MAX_LINE_BYTES", "OVERLONG", "PREAMBLE",
     "READY", "READY_LINE", "SPEC", "TRUNCATED", "CommandHeader", "ErrorSpec", "ExtensionSpec",
-    "Frame", "FrameParser", "FrameReader", "LineSpec", "ParsedLine", "PayloadSpec",
-    "ProtocolSpec", "ProtocolViolation", "SubmitRequest", "Value", "WireFrame", "format_hex",
-    "load_spec", "parse_line", "spec_from_dict",
+    "FrameParser", "FrameReader", "LineSpec", "ParsedLine", "PayloadSpec", "ProtocolSpec",
+    "ProtocolViolation", "Source", "StreamSource", "SubmitRequest", "Value", "WireFrame",
+    "format_hex", "load_spec", "parse_line", "spec_from_dict",
 ]

@@ -1,15 +1,14 @@
-"""Framing: bytes of either direction into frames, I/O-free (``FrameParser``), and the
-blocking reader of an engine's stdout built on it (``FrameReader``)."""
+"""Framing: bytes of either direction into frames (``WireFrame``), I/O-free
+(``FrameParser``); ``colibri.protocol.reader`` feeds it from a stream."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
 
 from colibri.protocol.command_headers import CommandHeader, HeaderFraming
-from colibri.protocol.lines import ParsedLine, parse_line
-from colibri.protocol.spec import SPEC, ProtocolSpec, ProtocolViolation, load_spec
+from colibri.protocol.lines import ParsedLine
+from colibri.protocol.records import Record, decode
+from colibri.protocol.spec import SPEC, ProtocolSpec
 
 # --- frames from a byte stream ------------------------------------------------------------
 
@@ -21,7 +20,7 @@ MAX_LINE_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class WireFrame:
-    """One unit of engine output, as ``FrameParser`` splits it.
+    """One frame of either direction, as ``FrameParser`` splits it.
 
     ``kind`` is the first word of the header (``PREAMBLE`` for lines before READY, ``READY``
     for the sentinel, ``TEXT`` for a legacy answer, ``BROKEN`` when the bytes violate the
@@ -36,6 +35,19 @@ class WireFrame:
     problem: str = ""
     #: Commands only: the header's framing (None for a header without a payload).
     framed: CommandHeader | None = None
+    #: The header parsed by its grammar, where a reader parsed it (``FrameReader.read_frame``);
+    #: None for a kind protocol.json does not define.
+    parsed: ParsedLine | None = None
+
+    @property
+    def line(self) -> bytes:
+        """The header line with its LF."""
+        return self.header + b"\n"
+
+    def record(self, direction: str = "engine", *, strict: bool = True) -> Record | None:
+        """The frame as its codec record (``colibri.protocol.records.decode``): None for a
+        kind protocol.json does not define, ``ProtocolViolation`` for a malformed one."""
+        return decode(self.header, self.payload, direction, strict=strict)
 
     @property
     def fields(self) -> list[str]:
@@ -345,79 +357,3 @@ class FrameParser:
         self._legacy_expect_status = True
         self._legacy_after_end = True
         return self._make("TEXT", b"TEXT", text)
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One engine output frame: the header line, its parse (None if unknown) and payload."""
-
-    line: bytes
-    parsed: ParsedLine | None
-    payload: bytes | None
-
-    @property
-    def kind(self) -> str:
-        if self.parsed is not None:
-            return self.parsed.kind
-        return self.line.split(b" ", 1)[0].decode("ascii", errors="replace")
-
-
-class FrameReader:
-    """``FrameParser`` fed from a blocking binary stream (an engine's stdout), with every
-    known line parsed by its grammar.
-
-    ``read_preamble()`` consumes everything up to and including READY; afterwards each
-    ``read_frame()`` returns one frame. Returns None at EOF; broken framing raises
-    ``ProtocolViolation``.
-    """
-
-    def __init__(
-        self,
-        stream: IO[bytes],
-        spec: ProtocolSpec | None = None,
-        on_unknown: Callable[[bytes], None] | None = None,
-    ) -> None:
-        self.stream = stream
-        self.spec = spec or load_spec()
-        self.on_unknown = on_unknown
-        # A stream read without read_preamble() is already past READY.
-        self._parser = FrameParser(seen_ready=True, spec=self.spec)
-        self._ready: list[WireFrame] = []
-        self._eof = False
-
-    def _next(self) -> WireFrame | None:
-        while not self._ready:
-            if self._eof:
-                return None
-            # readline never blocks past the bytes a frame needs (payloads end in LF too).
-            chunk = self.stream.readline()
-            if chunk:
-                self._ready += self._parser.feed(chunk)
-            else:
-                self._eof = True
-                self._ready += self._parser.finish()
-        return self._ready.pop(0)
-
-    def read_preamble(self) -> list[bytes]:
-        """Lines before READY (free-form); raises EOFError if READY never comes."""
-        lines: list[bytes] = []
-        self._parser.seen_ready = False
-        while (frame := self._next()) is not None:
-            if frame.kind == "READY":
-                return lines
-            lines.append(frame.header + b"\n")
-        raise EOFError("engine closed stdout before READY")
-
-    def read_frame(self) -> Frame | None:
-        frame = self._next()
-        if frame is None:
-            return None
-        line = frame.header + b"\n"
-        if frame.kind == BROKEN:
-            raise ProtocolViolation("?", frame.problem, frame.header.decode("latin-1"))
-        parsed = parse_line(frame.header, self.spec)
-        if parsed is None:
-            if self.on_unknown is not None:
-                self.on_unknown(line)
-            return Frame(line, None, frame.payload)
-        return Frame(line, parsed, frame.payload)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from colibri.protocol.spec import LineSpec, ProtocolSpec, ProtocolViolation, Value, load_spec
@@ -49,6 +49,9 @@ class ParsedLine:
     spec: LineSpec
     #: Tolerant reading only: the fields after the grammar's last (empty when strict).
     extra: tuple[str, ...] = ()
+    #: Every field outside a repeated group as it was written on the wire, by name: what a
+    #: check of exact spellings compares (a strict reading's spelling is the spec's).
+    spelled: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def payload_length(self) -> int:
@@ -128,9 +131,14 @@ class _Walker:
         self.tokens = tokens
         self.pos = 0
         self._patterns: dict[str, re.Pattern[str]] = {}
+        self.spelled: dict[str, str] = {}
+        self.read: dict[str, Value] = {}  # the line's fields outside repeated groups, so far
+        self._depth = 0  # inside how many repeated groups
 
-    def fail(self, message: str) -> ProtocolViolation:
-        return ProtocolViolation(self.line.kind, message, self.text)
+    def fail(self, message: str, name: str = "", token: str = "") -> ProtocolViolation:
+        return ProtocolViolation(
+            self.line.kind, message, self.text, field=name, token=token, values=dict(self.read)
+        )
 
     def pattern(self, type_name: str) -> re.Pattern[str]:
         if not self.strict:
@@ -161,13 +169,17 @@ class _Walker:
         if type_name == "text":
             rest = " ".join(self.tokens[self.pos :])
             self.pos = len(self.tokens)
+            if not self._depth:
+                self.spelled[name] = rest
             return rest
         if self.pos >= len(self.tokens):
-            raise self.fail(f"missing field {name}")
+            raise self.fail(f"missing field {name}", name)
         token = self.tokens[self.pos]
         if not self.pattern(type_name).match(token):
-            raise self.fail(f"field {name}={token!r} is not a {type_name}")
+            raise self.fail(f"field {name}={token!r} is not a {type_name}", name, token)
         self.pos += 1
+        if not self._depth:
+            self.spelled[name] = token
         value: Value
         if type_name in _INT_TYPES:
             value = int(token)
@@ -183,14 +195,18 @@ class _Walker:
                 item.get("max", self.spec.types[type_name].get("max")),
             )
             if isinstance(low, int) and value < low:
-                raise self.fail(f"field {name}={value} is below {low}")
+                raise self.fail(f"field {name}={value} is below {low}", name, token)
             if isinstance(high, int) and value > high:
-                raise self.fail(f"field {name}={value} is above {high}")
+                raise self.fail(f"field {name}={value} is above {high}", name, token)
         hex_bytes = item.get("hex_bytes")
         if hex_bytes is not None and isinstance(value, str):
             want = eval_expr(str(hex_bytes), env)
             if len(value) != 2 * want:
-                raise self.fail(f"field {name} has {len(value) // 2} bytes, expected {want}")
+                raise self.fail(
+                    f"field {name} has {len(value) // 2} bytes, expected {want}", name, token
+                )
+        if not self._depth:
+            self.read[name] = value
         return value
 
     def items(self, items: Sequence[Mapping[str, Any]], env: dict[str, Value]) -> None:
@@ -215,10 +231,12 @@ class _Walker:
         else:
             count = count_spec
         entries: list[dict[str, Any]] = []
+        self._depth += 1
         while self.matches(item) if count is None else len(entries) < count:
             sub: dict[str, Value] = {}
             self.items(item["fields"], sub)
             entries.append(sub)
+        self._depth -= 1
         return entries
 
 
@@ -258,7 +276,7 @@ def parse_line(
     extra = tuple(tokens[walker.pos :])
     if extra and strict:
         raise walker.fail(f"{len(extra)} unexpected trailing field(s)")
-    return ParsedLine(entry.kind, values, entry, extra)
+    return ParsedLine(entry.kind, values, entry, extra, walker.spelled)
 
 
 def format_hex(data: bytes) -> str:

@@ -18,12 +18,29 @@ Value = int | float | str | list[dict[str, Any]] | None
 
 
 class ProtocolViolation(ValueError):
-    """A line of a known kind that does not match its grammar in spec/protocol.json."""
+    """A line of a known kind that does not match its grammar in spec/protocol.json.
 
-    def __init__(self, kind: str, message: str, line: str) -> None:
+    Where the grammar walker found it, ``field`` names the field that broke (``token`` is
+    what stood there, empty when it was missing) and ``values`` holds the line's fields read
+    before it: a check can then say how a line disagrees with the dimensions it declares.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        line: str,
+        *,
+        field: str = "",
+        token: str = "",
+        values: Mapping[str, Value] | None = None,
+    ) -> None:
         super().__init__(f"{kind}: {message}: {line!r}")
         self.kind = kind
         self.line = line
+        self.field = field
+        self.token = token
+        self.values: Mapping[str, Value] = values or {}
 
 
 @dataclass(frozen=True)

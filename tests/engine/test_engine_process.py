@@ -15,7 +15,7 @@ import pytest
 from support.engine_harness import ids, submit
 
 from colibri import resources
-from colibri.protocol import Frame, FrameReader
+from colibri.protocol import FrameReader, WireFrame
 
 TINY = resources.fixture_model_dir("glm5-tiny")
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
@@ -38,7 +38,7 @@ def _engine(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _frames(stdout: bytes) -> list[Frame]:
+def _frames(stdout: bytes) -> list[WireFrame]:
     import io
 
     reader = FrameReader(io.BytesIO(stdout))

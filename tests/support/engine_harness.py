@@ -15,7 +15,7 @@ from colibri.engine.runtime import TextTokenizer
 from colibri.engine.settings import from_environment
 from colibri.engine.wire_input import BytesSource, Source
 from colibri.engine.wire_output import FrameWriter
-from colibri.protocol import Frame, FrameReader
+from colibri.protocol import FrameReader, WireFrame
 from support.engine_fakes import FakeBackend
 
 
@@ -47,10 +47,10 @@ class EngineRun:
     stdout: bytes
     stderr: str
     preamble: list[bytes]
-    frames: list[Frame]
+    frames: list[WireFrame]
     engine: MuxEngine
 
-    def for_id(self, rid: int) -> list[Frame]:
+    def for_id(self, rid: int) -> list[WireFrame]:
         """Frames tagged with request id `rid` (ACCEPT, ECHO, DATA, TOPK, PERF, DONE, ERROR)."""
         return [
             f
@@ -138,7 +138,7 @@ _TIMING_KINDS = {
 }
 
 
-def normalize(frame: Frame) -> str:
+def normalize(frame: WireFrame) -> str:
     """The frame as text with host- and time-dependent fields replaced by '*'."""
     text = frame.line.decode("latin-1").rstrip("\n")
     fields = text.split(" ")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from colibri.protocol import Frame
+from colibri.protocol import WireFrame
 from support.engine_harness import EngineRun, submit
 
 
@@ -39,7 +39,7 @@ class Req:
         )
 
 
-def comparable(frames: list[Frame]) -> list[str]:
+def comparable(frames: list[WireFrame]) -> list[str]:
     """A request's tagged frames without ids and measurements (ids differ between runs)."""
     out = []
     for frame in frames:
@@ -57,7 +57,7 @@ def comparable(frames: list[Frame]) -> list[str]:
     return out
 
 
-def generated_ids(frames: list[Frame]) -> list[int]:
+def generated_ids(frames: list[WireFrame]) -> list[int]:
     return [int(f.payload.decode()) for f in frames if f.kind == "DATA" and f.payload]
 
 
