@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colibri.atlas.stats import AtlasError, read_dump
+from colibri.protocol.records import Submit, SubmitRequest
 from colibri.text.chat_format import chat_prompt
 
 CONTROLS = {"COLI_PERSIST": "0", "DRAFT": "0", "MTP": "0", "TOPP": "0"}
@@ -42,7 +43,7 @@ def plan(probes: Mapping[str, list[str]]) -> list[Probe]:
 def submit_script(prompt: str, max_tokens: int) -> bytes:
     """One greedy SUBMIT of the chat-rendered probe, then EOF (the engine finishes and dumps)."""
     payload = chat_prompt(prompt).encode("utf-8")
-    return f"SUBMIT 1 0 {len(payload)} {max_tokens} 0 1\n".encode() + payload + b"\n"
+    return Submit(1, SubmitRequest(0, payload, max_tokens, 0.0, 1.0)).encode()
 
 
 def engine_command(model: Path | None, engine_cmd: str | None) -> list[str]:

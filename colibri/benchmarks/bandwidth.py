@@ -16,8 +16,9 @@ A decode step streams its weights, so its speed is read against what memory can 
 
 Each but the storage read takes well under a second, so a section can take one between
 decode rounds and hold each round against the bandwidth the machine had then (a shared
-host's moves by tens of percent from second to second). ``device_copy`` returns ``{"error": why}`` rather than raising,
-so it runs as a worker phase (``workers.call("bandwidth:device_copy", ...)``).
+host's moves by tens of percent from second to second). ``device_copy`` returns
+``{"error": why}`` rather than raising, so it runs as a worker phase
+(``workers.call("bandwidth:device_copy", ...)``).
 """
 
 from __future__ import annotations

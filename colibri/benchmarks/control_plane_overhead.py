@@ -22,6 +22,7 @@ from typing import Any
 from colibri.benchmarks import BenchOptions, Section, register
 from colibri.benchmarks.stats import percentile
 from colibri.benchmarks.workers import call
+from colibri.protocol.records import Submit, SubmitRequest
 
 SLOT_COUNTS = (1, 8)
 MODES = ("interpreted", "compiled")
@@ -52,7 +53,8 @@ def measure(slots: int, steps: int, warmup: int) -> dict[str, Any]:
         runtime = build_runtime(settings, env, io.StringIO(), backend=backend,
                                 ignore_stops=True)
         script = b"".join(
-            f"SUBMIT {slot + 1} {slot} 5 {tokens} 0 1 0 ids=1\n3 4 5\n".encode()
+            Submit(slot + 1, SubmitRequest(slot, b"3 4 5", tokens, 0.0, 1.0, b"", {"ids": 1}))
+            .encode()
             for slot in range(slots)
         )
         engine = MuxEngine(runtime, BytesSource(script), FrameWriter(io.BytesIO()))

@@ -21,6 +21,7 @@ from colibri.benchmarks.bench_model import ensure_bench_model
 from colibri.benchmarks.decode_worker import PROMPT
 from colibri.benchmarks.stats import median
 from colibri.benchmarks.workers import call
+from colibri.protocol.records import Submit, SubmitRequest
 
 SLOT_COUNTS = (1, 4, 8)
 TARGET_RATIO_8_OVER_1 = 3.0
@@ -51,11 +52,8 @@ def measure(model_dir: Path | str, slots: int, tokens: int, warmup: int,
     for slot in range(slots):
         prompt = PROMPT[slot % len(PROMPT) :] + PROMPT[: slot % len(PROMPT)]
         payload = " ".join(str(t) for t in prompt).encode()
-        script += (
-            f"SUBMIT {slot + 1} {slot} {len(payload)} {budget} 0 1 0 ids=1\n".encode()
-            + payload
-            + b"\n"
-        )
+        script += Submit(slot + 1, SubmitRequest(slot, payload, budget, 0.0, 1.0, b"",
+                                                  {"ids": 1})).encode()
     sink = io.BytesIO()
     engine = MuxEngine(runtime, BytesSource(script), FrameWriter(sink))
     t1 = time.perf_counter()

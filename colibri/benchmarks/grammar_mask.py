@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from colibri.benchmarks import BenchOptions, Section, register
+from colibri.protocol.records import Submit, SubmitRequest
 
 SCHEMA: dict[str, Any] = {
     "type": "array",
@@ -109,8 +110,7 @@ def _one_run(backend_name: str, model_dir: Path, tokenizer: Any, mode: str,
     runtime = build_runtime(settings, env, log, backend=backend, tokenizer=tokenizer,
                             ignore_stops=mode == "plain")
     grammar = b"" if mode == "plain" else json.dumps(SCHEMA).encode()
-    script = (f"SUBMIT 1 0 {len(PROMPT)} {tokens} 0 1 {len(grammar)}\n".encode() + PROMPT
-              + grammar + b"\n")
+    script = Submit(1, SubmitRequest(0, PROMPT, tokens, 0.0, 1.0, grammar)).encode()
     engine = MuxEngine(runtime, BytesSource(script), FrameWriter(io.BytesIO()))
     started = time.perf_counter()
     engine.run()

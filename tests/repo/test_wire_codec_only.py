@@ -15,10 +15,6 @@ CODEC = ROOT / "colibri" / "protocol"
 #: Modules that still write frames by hand, each to move onto the codec; the test fails as
 #: soon as one of them stops (so the list only shrinks) or another one starts.
 NOT_YET_ON_THE_CODEC = frozenset({
-    "colibri/atlas/sweep.py",
-    "colibri/benchmarks/control_plane_overhead.py",
-    "colibri/benchmarks/engine_slots.py",
-    "colibri/benchmarks/grammar_mask.py",
     # Writes the serve_codec dialect's SUBMIT too (keys right after top_p, spec/protocol.md
     # 5.2), a shape our own engine refuses and the codec therefore does not spell.
     "conformance/prompts.py",
