@@ -15,7 +15,7 @@ from colibri.server.generation import Accepted, EngineTurn, Quiet
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
 from colibri.server.thinking import ThinkingSplit
-from colibri.server.toolcalls import ToolCall, parse_tool_calls
+from colibri.server.toolcalls import InvalidToolCall, ToolCall, parse_answer
 
 SIGNATURE = "colibri-local"
 
@@ -76,7 +76,8 @@ class MessageStream:
                                                               "signature": SIGNATURE}})
             await self.send("content_block_stop", {"type": "content_block_stop", "index": 0})
 
-    async def finish(self, calls: list[ToolCall], reason: str, output_tokens: int) -> None:
+    async def finish(self, calls: list[ToolCall], reason: str, output_tokens: int,
+                     invalid: list[InvalidToolCall]) -> None:
         await self.close_thinking()
         if self.text >= 0:
             await self.send("content_block_stop", {"type": "content_block_stop",
@@ -91,9 +92,11 @@ class MessageStream:
                     "partial_json": json.dumps(call.arguments, ensure_ascii=False)}})
             await self.send("content_block_stop", {"type": "content_block_stop",
                                                    "index": index})
-        await self.send("message_delta", {
-            "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
-            "usage": {"output_tokens": output_tokens}})
+        delta: JSON = {"stop_reason": reason, "stop_sequence": None}
+        if invalid:
+            delta["invalid_tool_calls"] = [bad.json() for bad in invalid]
+        await self.send("message_delta", {"type": "message_delta", "delta": delta,
+                                          "usage": {"output_tokens": output_tokens}})
         await self.send("message_stop", {"type": "message_stop"})
 
 
@@ -141,13 +144,15 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
                         await events.piece(kind, piece)
         result = turn.outcome()
         calls: list[ToolCall] = []
+        invalid: list[InvalidToolCall] = []
         text: str = pipe.answer
         if tools is not None:
-            content, calls = parse_tool_calls(pipe.answer, tools)
-            text = content or ""
+            parsed = parse_answer(pipe.answer, tools, result.stats.length_limited)
+            calls, invalid = parsed.calls, parsed.invalid
+            text = parsed.content or ""
         reason = _stop_reason(result.stats.length_limited, calls)
         if stream:
-            await events.finish(calls, reason, result.stats.completion_tokens)
+            await events.finish(calls, reason, result.stats.completion_tokens, invalid)
             return
         blocks: list[JSON] = []
         if thinking_on:
@@ -158,9 +163,11 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
         for call in calls:
             blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
                            "input": call.arguments})
-        await exchange.send_json(200, {
+        reply: JSON = {
             "id": mid, "type": "message", "role": "assistant", "model": model,
             "content": blocks, "stop_reason": reason, "stop_sequence": None,
             "usage": {"input_tokens": result.stats.prompt_tokens,
-                      "output_tokens": result.stats.completion_tokens}},
-            queue_wait_header(admission))
+                      "output_tokens": result.stats.completion_tokens}}
+        if invalid:
+            reply["invalid_tool_calls"] = [bad.json() for bad in invalid]
+        await exchange.send_json(200, reply, queue_wait_header(admission))

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 import tornado.iostream
 import tornado.web
-from colibri.server import anthropic_api, metrics, openai_api, systemone, token_count
+from colibri.server import anthropic_api, examples, metrics, openai_api, systemone, token_count
 from colibri.server.context import JSON, ServerState, dumps
 from colibri.server.errors import APIError, ClientCancelled, EngineFailure, bad, engine_error
 from colibri.server.template import continue_assistant_enabled
@@ -269,6 +269,10 @@ class Handler(tornado.web.RequestHandler):
         if path == "/experts.json":
             self._atlas()
             return
+        if path == "/examples.json":
+            self.set_header("Cache-Control", "no-cache")
+            await self.send_json(200, examples.load(self.state.config.model_dir))
+            return
         if not path.startswith("/v1/") and self._static(path):
             return
         if not self.authenticated():
@@ -321,12 +325,17 @@ class Handler(tornado.web.RequestHandler):
 
     def _atlas(self) -> None:
         """The expert atlas `colibri atlas analyze --web` wrote (a state path, so a dashboard
-        build cannot replace it), else a `web/dist/experts.json`, else the documented empty
-        state: a fresh install has no atlas, and saying so is an answer, not a failure."""
+        build cannot replace it), else the one the served model ships, else a
+        `web/dist/experts.json`, else the documented empty state: a fresh install of a model
+        without an atlas has none, and saying so is an answer, not a failure."""
         configured = self.state.config.atlas_path
         target = Path(configured) if configured else resources.atlas_path()
+        shipped = None if target.is_file() else examples.shipped_atlas(
+            self.state.config.model_dir)
         if target.is_file():
             data = target.read_bytes()
+        elif shipped is not None:
+            data = dumps(shipped).encode()
         elif self._static("/experts.json"):
             return
         else:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from colibri.server import examples
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 JSON = dict[str, Any]
 
@@ -139,6 +141,9 @@ def run(args: argparse.Namespace, stdin: TextIO = sys.stdin, out: TextIO = sys.s
         print(f"colibri chat: cannot reach {url}: {exc}", file=err)
         return 1
     print(f"attached to {url} ({model}); empty line, EOF or :quit ends", file=err)
+    offer = examples.try_line(examples.fetch(url))
+    if offer:
+        print(offer, file=err)
     thinking = None if os.environ.get("COLI_SHOW_THINK") == "0" else err
     max_tokens = getattr(args, "ngen", None)
     history: list[dict[str, str]] = []

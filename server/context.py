@@ -44,6 +44,8 @@ class ServerConfig:
     atlas_path: str | None = None
     #: The served model's tokenizer.json, for /v1/messages/count_tokens (None: not known).
     tokenizer_path: str | None = None
+    #: The served model's folder: its examples.json and shipped atlas (None: not known).
+    model_dir: str | None = None
     max_connections: int = 64
     max_connections_per_ip: int = 8
     read_deadline_s: float = 30.0

@@ -24,7 +24,7 @@ from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
 from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
-from colibri.server.toolcalls import ToolCall, parse_strict, parse_tool_calls
+from colibri.server.toolcalls import InvalidToolCall, ToolCall, parse_answer, parse_strict
 
 
 @dataclass
@@ -185,18 +185,24 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
                         await sse.chunk([_delta(kind, text)])
         result = turn.outcome()
         calls: list[ToolCall] = []
+        invalid: list[InvalidToolCall] = []
         content: str | None = pipe.answer
         if tools is not None:
             if plan.strict:
                 content, calls = parse_strict(pipe.answer, tools,
                                               result.stats.length_limited)
             else:
-                content, calls = parse_tool_calls(pipe.answer, tools)
+                parsed = parse_answer(pipe.answer, tools, result.stats.length_limited)
+                content, calls, invalid = parsed.content, parsed.calls, parsed.invalid
         finish = _finish_reason(result, calls)
         if plan.stream:
             for i, call in enumerate(calls):
                 await sse.chunk([{"index": 0, "delta": {"tool_calls": [
                     {"index": i, **call.openai()}]}, "logprobs": None,
+                    "finish_reason": None}])
+            if invalid:
+                await sse.chunk([{"index": 0, "delta": {"invalid_tool_calls": [
+                    bad.json() for bad in invalid]}, "logprobs": None,
                     "finish_reason": None}])
             await sse.chunk([{"index": 0, "delta": {}, "logprobs": None,
                               "finish_reason": finish}])
@@ -210,6 +216,8 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
             message["reasoning_content"] = pipe.reasoning
         if calls:
             message["tool_calls"] = [c.openai() for c in calls]
+        if invalid:
+            message["invalid_tool_calls"] = [bad.json() for bad in invalid]
         logprob_body = None
         if plan.logprobs is not None:
             mask = pipe.answer_mask(len(result.raw_text))
@@ -230,6 +238,7 @@ async def completion(state: ServerState, body: JSON, exchange: Exchange) -> None
     if not prompt:
         raise bad("`prompt` must not be empty.", "prompt")
     shaping = v.shaping(body, config.max_tokens)
+    constrain_output(shaping, None, False, False)  # the response format's string bound
     logprobs, echo = v.completion_logprobs(body)
     slot = v.cache_slot(body, config.kv_slots)
     stream = v.stream_flag(body)

@@ -1,7 +1,8 @@
 """GLM tool-call parsing into OpenAI ``tool_calls`` / Anthropic ``tool_use`` (spec/http.md §7.1).
 
 The model writes ``<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>…</tool_call>``.
-Default mode recovers an unclosed last call; strict mode refuses anything irregular.
+Default mode recovers an unclosed last call and reports every other irregular block as an
+invalid tool call beside the content; strict mode refuses anything irregular.
 """
 
 from __future__ import annotations
@@ -113,17 +114,72 @@ def _declared(tools: ToolSpec) -> set[str]:
     return {str(fn.get("name")) for fn in tools.functions}
 
 
-def parse_tool_calls(text: str, tools: ToolSpec) -> tuple[str | None, list[ToolCall]]:
-    """Content (stripped, None when empty) and the calls found in the answer text."""
+@dataclass(frozen=True)
+class InvalidToolCall:
+    """A ``<tool_call>`` the model wrote that is not a call: its text, left in the content,
+    and why it was not read as one (spec/http.md §7.1)."""
+
+    text: str
+    error: str
+
+    def json(self) -> dict[str, str]:
+        return {"text": self.text, "error": self.error}
+
+
+@dataclass(frozen=True)
+class ParsedAnswer:
+    content: str | None
+    calls: list[ToolCall]
+    invalid: list[InvalidToolCall]
+
+
+#: Markers that belong inside a ``<tool_call>`` block only.
+INNER_MARKERS = (CLOSE, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+
+
+def _body_problem(body: str) -> str | None:
+    """Why a closed call's body is not ``name<arg_key>k</arg_key><arg_value>v</arg_value>…``
+    (None: it is). With COLI_TOOL_SALVAGE=1 a body with no argument tags is salvaged, so
+    text after the name is not a problem there."""
+    match = NAME.match(body)
+    if match is None:
+        return "no function name after <tool_call>"
+    rest = body[match.end():]
+    if not ARG_PAIR.search(rest) and salvage_enabled():
+        return None
+    if ARG_PAIR.sub("", rest).strip():
+        return "text outside <arg_key>/<arg_value> pairs"
+    return None
+
+
+def parse_answer(text: str, tools: ToolSpec, length_limited: bool = False) -> ParsedAnswer:
+    """The calls in the answer text, and each ``<tool_call>`` that is not one. A malformed
+    block stays in the content (nothing the model wrote is dropped) and is reported beside
+    it, so that a client never takes a failed call for prose without being told."""
     calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    kept: list[str] = []
+    at = 0
     for match in CLOSED_CALL.finditer(text):
-        call = _call_from_body(match.group(1), tools)
-        if call is not None:
+        kept.append(text[at:match.start()])
+        at = match.end()
+        problem = _body_problem(match.group(1))
+        call = None if problem else _call_from_body(match.group(1), tools)
+        if call is None:
+            invalid.append(InvalidToolCall(match.group(0),
+                                           problem or "no function name after <tool_call>"))
+            kept.append(match.group(0))
+        else:
             calls.append(call)
-    content = CLOSED_CALL.sub("", text)
-    tail_at = content.rfind(OPEN)
+    kept.append(text[at:])
+    content = "".join(kept)
+    # Only the text outside the calls already read: a malformed block kept above holds its
+    # own <tool_call>, which must not be taken for the unclosed last one.
+    outside = CLOSED_CALL.sub("", text)
+    tail_at = outside.rfind(OPEN)
     if tail_at >= 0:
-        body = content[tail_at + len(OPEN):]
+        block = outside[tail_at:]
+        body = block[len(OPEN):]
         for size in range(len(CLOSE) - 1, 0, -1):
             if body.endswith(CLOSE[:size]):
                 body = body[:-size]
@@ -133,11 +189,25 @@ def parse_tool_calls(text: str, tools: ToolSpec) -> tuple[str | None, list[ToolC
             recovered = _call_from_body(body, tools)
         if recovered is not None:
             calls.append(recovered)
-            content = content[:tail_at]
+            content = content[:content.rfind(OPEN)]
+        else:
+            invalid.append(InvalidToolCall(block, "ended at the generation limit inside "
+                                           "<tool_call>" if length_limited else
+                                           "<tool_call> without </tool_call>"))
+    prose = outside[:tail_at] if tail_at >= 0 else outside
+    for marker in INNER_MARKERS:
+        if marker in prose:
+            invalid.append(InvalidToolCall(marker, f"{marker} outside a <tool_call> block"))
     if "</think>" in content:
         content = content.split("</think>", 1)[1]
     content = content.replace("<think>", "").replace("</think>", "").strip()
-    return (content or None), calls
+    return ParsedAnswer(content or None, calls, invalid)
+
+
+def parse_tool_calls(text: str, tools: ToolSpec) -> tuple[str | None, list[ToolCall]]:
+    """Content (stripped, None when empty) and the calls found in the answer text."""
+    parsed = parse_answer(text, tools)
+    return parsed.content, parsed.calls
 
 
 def _strict_fail(reason: str) -> APIError:

@@ -103,9 +103,15 @@ COLIBRI_STATS = obj({
 ID_CHAT = {"type": "string", "pattern": "^chatcmpl-[0-9a-f]{32}$"}
 ID_CMPL = {"type": "string", "pattern": "^cmpl-[0-9a-f]{32}$"}
 
+# A <tool_call> block the model wrote that is not a call (spec/http.md §7.1): its text, which
+# stays in the content, and why it is not a call.
+INVALID_TOOL_CALLS = {"type": "array", "minItems": 1,
+                      "items": obj({"text": STR, "error": STR})}
+
 CHAT_MESSAGE = obj({
     "role": const("assistant"), "content": {"type": ["string", "null"]}, "refusal": NULL,
     "reasoning_content": STR, "tool_calls": {"type": "array", "items": TOOL_CALL, "minItems": 1},
+    "invalid_tool_calls": INVALID_TOOL_CALLS,
 }, required=["role", "content", "refusal"])
 
 CHAT_COMPLETION = obj({
@@ -121,6 +127,7 @@ CHUNK_DELTA = obj({
     "tool_calls": {"type": "array", "items": obj({
         "index": INT, "id": TOOL_CALL["properties"]["id"], "type": const("function"),
         "function": obj({"name": STR, "arguments": STR})})},
+    "invalid_tool_calls": INVALID_TOOL_CALLS,
 }, required=[], maxProperties=2)
 
 CHAT_CHUNK = obj({
@@ -188,11 +195,15 @@ MESSAGE = obj({
     "role": const("assistant"), "model": STR,
     "content": {"type": "array", "items": {"oneOf": [THINKING_BLOCK, TEXT_BLOCK,
                                                      TOOL_USE_BLOCK]}},
-    "stop_reason": STOP_REASON, "stop_sequence": NULL, "usage": ANTHROPIC_USAGE})
+    "stop_reason": STOP_REASON, "stop_sequence": NULL, "usage": ANTHROPIC_USAGE,
+    "invalid_tool_calls": INVALID_TOOL_CALLS,
+}, required=["id", "type", "role", "model", "content", "stop_reason", "stop_sequence",
+             "usage"])
 
 MESSAGE_START_MESSAGE = copy.deepcopy(MESSAGE)
 MESSAGE_START_MESSAGE["properties"]["content"] = {"type": "array", "maxItems": 0}
 MESSAGE_START_MESSAGE["properties"]["stop_reason"] = NULL
+del MESSAGE_START_MESSAGE["properties"]["invalid_tool_calls"]
 
 MESSAGE_EVENT = {"oneOf": [
     obj({"type": const("message_start"), "message": MESSAGE_START_MESSAGE}),
@@ -205,7 +216,9 @@ MESSAGE_EVENT = {"oneOf": [
         obj({"type": const("input_json_delta"), "partial_json": STR})]}}),
     obj({"type": const("content_block_stop"), "index": INT}),
     obj({"type": const("message_delta"),
-         "delta": obj({"stop_reason": STOP_REASON, "stop_sequence": NULL}),
+         "delta": obj({"stop_reason": STOP_REASON, "stop_sequence": NULL,
+                       "invalid_tool_calls": INVALID_TOOL_CALLS},
+                      required=["stop_reason", "stop_sequence"]),
          "usage": obj({"output_tokens": INT})}),
     obj({"type": const("message_stop")}),
     obj({"type": const("ping")}),
@@ -434,6 +447,16 @@ ATLAS = obj({
 # What /experts.json answers while no atlas has been written.
 ATLAS_ABSENT = obj({"atlas": const("absent"), "message": STR})
 
+# GET /examples.json: the prompts the served model ships in its examples.json (none: empty).
+EXAMPLES = obj({
+    "chat": {"type": "array", "items": obj({
+        "prompt": {"type": "string", "minLength": 1}, "skill": {"type": ["string", "null"]}})},
+    "systemone": {"oneOf": [NULL, obj({
+        "state": STR, "question": {"type": "string", "minLength": 1},
+        "options": {"type": "array", "minItems": 2, "items": STR}})]},
+}, description="Prompts the served model answers well: the dashboard offers them in an empty "
+               "chat and pre-fills System One with `systemone`.")
+
 SCHEMAS: dict[str, tuple[str, Schema]] = {
     "error": ("OpenAI error envelope", ERROR),
     "anthropic_error": ("Anthropic error envelope", ANTHROPIC_ERROR),
@@ -459,6 +482,7 @@ SCHEMAS: dict[str, tuple[str, Schema]] = {
     "validation_error": ("422 validation error (`detail` list)", VALIDATION_ERROR),
     "atlas": ("GET /experts.json: the expert atlas (dashboard shape)", ATLAS),
     "atlas_absent": ("GET /experts.json when no atlas was written", ATLAS_ABSENT),
+    "examples": ("GET /examples.json: the served model's example prompts", EXAMPLES),
 }
 
 
@@ -634,6 +658,13 @@ def openapi_document() -> Schema:
                     {"$ref": "#/components/schemas/atlas"},
                     {"$ref": "#/components/schemas/atlas_absent"}]}}}},
                 **_errors("error", 403)}}},
+        "/examples.json": {"get": {
+            "summary": "Example prompts the served model ships (examples.json), or none",
+            "operationId": "examples",
+            "responses": {"200": {"description": "The examples; empty lists and null when "
+                                                 "the model ships none",
+                                  "content": _json("examples")},
+                          **_errors("error", 403)}}},
         "/openapi.json": {"get": {
             "summary": "This document", "operationId": "openapi",
             "responses": {"200": {"description": "OpenAPI 3.1",

@@ -28,7 +28,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="model directory (default: each section's generated model)")
     parser.add_argument("--cache-dir", type=Path,
                         default=Path.home() / ".cache" / "colibri" / "bench",
-                        help="where generated benchmark models are kept")
+                        help="where generated benchmark models are kept (about 1 GB once "
+                             "the generated-model sections have run; the run's last line "
+                             "says how much is there)")
     parser.add_argument("--tokens", type=int, default=16, help="decode steps to time (16)")
     parser.add_argument("--batch", type=int, default=4, help="sequences in a batched step (4)")
     parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps first (4)")
@@ -41,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="interpreter with torch + transformers for the HF peer "
                              "(default: $COLIBRI_PEER_PYTHON or this one)")
     parser.add_argument("--output", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--format", choices=("json", "table"), default="json",
+                        help="json (default): the JSON document on stdout, then a short table "
+                             "on stderr; table: only the table, on stdout (--output still "
+                             "writes the JSON)")
     parser.set_defaults(handler=run)
 
 
@@ -90,12 +96,15 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
             progress.update(1)
     text = json.dumps(report, indent=2)
-    print(text)
+    if args.format == "json":
+        print(text)
     if args.output is not None:
         args.output.write_text(text + "\n")
-    # stdout is the JSON document; a reader's summary of it goes to stderr.
+    # With the JSON on stdout a reader's summary of it goes to stderr; --format table makes
+    # the summary the output.
+    table = sys.stdout if args.format == "table" else sys.stderr
     for line in summary_lines(report["sections"], args.cache_dir):
-        print(line, file=sys.stderr)
+        print(line, file=table)
     # A section asked for by name that cannot run here (cuda-decode without a GPU) fails the
     # command; in a run of every section it is only reported.
     return 1 if set(refused) & set(args.section) else 0

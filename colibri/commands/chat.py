@@ -6,7 +6,8 @@ continues the last answer (``\\x02MORE``), ``:reset`` clears the conversation (`
 ``:quit`` or end of input leaves. Answers stream to stdout; each turn ends with a footer on
 stderr (tokens, seconds, tok/s, as ``--attach`` prints it). The engine keeps the conversation
 on disk (``COLI_PERSIST``, spec/protocol.md §4): a chat that resumes one says so at start, and
-``--new`` starts a fresh one instead.
+``--new`` starts a fresh one instead. At start it prints the prompts the model ships in its
+``examples.json`` (what it answers well), as the dashboard's empty chat offers them.
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ def _start_up_log(engine: subprocess.Popen[bytes]) -> int:
     return int(found.group(1)) if found else 0
 
 
+def _try_line(args: argparse.Namespace) -> str | None:
+    """The prompts the model ships in its examples.json (the dashboard offers the same ones);
+    None when it ships none, or when an --engine-cmd serves a model this command cannot see."""
+    from colibri import resources
+    from colibri.server import examples
+
+    if args.model is None and args.engine_cmd:
+        return None
+    return examples.try_line(examples.load(args.model or resources.default_model_dir()))
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "attach", None):
         from colibri.server import attach
@@ -172,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
         elif resumed:
             print(f"[continuing the conversation saved on disk ({resumed} tokens): type :reset, "
                   "or start with --new, for a fresh one]", file=sys.stderr)
+        offer = _try_line(args)
+        if offer:
+            print(offer, file=sys.stderr)
         interactive = sys.stdin.isatty()
         while True:
             if interactive:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from colibri.commands.engine import add_cluster_arguments
 from colibri.commands.gpu_options import add_gpu_arguments, apply_gpu_arguments, gpu_error
 from colibri.engine.registry import BACKENDS
 from colibri.engine.settings import MIN_CTX
@@ -88,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --auto-tier: a .coli_usage or STATS dump to pin the most "
                         "used experts from (default: $PIN when it names a file)")
     add_gpu_arguments(parser)
+    add_cluster_arguments(parser)
 
 
 def auto_tier(model_dir: Path, kv_slots: int, usage: Path | None, env: dict[str, str],
@@ -117,6 +119,16 @@ def served_tokenizer(model: str | None, engine_cmd: str | None) -> str | None:
         return None
     path = Path(model or resources.default_model_dir()) / "tokenizer.json"
     return str(path) if path.is_file() else None
+
+
+def served_model_dir(model: str | None, engine_cmd: str | None) -> str | None:
+    """The folder of the model the engine serves (its examples.json and shipped atlas), when
+    this process knows it, as for :func:`served_tokenizer`."""
+    from colibri import resources
+
+    if model is None and engine_cmd:
+        return None
+    return str(Path(model or resources.default_model_dir()))
 
 
 #: The id colibri's gateway serves a real GLM-5 checkpoint under (seeds/api.md).
@@ -177,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
         max_connections=int(os.environ.get("COLI_MAX_CONNECTIONS", "64")),
         max_connections_per_ip=int(os.environ.get("COLI_MAX_CONNECTIONS_PER_IP", "8")),
         read_deadline_s=float(os.environ.get("COLI_READ_DEADLINE", "30")),
-        tokenizer_path=served_tokenizer(args.model, args.engine_cmd))
+        tokenizer_path=served_tokenizer(args.model, args.engine_cmd),
+        model_dir=served_model_dir(args.model, args.engine_cmd))
     try:
         validate(config, args.port)
     except ConfigError as exc:
@@ -205,6 +218,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"colibri serve: {problem}", file=sys.stderr)
         return 1
     apply_gpu_arguments(args.gpu, args.vram_gb, env)  # the engine reads them from its env
+    cluster = getattr(args, "cluster", None)
+    cluster_workers = getattr(args, "cluster_workers", None)
+    if cluster is not None:  # the engine reads them from its env, like RAM_GB
+        env["COLI_CLUSTER"] = cluster
+    if cluster_workers is not None:
+        env["COLI_CLUSTER_WORKERS"] = str(cluster_workers)
     if getattr(args, "auto_tier", False):
         from colibri.plan import PlanError
 

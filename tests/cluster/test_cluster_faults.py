@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.accelerated_support import needs_library
-from support.cluster_support import PROMPT, drive, open_clustered, open_local, remote
+from support.cluster_support import PROMPT, drive, open_clustered, open_local, ray_cluster, remote  # noqa: F401 (fixture)
 from support.engine_harness import EngineRun, ids, run_engine, submit
 
 from colibri import resources
@@ -126,7 +126,7 @@ def test_a_worker_slower_than_the_deadline_fails_the_step_and_nothing_of_it_is_k
 
 
 def test_the_engine_command_runs_on_a_cluster_and_survives_a_lost_worker(
-        ray_cluster: Any) -> None:
+        ray_cluster: Any) -> None:  # noqa: F811 (the fixture imported above)
     """``colibri engine --cluster ray:ADDRESS`` joins the cluster; a worker killed while the
     engine is idle is restarted by Ray, the report of its death goes to stderr (stdout stays
     the protocol's), and the request gets the single process's tokens."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from support.accelerated_support import needs_library
-from support.cluster_support import drive, open_clustered, open_local, remote
+from support.cluster_support import drive, open_clustered, open_local, ray_cluster, remote  # noqa: F401 (fixture)
 
 CASES = [
     ("reference", "glm5-tiny"),

@@ -1,12 +1,18 @@
-"""Helpers of the cluster tests: the same steps on a single-process backend and a clustered
-one, and the clustered backend's workers."""
+"""Helpers of the cluster tests: a simulated two-node Ray cluster (``ray.cluster_utils.Cluster``)
+per test module with this process connected to it as a driver (a backend opened with
+``cluster="ray"`` places one expert worker on each node; starting Ray costs seconds, so each
+module starts it once: import the ``ray_cluster`` fixture), the same steps on a
+single-process backend and a clustered one, and the clustered backend's workers."""
 
 from __future__ import annotations
 
 import io
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 
 from colibri import resources
 from colibri.engine.backend import Backend, StepRow
@@ -46,3 +52,24 @@ def drive(backend: Backend) -> list[np.ndarray]:
     if backend.has_mtp:
         out.append(backend.draft(a, 5).logits)
     return out
+
+
+#: The object store's floor: the calls carry a few rows of activations.
+STORE_BYTES = 80 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    # Ray comes with the `test` extra (through `cluster`): a missing Ray fails, never skips.
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": STORE_BYTES, "include_dashboard": False})
+    cluster.add_node(num_cpus=1, object_store_memory=STORE_BYTES)
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

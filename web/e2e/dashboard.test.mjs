@@ -55,6 +55,13 @@ async function send(text) {
 
 const lastAssistant = () => page.locator("article.msg-assistant").last();
 
+/** glm5-chat-tiny ships no examples.json, so System One starts empty: fill in a question. */
+async function fillSystemOne() {
+  await page.fill("#s1-doc", "Review: The film was wonderful.");
+  await page.fill("#s1-q", "Is this review positive or negative?");
+  await page.fill("#s1-opts", "yes\nno");
+}
+
 async function waitForReplyDone() {
   await page.waitForSelector("[data-testid=send]", { timeout: 60_000 });
 }
@@ -223,8 +230,17 @@ describe("colibri dashboard", () => {
     await page.waitForSelector("text=Import failed: Unknown format");
   });
 
+  it("without examples the empty chat offers none and System One starts empty", async () => {
+    await page.click("text=Clear");
+    assert.equal(await page.$("[data-testid=examples]"), null);
+    await goto("systemone");
+    assert.equal(await page.inputValue("#s1-q"), "");
+    assert.ok(await page.isDisabled("[data-testid=s1-ask]"));
+  });
+
   it("System One answers on this server; the atlas says none was written", async () => {
     await goto("systemone");
+    await fillSystemOne();
     await page.click("[data-testid=s1-ask]");
     // the server scores the default options through the engine's logprob channel
     await page.waitForSelector("[data-testid=s1-result]");
@@ -306,11 +322,38 @@ describe("colibri dashboard", () => {
       });
     });
     await goto("systemone");
+    await fillSystemOne();
     await page.click("[data-testid=s1-ask]");
     await page.waitForSelector("[data-testid=s1-result]");
     assert.match(await page.textContent("[data-testid=s1-result]"), /Answer: yes[\s\S]*55\.0%[\s\S]*45\.0%/);
     await page.waitForSelector("[data-testid=s1-unsure]");
     await shoot("systemone-result-desktop");
+    await page.unroute("**/v1/systemone");
+    // Both answers far below what the model would have said: "no" at 100 % of the two, but
+    // the two hold e^-12.9 of the probability; the page warns instead of calling it sure.
+    await page.route("**/v1/systemone", (route) =>
+      route.fulfill({
+        status: 200,
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({
+          answer: "no",
+          entropy: 0,
+          normalize: "sum",
+          choices: [
+            { option: "no", p: 1, logprob: -12.86, mean_logprob: -12.86, tokens: 1 },
+            { option: "yes", p: 0, logprob: -30.17, mean_logprob: -30.17, tokens: 1 },
+          ],
+          usage: { prompt_tokens: 40, completion_tokens: 0, read_tokens: 80, total_tokens: 80 },
+        }),
+      }),
+    );
+    await page.click("[data-testid=s1-ask]");
+    const covered = page.locator("[data-testid=s1-covered].warning");
+    await covered.waitFor();
+    assert.equal(await covered.getAttribute("data-out-of-depth"), "true");
+    assert.match(await covered.textContent(), /Out of its depth: the allowed answers hold only 2\.6e-4 % of the model's probability \(under 50 %\)/);
+    assert.doesNotMatch(await page.textContent("[data-testid=s1-result]"), /fairly sure/);
+    await shoot("systemone-out-of-depth-desktop");
     await page.unroute("**/v1/systemone");
     await page.route("**/experts.json", (route) =>
       route.fulfill({

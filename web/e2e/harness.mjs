@@ -23,16 +23,25 @@ export const CHROMIUM_FLAGS = [
   "--disable-sync",
 ];
 
-export async function startServer({ apiKey, timeoutMs = 90_000 } = {}) {
+/** The environment of a fresh install: no model, atlas or key chosen outside the command. */
+function freshEnv(state) {
+  const env = { ...process.env, XDG_STATE_HOME: state, COLI_API_KEY: "" };
+  for (const name of ["COLI_MODEL", "COLI_MODEL_ID", "COLIBRI_DEFAULT_MODEL", "COLI_ATLAS"]) delete env[name];
+  return env;
+}
+
+/** `model`: a fixture model's name, or null for what a fresh install serves (no --model). */
+export async function startServer({ apiKey, timeoutMs = 90_000, model = "glm5-chat-tiny" } = {}) {
   const bin = process.env.COLIBRI_BIN ?? join(REPO, ".venv", "bin", "colibri");
   const state = mkdtempSync(join(tmpdir(), "colibri-web-e2e-state-"));
-  // glm5-chat-tiny, not the trained default: its random weights never emit EOS early, so a
-  // greedy reply runs to the token limit and the Stop test has a long stream to cut.
-  const args = ["serve", "--port", "0", "--model", join(REPO, "fixtures", "models", "glm5-chat-tiny")];
+  // glm5-chat-tiny by default, not the trained default: its random weights never emit EOS
+  // early, so a greedy reply runs to the token limit and the Stop test has a long stream to cut.
+  const args = ["serve", "--port", "0"];
+  if (model) args.push("--model", join(REPO, "fixtures", "models", model));
   if (apiKey) args.push("--api-key", apiKey);
   // A fresh state root: persisted expert usage would make the first Brain map non-zero.
   const child = spawn(bin, args, {
-    env: { ...process.env, XDG_STATE_HOME: state, COLI_API_KEY: "" },
+    env: freshEnv(state),
     stdio: ["ignore", "pipe", "pipe"],
   });
   let log = "";

@@ -29,6 +29,10 @@ describe("systemone", () => {
     expect(lost.unsure).toBe(false);
     expect(lost.covered).toBeCloseTo(Math.exp(-12.9) + Math.exp(-30.2));
     expect(lost.outOfDepth).toBe(true);
+    // "Tiny" is under one half: the model's own first choice is then none of the answers.
+    const half = view({ answer: "no", choices: [{ option: "no", p: 0.75, logprob: Math.log(0.3) }, { option: "yes", p: 0.25, logprob: Math.log(0.1) }] });
+    expect(half.covered).toBeCloseTo(0.4);
+    expect(half.outOfDepth).toBe(true);
     const bare = view({ answer: "a", choices: [{ option: "a", p: 0.7 }, { option: "b", p: 0.3 }] });
     expect(bare.covered).toBeNull();
     expect(bare.outOfDepth).toBe(false);

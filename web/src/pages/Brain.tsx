@@ -184,6 +184,17 @@ function LiveGrid({ live, atlas }: { live: Extract<Live, { kind: "ok" }>; atlas:
   );
 }
 
+/** The two commands that write the atlas this server serves, in full. */
+function AtlasCommands() {
+  return (
+    <>
+      <code>colibri atlas sweep --model DIR --out atlas</code> runs the probes through the model in <code>DIR</code> (without{" "}
+      <code>--model</code>, the default model), then <code>colibri atlas analyze --stats atlas/stats --web</code> writes the file this server
+      serves as <code>/experts.json</code>
+    </>
+  );
+}
+
 function Explore({ state }: { state: AtlasState }) {
   if (state.kind === "loading") return <p className="muted">Loading the atlas…</p>;
   if (state.kind === "absent")
@@ -193,10 +204,8 @@ function Explore({ state }: { state: AtlasState }) {
         <p>{state.why}</p>
         <p>
           The atlas is the output of colibri’s atlas analysis in its dashboard format: routing statistics per topic, base-rate
-          corrected, with a replication gate. <code>colibri atlas sweep --out atlas</code> runs the probes through the served model,
-          then <code>colibri atlas analyze --stats atlas/stats --web</code> writes the file this server serves as{" "}
-          <code>/experts.json</code>; reload and this view shows the regions, the specialists per topic and the specialisation per
-          layer.
+          corrected, with a replication gate. <AtlasCommands />; reload and this view shows the regions, the specialists per topic and
+          the specialisation per layer.
         </p>
       </div>
     );
@@ -247,6 +256,9 @@ function Explore({ state }: { state: AtlasState }) {
       <p className="muted">
         Layers {atlas.layers[0]} to {atlas.layers[atlas.layers.length - 1]}, left to right; bar height = mean specialisation (1 − H/log C) of the
         layer’s characterised experts. Hover a bar for its numbers.
+      </p>
+      <p className="muted" data-testid="atlas-command">
+        This is the atlas written for the served model, or the one the model ships. To make your own: <AtlasCommands />, and reload.
       </p>
     </div>
   );

@@ -1,6 +1,7 @@
 import { memo, useCallback, useEffect, useRef, useState } from "react";
 import { LongText } from "../components/LongText";
 import { ApiError, type ChatEvent, type ChatRequest, type ColibriStats, streamChat, type Usage } from "../lib/api";
+import { type ChatExample, fetchExamples } from "../lib/examples";
 import { exportTranscript, importTranscript, type Message, toRequestMessages, type TurnStats } from "../lib/transcript";
 import { useSession } from "../session";
 
@@ -104,16 +105,26 @@ export function Chat() {
   const stick = useRef(true);
   const fileRef = useRef<HTMLInputElement>(null);
   const kvSlots = session.health?.kv_slots;
+  const [examples, setExamples] = useState<ChatExample[]>([]);
 
   useEffect(() => () => ctl.current?.abort(), []);
+
+  // What the served model does well (its examples.json), offered while the chat is empty.
+  useEffect(() => {
+    const ctl = new AbortController();
+    void fetchExamples(session.conn, ctl.signal).then((e) => {
+      if (!ctl.signal.aborted) setExamples(e.chat);
+    });
+    return () => ctl.abort();
+  }, [session.conn]);
 
   useEffect(() => {
     const el = logRef.current;
     if (el && stick.current) el.scrollTop = el.scrollHeight;
   }, [messages]);
 
-  const send = useCallback(async () => {
-    const text = input.trim();
+  const send = useCallback(async (given?: string) => {
+    const text = (given ?? input).trim();
     if (!text || busy || !session.model) return;
     const history: Message[] = [...messages, { role: "user", content: text }];
     setMessages([...history, { role: "assistant", content: "" }]);
@@ -241,9 +252,24 @@ export function Chat() {
         }}
       >
         {messages.length === 0 && (
-          <p className="empty">
-            {ready ? `Ask ${session.model} something. Replies stream in; Stop cancels the request.` : "Not connected to a model yet — see the status bar."}
-          </p>
+          <div className="empty">
+            <p>{ready ? `Ask ${session.model} something. Replies stream in; Stop cancels the request.` : "Not connected to a model yet — see the status bar."}</p>
+            {ready && examples.length > 0 && (
+              <div className="examples" data-testid="examples">
+                <p className="muted">What this model does well — try one:</p>
+                <ul>
+                  {examples.map((e) => (
+                    <li key={e.prompt}>
+                      <button type="button" data-testid="example-prompt" disabled={busy} onClick={() => void send(e.prompt)}>
+                        {e.prompt}
+                      </button>
+                      {e.skill && <span className="muted"> {e.skill}</span>}
+                    </li>
+                  ))}
+                </ul>
+              </div>
+            )}
+          </div>
         )}
         {messages.map((m, i) => (
           <MessageView key={i} m={m} streaming={busy && i === messages.length - 1} />

@@ -1,17 +1,32 @@
-import { useState } from "react";
+import { useEffect, useState } from "react";
 import { ApiError, authHeaders, call, errorFromResponse, v1Url } from "../lib/api";
-import { parseOptions, type SystemOneReply, type SystemOneView, UNSURE_AT, view } from "../lib/systemone";
+import { fetchExamples } from "../lib/examples";
+import { COVERED_AT_LEAST, parseOptions, type SystemOneReply, type SystemOneView, UNSURE_AT, view } from "../lib/systemone";
 import { useSession } from "../session";
 
 type Outcome = { kind: "result"; v: SystemOneView; usage: SystemOneReply["usage"] } | { kind: "absent" } | { kind: "error"; message: string };
 
 export function SystemOne() {
   const session = useSession();
-  const [doc, setDoc] = useState("The invoice is dated 3 March and is due in 30 days. It has not been paid.");
-  const [question, setQuestion] = useState("Is the invoice overdue on 10 April?");
-  const [optionsText, setOptionsText] = useState("yes\nno");
+  const [doc, setDoc] = useState("");
+  const [question, setQuestion] = useState("");
+  const [optionsText, setOptionsText] = useState("");
   const [busy, setBusy] = useState(false);
   const [out, setOut] = useState<Outcome | null>(null);
+  const [edited, setEdited] = useState(false);
+
+  // Start from the question the served model ships as one it answers well (its examples.json);
+  // never over what the user has typed.
+  useEffect(() => {
+    const ctl = new AbortController();
+    void fetchExamples(session.conn, ctl.signal).then((e) => {
+      if (ctl.signal.aborted || !e.systemone || edited) return;
+      setDoc(e.systemone.state);
+      setQuestion(e.systemone.question);
+      setOptionsText(e.systemone.options.join("\n"));
+    });
+    return () => ctl.abort();
+  }, [session.conn, edited]);
   const options = parseOptions(optionsText);
   const advertised = session.health?.capabilities?.includes("systemone") ?? session.models.some((m) => m.capabilities?.includes("systemone"));
 
@@ -59,11 +74,20 @@ export function SystemOne() {
         }}
       >
         <label htmlFor="s1-doc">Document</label>
-        <textarea id="s1-doc" rows={5} value={doc} onChange={(e) => setDoc(e.target.value)} />
+        <textarea id="s1-doc" rows={5} value={doc} placeholder="A short text the question is about (may be empty)" onChange={(e) => {
+            setEdited(true);
+            setDoc(e.target.value);
+          }} />
         <label htmlFor="s1-q">Question</label>
-        <input id="s1-q" value={question} onChange={(e) => setQuestion(e.target.value)} />
+        <input id="s1-q" value={question} placeholder="Is this review positive or negative?" onChange={(e) => {
+            setEdited(true);
+            setQuestion(e.target.value);
+          }} />
         <label htmlFor="s1-opts">Allowed answers (one per line)</label>
-        <textarea id="s1-opts" rows={3} value={optionsText} onChange={(e) => setOptionsText(e.target.value)} />
+        <textarea id="s1-opts" rows={3} value={optionsText} placeholder={"positive\nnegative"} onChange={(e) => {
+            setEdited(true);
+            setOptionsText(e.target.value);
+          }} />
         <div className="row">
           <button type="submit" className="primary" disabled={busy || options.length < 2 || !question.trim() || !session.model} data-testid="s1-ask">
             {busy ? "Asking…" : "Ask"}
@@ -90,13 +114,13 @@ export function SystemOne() {
             Answer: <span className="answer">{out.v.answer}</span>
           </h2>
           {out.v.covered !== null && (
-            <p className={out.v.outOfDepth ? "warning" : "muted"} data-testid="s1-covered">
+            <p className={out.v.outOfDepth ? "warning" : "muted"} data-testid="s1-covered" data-out-of-depth={out.v.outOfDepth}>
               {out.v.outOfDepth
-                ? `Out of its depth: the allowed answers hold only ${formatShare(out.v.covered)} of the model's probability; it would have answered something else.`
-                : `The allowed answers hold ${formatShare(out.v.covered)} of the model's probability.`}
+                ? `Out of its depth: the allowed answers hold only ${formatShare(out.v.covered)} of the model's probability (under ${COVERED_AT_LEAST * 100} %); it would have answered something else, so the percentages below only rank answers it does not believe.`
+                : `The allowed answers hold ${formatShare(out.v.covered)} of the model's probability (the page warns under ${COVERED_AT_LEAST * 100} %).`}
             </p>
           )}
-          {out.v.unsure ? (
+          {out.v.outOfDepth ? null : out.v.unsure ? (
             <p className="warning" data-testid="s1-unsure">
               The model is unsure: the answers are nearly equally likely (normalised entropy {out.v.normalised.toFixed(2)} ≥ {UNSURE_AT}).
             </p>
