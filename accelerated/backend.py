@@ -106,11 +106,22 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
     """The C-kernel model over a checkpoint or container (threads: COLIBRI_THREADS or all
     CPUs this process may use). A missing build is ``BackendUnavailable`` naming `make build`;
     ``--device cuda[:N]`` without a usable device one naming the cause (no nvcc at build
-    time, no driver, no device)."""
+    time, no driver, no device); a RAM budget that cannot hold the model one naming the
+    minimum."""
+    try:
+        return open_budgeted(model_dir, options, log)
+    except BudgetTooSmall as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+def open_budgeted(model_dir: Path, options: BackendOptions, log: TextIO,
+                  threads: int | None = None) -> AcceleratedBackend:
+    """``open_backend`` with ``threads`` kernel threads, raising ``BudgetTooSmall`` as it is
+    (``load_model(ram_gb=...)``)."""
     gpu: GpuPlacement | None = None
     try:
         if options.device in (None, "cpu"):
-            model = open_model(model_dir)
+            model = open_model(model_dir, threads)
         else:
             model, gpu = _open_on_device(model_dir, options.device)
     except LibraryNotBuilt as exc:
@@ -127,12 +138,12 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Accel
               f"dense weights in VRAM ({gpu.device.used_bytes / 1e9:.2f} GB) ==", file=log)
     try:
         tiers = _expert_tiers(model, model_dir, options, log)
-    except BudgetTooSmall as exc:
+    except BudgetTooSmall:
         model.close()
-        raise BackendUnavailable(str(exc)) from None
+        raise
     backend = AcceleratedBackend(model, tiers.store, model_fingerprint(model_dir), gpu,
                                  options.vram_budget_bytes, options.vram_reserve_bytes)
-    backend.max_step_rows = tiers.max_step_rows
+    model.max_step_rows = tiers.max_step_rows
     backend.rss_guard_bytes = tiers.rss_guard_bytes
     backend.disk = tiers.disk
     if options.cluster is not None:

@@ -57,16 +57,31 @@ def load_model(
     model_dir: str | Path,
     expert_store: ExpertStore | None = None,
     loader: TensorLoader | None = None,
+    ram_gb: float | None = None,
 ) -> ReferenceModel:
     """Open a model directory (config.json + safetensors). Weights are memory-mapped.
 
     ``expert_store`` replaces where routed experts come from (quantised, tiered...);
     ``loader`` replaces how the other tensors become float32 (it must wrap this directory's
-    checkpoint, e.g. ``MyLoader(Checkpoint(model_dir))``).
+    checkpoint, e.g. ``MyLoader(Checkpoint(model_dir))``). ``ram_gb`` bounds everything the
+    process holds for the model, as the engine's ``RAM_GB`` (one sequence of up to 4096
+    positions): experts that do not fit are read from disk; ``BudgetTooSmall`` names the
+    minimum when the budget cannot hold the rest.
     """
     path = Path(model_dir)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory")
+    if ram_gb is not None:
+        if expert_store is not None or loader is not None:
+            raise ValueError("ram_gb brings its own expert store and loader")
+        if ram_gb <= 0:
+            raise ValueError(f"ram_gb must be > 0, got {ram_gb}")
+        import io
+
+        from colibri.engine.registry import BackendOptions
+
+        return _open(path, BackendOptions(ram_budget_bytes=round(ram_gb * 1e9)),
+                     io.StringIO()).model
     config = ModelConfig.from_dir(path)
     checkpoint = loader.checkpoint if loader is not None else Checkpoint(path)
     if expert_store is None and any(name.endswith(".qs") for name in checkpoint.tensors):
@@ -103,11 +118,20 @@ class ReferenceBackend(KVStateBackend):
 
 def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> ReferenceBackend:
     """The reference model with a tiered expert store over its checkpoint or container: mapped
-    experts, or under RAM_GB the disk tier's reads dequantized to float32."""
+    experts, or under RAM_GB the disk tier's reads dequantized to float32. A budget that
+    cannot hold the model is ``BackendUnavailable`` naming the minimum."""
+    from colibri.engine.registry import BackendUnavailable
+
+    try:
+        return _open(model_dir, options, log)
+    except BudgetTooSmall as exc:
+        raise BackendUnavailable(str(exc)) from None
+
+
+def _open(model_dir: Path, options: BackendOptions, log: TextIO) -> ReferenceBackend:
     if options.device not in (None, "cpu"):
         raise ValueError(f"the reference backend runs on the CPU, not {options.device!r}")
     from colibri.engine.backend import usage_rows
-    from colibri.engine.registry import BackendUnavailable
 
     config = ModelConfig.from_dir(model_dir)
     checkpoint = Checkpoint(model_dir)
@@ -140,18 +164,14 @@ def open_backend(model_dir: Path, options: BackendOptions, log: TextIO) -> Refer
     memory = ExpertMemory(dense=dense,
                           kv_floats_per_position=model.new_state().floats_per_position,
                           runtime=runtime_bytes(dense), held_bytes=lambda _l, _e: float32_bytes)
-    try:
-        tiers = open_tiers(checkpoint, cfg, rows, read, build, memory,
-                           ram_budget_bytes=options.ram_budget_bytes, kv_slots=options.kv_slots,
-                           ctx=options.ctx, log=log,
-                           rss_guard_bytes=options.rss_guard_bytes)
-    except BudgetTooSmall as exc:
-        raise BackendUnavailable(str(exc)) from None
+    tiers = open_tiers(checkpoint, cfg, rows, read, build, memory,
+                       ram_budget_bytes=options.ram_budget_bytes, kv_slots=options.kv_slots,
+                       ctx=options.ctx, log=log, rss_guard_bytes=options.rss_guard_bytes)
     # The model opened over its mapped or quantized experts (which checked every expert's
     # header); the tiers replace them as its data source.
     model.experts = tiers.store
     backend = ReferenceBackend(model, tiers.store, model_fingerprint(model_dir))
-    backend.max_step_rows = tiers.max_step_rows
+    model.max_step_rows = tiers.max_step_rows
     backend.rss_guard_bytes = tiers.rss_guard_bytes
     return backend
 

@@ -93,31 +93,21 @@ class KVStateBackend:
     rss_guard_bytes: int = 0
     _steps = 0
 
-    #: The most rows one forward takes (a RAM budget's bound on one layer's experts for a
-    #: step); a longer step is forwarded in chunks, in row order. None: no bound.
-    max_step_rows: int | None = None
 
     def step(self, rows: Sequence[StepRow]) -> Step:
         clock = self._kv_model.clock
         clock.reset()
         started = time.perf_counter()
-        size = self.max_step_rows or max(len(rows), 1)
         before = {id(r.state): (r.state, r.state.length) for r in rows}
         try:
-            parts = [self._kv_model.forward_rows([r.state for r in chunk],
-                                                 [r.token for r in chunk],
-                                                 [r.wants_logits for r in chunk])
-                     for chunk in (rows[i : i + size] for i in range(0, max(len(rows), 1), size))]
+            logits, routes = self._kv_model.forward_rows(
+                [r.state for r in rows], [r.token for r in rows], [r.wants_logits for r in rows])
         except BackendReadError:
-            # An earlier chunk may have appended rows: the failed step leaves no trace.
+            # An earlier chunk of a long step may have appended rows: the failed step leaves
+            # no trace.
             for state, length in before.values():
                 state.truncate(length)
             raise
-        if len(parts) == 1:
-            logits, routes = parts[0]
-        else:  # a row's bytes do not depend on the rows forwarded beside it
-            logits = np.concatenate([p[0] for p in parts])
-            routes = np.concatenate([p[1] for p in parts])
         total = time.perf_counter() - started
         self._steps += 1
         if self.rss_guard_bytes and self._steps % GUARD_EVERY == 0:

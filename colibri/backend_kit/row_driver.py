@@ -47,6 +47,8 @@ class RowModel:
     mtp_indexer_mode: str | None
     #: Seconds of attention, expert products and lm_head since the last reset (PERF/PROF).
     clock: PhaseClock
+    #: The most rows one forward takes (a RAM budget's bound, ``expert_tiers``); None: any.
+    max_step_rows: int | None = None
 
     # --- the hooks ---------------------------------------------------------------------------
 
@@ -121,6 +123,14 @@ class RowModel:
         m = len(tokens)
         if len(states) != m or len(wants_logits) != m:
             raise ValueError(f"{len(states)} states, {m} tokens, {len(wants_logits)} flags")
+        size = self.max_step_rows
+        if size and m > size:
+            # A RAM budget bounds one layer's experts for a forward's rows: a longer one goes
+            # in chunks, in row order (a row's bytes do not depend on its neighbours).
+            parts = [self.forward_rows(states[i : i + size], tokens[i : i + size],
+                                       wants_logits[i : i + size]) for i in range(0, m, size)]
+            return (np.concatenate([p[0] for p in parts]),
+                    np.concatenate([p[1] for p in parts]))
         no_logits = np.zeros((0, cfg.vocab_size), np.float32)
         if m == 0:
             return no_logits, np.zeros((0, 0, cfg.num_experts_per_tok), np.int32)

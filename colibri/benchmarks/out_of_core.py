@@ -141,7 +141,7 @@ def run_section(setup: Setup) -> dict[str, Any]:
                     "prompt_tokens": PROMPT_TOKENS, "prompt_seed": MEASURED_PROMPT}
             _warm(model)
             in_ram = _worker(DECODE, base, None)
-            if routing == "skewed" and engine == setup.engines[0]:
+            if engine == setup.engines[0]:  # the history pins and predictions come from
                 _worker(DECODE, {**base, "prompt_seed": USAGE_PROMPT,
                                  "record_usage": str(usage)}, None)
             step_s = in_ram["decode_s"] / tokens[engine] if "decode_s" in in_ram else None

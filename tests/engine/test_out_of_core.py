@@ -295,3 +295,22 @@ def test_the_bytes_are_the_all_in_ram_bytes(backend_name: str, cached_experts: i
     capped = _logit_bytes(open_backend(
         backend_name, TINY, BackendOptions(ram_budget_bytes=budget, ctx=64), io.StringIO()))
     assert capped == in_ram
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_load_model_takes_a_ram_budget(backend_name: str) -> None:
+    """``load_model(dir, ram_gb=...)`` (both backends' library API): the same logits as the
+    unbounded model, a prefill longer than a budgeted forward's rows included, and a budget
+    too small refused with the minimum."""
+    if backend_name == "reference":
+        from colibri.reference import load_model
+    else:
+        from colibri.accelerated import load_model  # type: ignore[assignment]
+    free = load_model(TINY)
+    bounded = load_model(TINY, ram_gb=1.0)
+    assert bounded.max_step_rows is not None and bounded.max_step_rows < len(PROMPT)
+    a, b = free.new_state(), bounded.new_state()
+    assert np.array_equal(free.prefill(a, PROMPT), bounded.prefill(b, PROMPT))
+    assert np.array_equal(free.decode(a, 26), bounded.decode(b, 26))
+    with pytest.raises(BudgetTooSmall, match="need at least RAM_GB="):
+        load_model(TINY, ram_gb=1e-6)
