@@ -110,19 +110,22 @@ def tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def init_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """One generated weight: matrices N(0, 0.02), the router's correction bias 0.05·N(0, 1),
+    other biases 0, norms 1."""
+    if name.endswith("e_score_correction_bias"):
+        return (0.05 * rng.standard_normal(shape)).astype(np.float32)
+    if len(shape) >= 2:
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+    if name.endswith(".bias"):
+        return np.zeros(shape, np.float32)
+    return np.ones(shape, np.float32)
+
+
 def build_tensors(cfg: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for name, shape in sorted(tensor_shapes(cfg).items()):
-        if name.endswith("e_score_correction_bias"):
-            out[name] = (0.05 * rng.standard_normal(shape)).astype(np.float32)
-        elif len(shape) >= 2:
-            out[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-        elif name.endswith(".bias"):
-            out[name] = np.zeros(shape, np.float32)
-        else:
-            out[name] = np.ones(shape, np.float32)
-    return out
+    return {name: init_tensor(rng, name, shape)
+            for name, shape in sorted(tensor_shapes(cfg).items())}
 
 
 #: The GPU bench model: the same architecture with 64 experts in 9 of 12 layers,

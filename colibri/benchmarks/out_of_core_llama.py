@@ -20,6 +20,7 @@ import numpy as np
 
 
 def read_bytes() -> int:
+    """Bytes this process has caused to be read from storage (not from the page cache)."""
     with open("/proc/self/io") as fh:
         for line in fh:
             if line.startswith("read_bytes:"):

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from colibri.benchmarks.bench_model import BENCH_CONFIG, tensor_shapes
+from colibri.benchmarks.bench_model import BENCH_CONFIG, init_tensor, tensor_shapes
 from colibri.reference.safetensors import write_safetensors
 
 OOC_SEED = 4321
@@ -57,16 +57,6 @@ def _is_expert(name: str) -> bool:
     return ".mlp.experts." in name
 
 
-def _tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    if name.endswith("e_score_correction_bias"):
-        return (0.05 * rng.standard_normal(shape)).astype(np.float32)
-    if len(shape) >= 2:
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-    if name.endswith(".bias"):
-        return np.zeros(shape, np.float32)
-    return np.ones(shape, np.float32)
-
-
 def skewed_bias(rng: np.random.Generator, n_experts: int) -> np.ndarray:
     """A layer's correction bias with Zipf-like popularity: a random ranking, ``-SKEW·ln(1 +
     rank)`` over the uniform model's small noise."""
@@ -89,7 +79,7 @@ def ensure_models(cache_dir: Path, seed: int = OOC_SEED) -> dict[str, Path]:
         (target / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=2) + "\n")
     rng = np.random.default_rng(seed)
-    dense = {name: _tensor(rng, name, shape) for name, shape in sorted(shapes.items())
+    dense = {name: init_tensor(rng, name, shape) for name, shape in sorted(shapes.items())
              if not _is_expert(name)}
     sparse = range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"])
     shards = len(sparse) + 1
@@ -98,7 +88,7 @@ def ensure_models(cache_dir: Path, seed: int = OOC_SEED) -> dict[str, Path]:
     for number, layer in enumerate(sparse, 2):
         shard = f"model-{number:05d}-of-{shards:05d}.safetensors"
         prefix = f"model.layers.{layer}.mlp.experts."
-        tensors = {name: _tensor(rng, name, shape) for name, shape in sorted(shapes.items())
+        tensors = {name: init_tensor(rng, name, shape) for name, shape in sorted(shapes.items())
                    if name.startswith(prefix)}
         write_safetensors(uniform / shard, tensors)
         if (skewed / shard).exists():

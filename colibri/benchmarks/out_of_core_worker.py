@@ -19,18 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from colibri.benchmarks.out_of_core_llama import read_bytes
 from colibri.engine import usage_file
 from colibri.engine.backend import Backend, StepRow, usage_rows
 from colibri.engine.registry import BackendOptions, open_backend
-
-
-def read_bytes() -> int:
-    """Bytes this process has caused to be read from storage (not from the page cache)."""
-    with open("/proc/self/io") as fh:
-        for line in fh:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
 
 
 def prompt(seed: int, n: int, vocab: int) -> list[int]:
