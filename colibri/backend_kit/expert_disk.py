@@ -75,8 +75,10 @@ def checkpoint_extents(checkpoint: Checkpoint) -> ExpertExtents:
     return extents
 
 
-class ExpertReadError(BackendReadError):
-    """An expert's bytes could not be read whole (short read, I/O error, file gone)."""
+#: An expert's bytes could not be read whole (short read, I/O error, file gone). The engine's
+#: own class, not a subclass: under the mypyc-compiled control plane ``BackendReadError`` is
+#: a native class, which interpreted code may raise but not subclass.
+ExpertReadError = BackendReadError
 
 
 @dataclass(frozen=True)

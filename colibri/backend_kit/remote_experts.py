@@ -48,9 +48,10 @@ DEFAULT_DEADLINE_S = 10.0
 ROUND_TRIPS_KEPT = 4096
 
 
-class RemoteExpertError(BackendReadError):
-    """An expert worker did not deliver a layer's outputs: it was lost, failed, or missed the
-    deadline. Nothing of the layer was used."""
+#: An expert worker was lost, failed or missed its deadline. The engine's own class, not a
+#: subclass: under the mypyc-compiled control plane ``BackendReadError`` is a native class,
+#: which interpreted code may raise but not subclass.
+RemoteExpertError = BackendReadError
 
 
 @dataclass(frozen=True)
