@@ -162,3 +162,19 @@ def test_committed_fixture_models_stay_under_24_mb() -> None:
 
     total = sum(p.stat().st_size for p in (fixtures_dir() / "models").rglob("*") if p.is_file())
     assert total < 24 * 1024 * 1024, f"fixtures/models holds {total / 2**20:.1f} MiB"
+
+
+def test_the_trained_models_folder_holds_only_what_its_oracle_generator_writes() -> None:
+    """make oracle-check (which needs torch) fails on a committed file the generator does not
+    write; this holds the same without torch: every file beside the trained model's oracle is
+    one of the generator's INPUTS, copied through unchanged."""
+    import ast
+
+    source = Path(__file__).resolve().parents[2] / "fixtures" / "make_chat_small_oracle.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    inputs = next(ast.literal_eval(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "INPUTS" for t in node.targets))
+    written = {*inputs, "oracle.json", "oracle_logits.npy"}
+    folder = fixture_model_dir("glm5-chat-small")
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == sorted(written)
