@@ -15,9 +15,11 @@ more than the bytes. So:
   ``posix_fadvise(DONTNEED)`` over the range;
 - ``read_many`` keeps several experts' reads in flight on a small thread pool (``os.preadv``
   releases the GIL), so a layer's misses arrive at the disk's rate, not one at a time;
-- the buffers are recycled: a fresh 10 MB allocation per read would cost its page faults
-  and zeroing (a few ms, the order of the read itself), so a buffer whose expert has been
-  let go is reused for the next read of that size (``BufferPool``);
+- the buffers are recycled and reserved ahead: a fresh 10 MB allocation per read would cost
+  its page faults and zeroing (a few ms on a bare machine, tens where a virtual machine backs
+  fresh memory lazily: longer than the read), so a buffer whose expert has been let go is
+  reused for the next read of that size, and ``warm`` touches the expert cache's buffers in
+  the background before reads need them (``BufferPool``);
 - a read that returns fewer bytes than the tensors need (a shard truncated under a running
   engine) or fails is an ``ExpertReadError`` naming the expert, the file and the offset, and
   nothing of that expert is returned: a partially read expert is never used.
@@ -120,7 +122,9 @@ class BufferPool:
 
     A buffer handed out is referred to by the tensor views made of it (numpy keeps a view's
     owner alive), so it is free again exactly when the pool holds the only reference. At
-    most ``keep_free`` free buffers of a size are kept; the rest go back to the allocator."""
+    most ``keep_free`` free buffers of a size are kept; the rest go back to the allocator.
+    Sizes are rounded up to ``GRAIN``, so the experts of one model, whose reads differ by a
+    block or two of alignment, share their buffers."""
 
     def __init__(self, keep_free: int = 2 * DEFAULT_IN_FLIGHT) -> None:
         self._buffers: dict[int, list[np.ndarray]] = {}
@@ -129,8 +133,9 @@ class BufferPool:
 
     def take(self, length: int) -> np.ndarray:
         """A BLOCK-aligned uint8 buffer of ``length`` bytes (a view of a pooled array)."""
+        size = _bucket(length)
         with self._lock:
-            held = self._buffers.setdefault(length, [])
+            held = self._buffers.setdefault(size, [])
             free = [raw for raw in held if sys.getrefcount(raw) <= FREE_REFS]
             if len(free) > self.keep_free:
                 extra = {id(raw) for raw in free[self.keep_free :]}
@@ -139,10 +144,42 @@ class BufferPool:
             if free:
                 raw = free[0]
             else:
-                raw = np.empty(length + BLOCK, np.uint8)
+                raw = np.empty(size + BLOCK, np.uint8)
                 held.append(raw)
         shift = -raw.ctypes.data % BLOCK
         return raw[shift : shift + length]
+
+    def reserve(self, length: int, count: int) -> None:
+        """Allocate and touch up to ``count`` buffers for reads of ``length`` bytes ahead of
+        need, and keep that many when they fall free. A buffer's first touch costs its page
+        faults, and where a virtual machine backs fresh memory lazily that is tens of ms for
+        10 MB, longer than the read: paid here, on a thread of its own, a read never waits
+        for it. The buffers are the expert cache's own memory (its budget counts them)."""
+        size = _bucket(length)
+        with self._lock:
+            self.keep_free = max(self.keep_free, count)
+        for _ in range(count):
+            raw = np.empty(size + BLOCK, np.uint8)
+            raw[::PAGE_STRIDE] = 0  # one byte per page: every page faulted in now
+            with self._lock:
+                held = self._buffers.setdefault(size, [])
+                if len(held) >= count:  # the reads got there first
+                    return
+                held.append(raw)
+
+    def count(self, length: int) -> int:
+        with self._lock:
+            return len(self._buffers.get(_bucket(length), []))
+
+
+def _bucket(length: int) -> int:
+    return -(-length // GRAIN) * GRAIN
+
+
+#: Buffer sizes are rounded up to this (see ``BufferPool``).
+GRAIN = 64 * 1024
+#: The smallest page size: touching one byte per stride faults in every page of a buffer.
+PAGE_STRIDE = 4096
 
 
 #: ``sys.getrefcount`` of a pooled array nothing else refers to: the pool's list, the
@@ -174,6 +211,17 @@ class DiskTier:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+    def warm(self, layer: int, expert: int, count: int) -> threading.Thread:
+        """Reserve read buffers for ``count`` experts shaped like (``layer``, ``expert``),
+        on a background thread (``BufferPool.reserve``); the thread is returned."""
+        longest = max(self.runs(layer, expert), key=lambda run: run.end - run.begin)
+        # The widest an O_DIRECT read of such a run gets: its alignment adds up to 2 blocks.
+        length = longest.end - longest.begin + 2 * BLOCK
+        thread = threading.Thread(target=self._buffers.reserve, args=(length, count),
+                                  name="expert-buffers", daemon=True)
+        thread.start()
+        return thread
 
     def runs(self, layer: int, expert: int) -> list[Run]:
         key = (layer, expert)

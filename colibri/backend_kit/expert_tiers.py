@@ -102,6 +102,11 @@ def open_tiers(checkpoint: Checkpoint, cfg: ModelConfig, rows: Sequence[int],
     store = TieredExpertStore(read, cfg, rows, max(1, budget.experts), stored,
                               read_start=read_start, held_bytes=memory.held_bytes)
     max_rows = step_rows if rows else None
+    if rows and memory.held_bytes(rows[0], 0) == stored(rows[0], 0):
+        # The cached experts live in their read buffers (a backend that converts them keeps
+        # copies instead): those buffers, faulted in before the reads need them.
+        total = len(rows) * cfg.n_routed_experts
+        disk.warm(rows[0], 0, min(total, budget.experts // max(stored(rows[0], 0), 1)))
     print(f"== {budget.describe()}; experts read from disk "
           f"({'O_DIRECT' if disk.counters.direct else 'buffered'}) ==", file=log)
     return Tiers(store, budget, disk, max_rows, rss_guard_bytes or ram_budget_bytes)

@@ -314,3 +314,17 @@ def test_load_model_takes_a_ram_budget(backend_name: str) -> None:
     assert np.array_equal(free.decode(a, 26), bounded.decode(b, 26))
     with pytest.raises(BudgetTooSmall, match="need at least RAM_GB="):
         load_model(TINY, ram_gb=1e-6)
+
+
+def test_the_buffer_pool_reserves_buffers_ahead_and_reads_reuse_them() -> None:
+    from colibri.backend_kit.expert_disk import BufferPool
+
+    pool = BufferPool(keep_free=1)
+    pool.reserve(100_000, 3)
+    assert pool.count(100_000) == 3 and pool.keep_free == 3
+    # Reads whose aligned length differs by a block share the reserved buffers.
+    taken = [pool.take(100_000 - 4096), pool.take(100_000), pool.take(100_000 + 4096)]
+    assert pool.count(100_000) == 3
+    del taken
+    again = [pool.take(100_000) for _ in range(3)]
+    assert pool.count(100_000) == 3 and len({id(b.base) for b in again}) == 3
