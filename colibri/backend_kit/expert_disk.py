@@ -129,18 +129,14 @@ class BufferPool:
     def __init__(self, keep_free: int = 2 * DEFAULT_IN_FLIGHT) -> None:
         self._buffers: dict[int, list[np.ndarray]] = {}
         self._lock = threading.Lock()
-        self.keep_free = keep_free
+        self.keep_free = self._floor = keep_free
 
     def take(self, length: int) -> np.ndarray:
         """A BLOCK-aligned uint8 buffer of ``length`` bytes (a view of a pooled array)."""
         size = _bucket(length)
         with self._lock:
             held = self._buffers.setdefault(size, [])
-            free = [raw for raw in held if sys.getrefcount(raw) <= FREE_REFS]
-            if len(free) > self.keep_free:
-                extra = {id(raw) for raw in free[self.keep_free :]}
-                held[:] = [raw for raw in held if id(raw) not in extra]
-                free = free[: self.keep_free]
+            free = self._trimmed(held)
             if free:
                 raw = free[0]
             else:
@@ -167,6 +163,24 @@ class BufferPool:
                     return
                 held.append(raw)
 
+    def release(self, count: int) -> None:
+        """Keep no more than ``count`` free buffers of a size (at least the pool's own
+        floor) from now on, letting the rest go now: the expert cache shrank (the RSS guard)
+        and the memory its buffers held must go with it."""
+        with self._lock:
+            self.keep_free = max(self._floor, count)
+            for held in self._buffers.values():
+                self._trimmed(held)
+
+    def _trimmed(self, held: list[np.ndarray]) -> list[np.ndarray]:
+        """The free buffers of ``held``, after dropping those beyond ``keep_free``."""
+        free = [raw for raw in held if sys.getrefcount(raw) <= FREE_REFS]
+        if len(free) > self.keep_free:
+            extra = {id(raw) for raw in free[self.keep_free :]}
+            held[:] = [raw for raw in held if id(raw) not in extra]
+            free = free[: self.keep_free]
+        return free
+
     def count(self, length: int) -> int:
         with self._lock:
             return len(self._buffers.get(_bucket(length), []))
@@ -183,7 +197,7 @@ PAGE_STRIDE = 4096
 
 
 #: ``sys.getrefcount`` of a pooled array nothing else refers to: the pool's list, the
-#: comprehension's variable and the call's own argument.
+#: comprehension's variable and the call's own argument (``BufferPool._trimmed``).
 FREE_REFS = 3
 
 
@@ -222,6 +236,10 @@ class DiskTier:
                                   name="expert-buffers", daemon=True)
         thread.start()
         return thread
+
+    def keep_buffers(self, count: int) -> None:
+        """At most ``count`` free read buffers of a size stay reserved (``BufferPool.release``)."""
+        self._buffers.release(count)
 
     def runs(self, layer: int, expert: int) -> list[Run]:
         key = (layer, expert)

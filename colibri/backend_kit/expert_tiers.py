@@ -105,8 +105,11 @@ def open_tiers(checkpoint: Checkpoint, cfg: ModelConfig, rows: Sequence[int],
     if rows and memory.held_bytes(rows[0], 0) == stored(rows[0], 0):
         # The cached experts live in their read buffers (a backend that converts them keeps
         # copies instead): those buffers, faulted in before the reads need them.
+        per_expert = max(stored(rows[0], 0), 1)
         total = len(rows) * cfg.n_routed_experts
-        disk.warm(rows[0], 0, min(total, budget.experts // max(stored(rows[0], 0), 1)))
+        disk.warm(rows[0], 0, min(total, budget.experts // per_expert))
+        # When the RSS guard shrinks the cache, the buffers its experts held go too.
+        store.on_trim = lambda lru_bytes: disk.keep_buffers(lru_bytes // per_expert)
     print(f"== {budget.describe()}; experts read from disk "
           f"({'O_DIRECT' if disk.counters.direct else 'buffered'}) ==", file=log)
     return Tiers(store, budget, disk, max_rows, rss_guard_bytes or ram_budget_bytes)

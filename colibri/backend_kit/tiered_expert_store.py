@@ -144,8 +144,10 @@ class TieredExpertStore:
         # the LRU gets what the pins leave.
         self.ram_budget_bytes = ram_budget_bytes
         self._lru = PerLayerLru(self.layers, ram_budget_bytes or None)
-        #: How often the RSS guard lowered the LRU's budget.
+        #: How often the RSS guard lowered the LRU's budget, and who is told the new budget
+        #: (the disk tier, whose reserved read buffers must shrink with it).
         self.guard_trims = 0
+        self.on_trim: Callable[[int], None] | None = None
         self._pinned: dict[Key, ExpertWeights] = {}
         self._counters = StoreCounters()
         # Decayed per-expert heat for re-pinning: +1 per use, halved after every pass.
@@ -436,6 +438,8 @@ class TieredExpertStore:
         limit = self._lru.budget_bytes if self._lru.budget_bytes is not None else before
         self._lru.resize(max(0, min(limit, before) - excess_bytes))
         self.guard_trims += 1
+        if self.on_trim is not None:
+            self.on_trim(self._lru.budget_bytes or 0)
         return before - self._lru.bytes
 
     def counters(self) -> StoreCounters:

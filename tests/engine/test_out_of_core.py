@@ -328,3 +328,33 @@ def test_the_buffer_pool_reserves_buffers_ahead_and_reads_reuse_them() -> None:
     del taken
     again = [pool.take(100_000) for _ in range(3)]
     assert pool.count(100_000) == 3 and len({id(b.base) for b in again}) == 3
+
+
+def test_a_smaller_cache_lets_its_reserved_buffers_go() -> None:
+    """The RSS guard shrinks the expert cache; the read buffers reserved for it must go too,
+    or the process holds as much as before and the guard shrinks the cache again and again."""
+    from colibri.backend_kit.expert_disk import BufferPool
+
+    pool = BufferPool(keep_free=1)
+    pool.reserve(100_000, 5)
+    held = pool.take(100_000)  # one in use: never let go
+    pool.release(2)
+    assert pool.count(100_000) == 3  # the one in use and two free
+    assert pool.take(100_000).base is not held.base
+
+
+@pytest.mark.usefixtures("no_runtime")
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_the_rss_guard_shrinks_the_disk_tiers_buffers_with_the_cache(
+        backend_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = _fixed_bytes(backend_name, TINY, monkeypatch) + 8 * 49152
+    backend: Any = open_backend(backend_name, TINY, BackendOptions(ram_budget_bytes=budget,
+                                                                   ctx=64), io.StringIO())
+    kept: list[int] = []
+    monkeypatch.setattr(DiskTier, "keep_buffers", lambda _self, count: kept.append(count))
+    state = backend.new_state()
+    backend.step([StepRow(state, t, False) for t in PROMPT])  # fills the cache: 8 experts
+    assert backend.store.tier_counts(usage_rows(backend.shape), 8).ram == 8
+    backend.store.trim(4 * 49152)  # the guard: 4 experts' worth too much
+    assert kept == [4]  # the 8 experts' buffers reserved for the cache shrink to its new 4
+    backend.close()
