@@ -144,6 +144,7 @@ def open_budgeted(model_dir: Path, options: BackendOptions, log: TextIO,
     backend = AcceleratedBackend(model, tiers.store, model_fingerprint(model_dir), gpu,
                                  options.vram_budget_bytes, options.vram_reserve_bytes)
     model.max_step_rows = tiers.max_step_rows
+    model.read_ahead_depth = options.read_ahead
     backend.rss_guard_bytes = tiers.rss_guard_bytes
     backend.disk = tiers.disk
     if options.cluster is not None:
@@ -164,7 +165,8 @@ def _open_cluster(model_dir: Path, options: BackendOptions, model: Model,
     from colibri.backend_kit.ray_cluster import ClusterSpec, ClusterStartError, open_ray_experts
 
     try:
-        spec = ClusterSpec.parse(options.cluster or "ray", options.cluster_workers)
+        spec = ClusterSpec.parse(options.cluster or "ray", options.cluster_workers,
+                                 placement=options.cluster_placement)
         return open_ray_experts(spec, str(model_dir),
                                 "colibri.accelerated.backend:expert_compute",
                                 expert_layers(model.checkpoint, model.config),

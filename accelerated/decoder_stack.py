@@ -41,6 +41,8 @@ Resident = Callable[[int, int], bool]
 #: Its two-half form (``TieredExpertStore.experts_begin``): the lookups made, the resident
 #: experts at hand and the misses' reads in flight; None from a store without it.
 Begin = Callable[[int, list[int]], Any]
+#: ``ReadAhead``: (the block the step is past, -1 before the first; the residual) -> reads.
+ReadAheadHook = Callable[[int, F32], int]
 
 
 class DecoderStack:
@@ -57,10 +59,13 @@ class DecoderStack:
             slots: Sequence[int], lookup: Lookup, clock: PhaseClock, first: int = 0,
             end: int | None = None, begin: Begin | None = None,
             resident: Resident | None = None,
-            remote: RemoteExperts | None = None) -> list[I32]:
+            remote: RemoteExperts | None = None,
+            ahead: ReadAheadHook | None = None) -> list[I32]:
         """x [m, d] through blocks [first, end) in place (``caches[i]``: the rows' caches of
         block ``first + i``; row r writes slot ``slots[r]``); returns each routed layer's
-        choices [m, top_k]."""
+        choices [m, top_k]. ``ahead`` (the store's ``ReadAhead``) is told where the step is
+        (before the first block, and at each layer whose misses are being read) so the
+        next layers' likely experts are read meanwhile."""
         end = len(self.blocks) if end is None else end
         m = x.shape[0]
         n = len(self.blocks)
@@ -79,6 +84,8 @@ class DecoderStack:
         at = first
         for block in self.blocks[first:end]:  # what the store let go between steps (pins...)
             _let_go(block, resident)
+        if ahead is not None and remote is None:
+            ahead(first - 1, x)
         try:
             while at < end:
                 stopped = k.decoder_layers(self.records, at, end, x, h, cos, sin, table, slot_a,
@@ -92,6 +99,9 @@ class DecoderStack:
                     ids = np.unique(chosen[i]).tolist()
                     if i == stopped and begin is not None:
                         pending = begin(block.layer.index, ids)
+                        if ahead is not None and pending is not None and pending.waiting:
+                            # Behind this layer's misses in the disk's queue.
+                            ahead(i, x)
                     if pending is None:
                         for e, ex in zip(ids, lookup(block.layer.index, ids), strict=True):
                             block.hold(e, ex)

@@ -50,6 +50,7 @@ from colibri.reference.errors import CheckpointError
 from colibri.reference.indexer_presence import mtp_indexer_mode, resolve_indexer
 from colibri.reference.safetensors import Checkpoint
 
+from colibri.backend_kit.expert_read_ahead import DEFAULT_DEPTH, ReadAhead, RouterGuess
 from colibri.backend_kit.kv_state import KVLayer, KVState
 from colibri.backend_kit.phase_clock import PhaseClock
 from colibri.backend_kit.remote_experts import RemoteExperts, group_rows
@@ -88,9 +89,26 @@ def inv_freq(dim: int, theta: float) -> F32:
     return out
 
 
+def _float_rows(w: Weight) -> F32:
+    """A router's weight as float32 for guessing (a copy where it is stored as BF16/F16: a
+    router is E x d, small beside the layer's experts)."""
+    if w.code == 0:
+        return w.array
+    if w.code == 1:  # BF16: the high half of a float32
+        widened = w.array.view(np.uint16).astype(np.uint32) << 16
+        return widened.view(np.float32)
+    return w.array.view(np.float16).astype(np.float32)
+
+
 class Model(RowModel):
     def __init__(self, config: ModelConfig, checkpoint: Checkpoint, kernels: Kernels,
                  experts: ExpertSource | None = None, model_dir: Path | None = None) -> None:
+        if config.attention != "mla" or config.router != "noaux_tc":
+            # The kernels implement MLA attention and the noaux_tc router; a family with
+            # another attention or router (OLMoE) runs on the reference engine only.
+            raise CheckpointError(
+                f"{config.model_type}: the accelerated engine runs MLA families with the "
+                "noaux_tc router (glm_moe_dsa, deepseek_v3); use the reference backend")
         #: A config whose indexer the checkpoint does not store runs without it.
         self.config, self.indexer = resolve_indexer(config, checkpoint.tensors)
         cfg = self.config
@@ -132,6 +150,9 @@ class Model(RowModel):
         #: A tiered store (the backend's) that decides residency and counts lookups; the
         #: model's own unbounded cache otherwise.
         self.store: ExpertLookup | None = None
+        #: Routed layers read ahead under a RAM budget (``READ_AHEAD``; 0: none).
+        self.read_ahead_depth = DEFAULT_DEPTH
+        self._ahead: ReadAhead | None = None
         self._inv_freq = inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
         self._products: dict[tuple[int, bool, bool], Products] = {}
         #: Ranges of layers in one C call (``decoder_stack``) wherever no row selects; False
@@ -177,6 +198,23 @@ class Model(RowModel):
         """The store's residency test (``is_resident``), or None for a store without one."""
         test = getattr(self.store, "is_resident", None)
         return test if callable(test) else None
+
+    def _read_ahead(self) -> ReadAhead | None:
+        """The store's read-ahead over this model's routers (``expert_read_ahead``), for a
+        store whose reads overlap the step (a disk tier); None otherwise."""
+        prefetch = getattr(self.store, "prefetch", None)
+        if not callable(prefetch) or not getattr(self.store, "reads_overlap", False):
+            return None
+        if self._ahead is None:
+            cfg = self.config
+            guesses = [RouterGuess(lw.index, lw.post_norm, _float_rows(lw.router_gate),
+                                   lw.router_bias, cfg.rms_norm_eps, cfg.num_experts_per_tok)
+                       if isinstance(lw.router_gate, Weight) else None for lw in self.layers]
+            # Read ahead only in steps of at most half the rows a budget's step reserve holds
+            # (the store's ``read_ahead_bytes`` is the other half).
+            rows = (self.max_step_rows or 0) // 2
+            self._ahead = ReadAhead(guesses, prefetch, self.read_ahead_depth, rows)
+        return self._ahead
 
     def experts_begin(self, layer: int, ids: list[int]) -> Any:
         """The store's two-half lookup (``TieredExpertStore.experts_begin``: the resident
@@ -235,7 +273,8 @@ class Model(RowModel):
             routes += self._decoder_stack().run(
                 self.kernels, x, rope, [[s.layers[i] for s in states] for i in range(first, end)],
                 positions, self.experts, self.clock, first, end, begin=self.experts_begin,
-                remote=self.remote_experts, resident=self._resident())
+                remote=self.remote_experts, resident=self._resident(),
+                ahead=self._read_ahead())
             first = end
         return x, routes
 

@@ -117,30 +117,45 @@ def workspace_bytes(config: ModelConfig, ctx: int) -> int:
     return ctx * config.num_attention_heads * (config.qk_nope_head_dim + config.v_head_dim) * 4
 
 
-def measure_weights(model_dir: Path) -> dict[str, Any] | None:
-    """Bytes the checkpoint holds: routed experts per (layer, expert) and everything else."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        return None
-    per_expert: dict[tuple[int, int], int] = {}
-    dense = 0
-    dtypes: set[str] = set()
+def _tensor_sizes(files: list[Path]) -> list[tuple[str, int, str]]:
+    """(name, stored bytes, dtype) of every tensor of the safetensors ``files`` (headers only)."""
+    out: list[tuple[str, int, str]] = []
     for path in files:
         with open(path, "rb") as handle:
             length = int.from_bytes(handle.read(8), "little")
             header = json.loads(handle.read(length))
         for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            start, end = info["data_offsets"]
-            size = int(end) - int(start)
-            match = EXPERT_TENSOR.search(name)
-            if match:
-                key = (int(match.group(1)), int(match.group(2)))
-                per_expert[key] = per_expert.get(key, 0) + size
-                dtypes.add(str(info["dtype"]))
-            else:
-                dense += size
+            if name != "__metadata__":
+                start, end = info["data_offsets"]
+                out.append((name, int(end) - int(start), str(info["dtype"])))
+    return out
+
+
+def stored_expert_bytes(model_dir: Path) -> dict[tuple[int, int], int]:
+    """Bytes the checkpoint stores for each routed (layer, expert), scales included; empty
+    without weights."""
+    per_expert: dict[tuple[int, int], int] = {}
+    for name, size, _ in _tensor_sizes(sorted(model_dir.glob("*.safetensors"))):
+        match = EXPERT_TENSOR.search(name)
+        if match:
+            key = (int(match.group(1)), int(match.group(2)))
+            per_expert[key] = per_expert.get(key, 0) + size
+    return per_expert
+
+
+def measure_weights(model_dir: Path) -> dict[str, Any] | None:
+    """Bytes the checkpoint holds: routed experts per (layer, expert) and everything else."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    per_expert = stored_expert_bytes(model_dir)
+    dense = 0
+    dtypes: set[str] = set()
+    for name, size, dtype in _tensor_sizes(files):
+        if EXPERT_TENSOR.search(name):
+            dtypes.add(dtype)
+        else:
+            dense += size
     sizes = sorted(per_expert.values())
     return {"files": len(files), "bytes": sum(p.stat().st_size for p in files),
             "dense_bytes": dense, "routed_experts": len(per_expert),

@@ -2,9 +2,11 @@
 
 GLM-5 (``glm_moe_dsa``) and DeepSeek-V3 (``deepseek_v3``) share one architecture: MLA
 attention with a latent KV, sigmoid ``noaux_tc`` routing over routed experts plus shared
-experts, and a few dense layers first. GLM-5 adds the DSA lightning indexer. Keys that do not
-change the numbers (dropout, initializer range, ...) are ignored; keys that would change them
-in a way the reference does not implement are refused rather than silently ignored.
+experts, and a few dense layers first. GLM-5 adds the DSA lightning indexer. Other families
+(families.py) are read by their own module into the same record (OLMoE: olmoe_config.py).
+Keys that do not change the numbers (dropout, initializer range, ...) are ignored; keys that
+would change them in a way the reference does not implement are refused rather than silently
+ignored.
 
 Spec: spec/model.md §2.
 """
@@ -19,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from colibri.reference.errors import CheckpointError
+from colibri.reference.families import FAMILIES
 
-SUPPORTED_MODEL_TYPES = ("glm_moe_dsa", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
 #: HF builds q_a_layernorm / kv_a_layernorm with the RMSNorm class default eps (1e-6), not
 #: config.rms_norm_eps; the oracle therefore uses 1e-6 there, and so do we.
@@ -90,6 +93,15 @@ class ModelConfig:
     #: MTP heads stored after the main layers (0 or 1 are supported).
     num_nextn_predict_layers: int
     eos_token_ids: tuple[int, ...]
+    #: The family's attention and router (families.py): "mla"/"mha", "noaux_tc"/"softmax".
+    #: An "mha" family's head dimension is qk_rope_head_dim (RoPE turns the whole head) and
+    #: v_head_dim; its qk_nope_head_dim and kv_lora_rank are 0 (there is no latent).
+    attention: str = "mla"
+    router: str = "noaux_tc"
+    #: "mha": heads sharing one key/value head come in groups of H / num_key_value_heads.
+    num_key_value_heads: int = 0
+    #: "mha": queries, keys and values are clamped to [-clip_qkv, clip_qkv] (None: not).
+    clip_qkv: float | None = None
 
     @property
     def qk_head_dim(self) -> int:
@@ -128,13 +140,18 @@ class ModelConfig:
     def from_dict(
         cls, raw: Mapping[str, Any], generation: Mapping[str, Any] | None = None
     ) -> ModelConfig:
-        r = _Reader(raw)
+        r = ConfigReader(raw)
         model_type = r.get("model_type", str)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise CheckpointError(
                 f"config.json: model_type {model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
+        if FAMILIES[model_type].attention == "mha":
+            # Imported here: the OLMoE reader builds this class.
+            from colibri.reference.olmoe_config import olmoe_config
+
+            return olmoe_config(raw, generation)
         defaults = FAMILY_DEFAULTS[model_type]
         layers = r.positive("num_hidden_layers")
         dense = r.get("first_k_dense_replace", int, 3)
@@ -179,18 +196,7 @@ class ModelConfig:
         if raw.get("attention_bias"):
             raise CheckpointError("config.json: attention_bias=true is not supported")
 
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        if not isinstance(rope, dict):
-            raise CheckpointError("config.json: rope_parameters must be an object")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise CheckpointError(
-                f"config.json: rope_parameters.rope_type {rope_type!r} is not supported "
-                "(the reference implements plain RoPE only)"
-            )
-        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
-            raise CheckpointError("config.json: rope_theta must be a positive number")
+        theta = rope_theta(raw)
         interleave = bool(raw.get("rope_interleave", True))
         if model_type == "glm_moe_dsa" and not interleave:
             # HF's GLM attention and indexer always use the interleaved layout and never read
@@ -280,10 +286,28 @@ class ModelConfig:
             index_n_heads=r.positive_or("index_n_heads", 32) if indexer_types else 0,
             index_head_dim=index_head_dim,
             num_nextn_predict_layers=mtp,
-            eos_token_ids=_eos_union(
+            eos_token_ids=eos_union(
                 raw.get("eos_token_id"), (generation or {}).get("eos_token_id")
             ),
         )
+
+
+def rope_theta(raw: Mapping[str, Any]) -> float:
+    """The RoPE base of a config whose RoPE is plain (``rope_type`` "default"); any other
+    scaling is refused."""
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise CheckpointError("config.json: rope_parameters must be an object")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(
+            f"config.json: rope_parameters.rope_type {rope_type!r} is not supported "
+            "(the reference implements plain RoPE only)"
+        )
+    theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+    if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
+        raise CheckpointError("config.json: rope_theta must be a positive number")
+    return float(theta)
 
 
 def _indexer_types_from_pattern(pattern: Any) -> list[str] | None:
@@ -306,7 +330,7 @@ def _indexer_types_from_pattern(pattern: Any) -> list[str] | None:
     )
 
 
-def _eos_union(*values: Any) -> tuple[int, ...]:
+def eos_union(*values: Any) -> tuple[int, ...]:
     """config.json and generation_config.json eos ids, unioned in first-seen order (colibri)."""
     out: list[int] = []
     for value in values:
@@ -317,7 +341,7 @@ def _eos_union(*values: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
-class _Reader:
+class ConfigReader:
     """Typed access to config keys with errors that name the key."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:

@@ -41,6 +41,10 @@ class ExpertLru:
             self._entries.move_to_end(key)
         return weights
 
+    def peek(self, key: Key) -> ExpertWeights | None:
+        """The entry without refreshing it; None when absent."""
+        return self._entries.get(key)
+
     def items(self) -> list[tuple[Key, ExpertWeights]]:
         """Every entry, least recently used first, without refreshing any (for reports)."""
         return list(self._entries.items())

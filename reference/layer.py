@@ -14,7 +14,9 @@ MoE steps (``moe.py``) and ``moe_residual``. The full-sequence form composes the
 norms and feed-forward steps here.
 
 Both take the RoPE ``cos``/``sin`` of their rows' positions from the caller: they depend only
-on the positions, so the model computes them once per forward, not once per layer.
+on the positions, so the model computes them once per forward, not once per layer. A family
+with standard multi-head attention (OLMoE, families.py) runs ``mha.py`` in the attention step
+instead of MLA; every other step is the same.
 
 Spec: spec/model.md §3.
 """
@@ -22,12 +24,12 @@ Spec: spec/model.md §3.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
-from colibri.reference import dsa
+from colibri.reference import dsa, mha
 from colibri.reference.config import ModelConfig
 from colibri.reference.experts import ExpertStore
+from colibri.reference.layer_cache import LayerCache
 from colibri.reference.mla import (
     absorb_queries,
     expand_contexts,
@@ -39,15 +41,7 @@ from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.moe import expert_sum, moe
 from colibri.reference.norms import rms_norm
 from colibri.reference.tensors import F32, I64, dense_matmul, row_matmul
-from colibri.reference.weights import LayerWeights
-
-
-class LayerCache(Protocol):
-    """One layer's cache of one sequence, by array name ("latent", "rope_key", "index_key"):
-    rows are positions (or MTP slots), written and read in place."""
-
-    def __getitem__(self, name: str) -> F32: ...
-
+from colibri.reference.weights import LayerWeights, MhaWeights
 
 # ---------------------------------------------------------------------------------------------
 # The steps of a layer
@@ -108,6 +102,8 @@ def full_sequence_attention(
     cos, sin = rope
     h = input_norm(x, lw, cfg)
     aw = lw.attention
+    if isinstance(aw, MhaWeights):
+        return x + mha.full_sequence_attention(h, aw, cfg, rope), np.tril(np.ones((t, t), bool))
     p = project(h, aw, cfg, cos, sin, dense_matmul)
     allowed = np.tril(np.ones((t, t), dtype=bool))
     if indexer_mode == "full" and aw.indexer is not None:
@@ -164,6 +160,8 @@ def attention_rows(
     m = x.shape[0]
     cos, sin = rope
     aw = lw.attention
+    if isinstance(aw, MhaWeights):  # a standard-attention family: no DSA selection
+        return mha.attention_rows(x, xn, aw, cfg, caches, slots, rope), [None] * m
     p = project(xn, aw, cfg, cos, sin, row_matmul)
     run_indexer = indexer_mode == "full" and aw.indexer is not None
     # A row that sees at most index_topk keys keeps them all (dsa.select), so the indexer's

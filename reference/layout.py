@@ -1,5 +1,5 @@
-"""Where a decoder layer's weights live in a GLM-5 checkpoint: tensor names and the shapes the
-config implies.
+"""Where a decoder layer's weights live in a GLM-5 (or other family's) checkpoint: tensor names
+and the shapes the config implies.
 
 Both engines load the same tensors and differ only in what they turn them into (float32 arrays
 for the reference, in-place or quantized kernel operands for the accelerated engine), so the
@@ -31,11 +31,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class LayerLayout:
+    #: The family's attention (families.py): "mla" or "mha".
+    attention_kind: str
     norms: Group  # input_norm, post_norm
-    attention: Group  # q_a, q_a_norm (with q_lora_rank), q_b, kv_a, kv_a_norm, kv_b, o
+    #: "mla": q_a, q_a_norm (with q_lora_rank), q_b, kv_a, kv_a_norm, kv_b, o;
+    #: "mha": q, k, v, q_norm, k_norm, o
+    attention: Group
     indexer: Group | None  # DSA layers that compute their own top-k
     dense: Group | None  # dense layers: gate, up, down
-    router: Group | None  # sparse layers: gate, bias (e_score_correction_bias)
+    #: sparse layers: gate, and bias (e_score_correction_bias) for the noaux_tc router
+    router: Group | None
     shared: Group | None  # sparse layers with shared experts: gate, up, down
 
 
@@ -55,6 +60,30 @@ def attention_group(cfg: ModelConfig, prefix: str) -> Group:
     group["kv_b"] = (a + "kv_b_proj.weight",
                      (h * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank))
     group["o"] = (a + "o_proj.weight", (d, h * cfg.v_head_dim))
+    return group
+
+
+def mha_attention_group(cfg: ModelConfig, prefix: str) -> Group:
+    """Standard multi-head attention with OLMoE's q/k norms over the whole projections."""
+    d, hd = cfg.hidden_size, cfg.qk_head_dim
+    q_width, kv_width = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    a = prefix + "self_attn."
+    return {
+        "q": (a + "q_proj.weight", (q_width, d)),
+        "k": (a + "k_proj.weight", (kv_width, d)),
+        "v": (a + "v_proj.weight", (kv_width, d)),
+        "q_norm": (a + "q_norm.weight", (q_width,)),
+        "k_norm": (a + "k_norm.weight", (kv_width,)),
+        "o": (a + "o_proj.weight", (d, q_width)),
+    }
+
+
+def router_group(cfg: ModelConfig, prefix: str) -> Group:
+    """The router's gate, and the correction bias the noaux_tc router selects with."""
+    e, d = cfg.n_routed_experts, cfg.hidden_size
+    group: Group = {"gate": (prefix + "mlp.gate.weight", (e, d))}
+    if cfg.router == "noaux_tc":
+        group["bias"] = (prefix + "mlp.gate.e_score_correction_bias", (e,))
     return group
 
 
@@ -83,20 +112,21 @@ def mlp_group(prefix: str, d: int, inter: int) -> Group:
 def layer_layout(cfg: ModelConfig, index: int, sparse: bool, indexed: bool) -> LayerLayout:
     """Layer ``index`` (an MTP layer too: its index follows the decoder's); ``sparse`` for an
     MoE layer, ``indexed`` for a DSA layer that scores its own keys."""
-    d, e = cfg.hidden_size, cfg.n_routed_experts
+    d = cfg.hidden_size
     p = f"model.layers.{index}."
     shared = None
     if sparse and cfg.n_shared_experts:
         shared = mlp_group(p + "mlp.shared_experts.", d,
                            cfg.moe_intermediate_size * cfg.n_shared_experts)
+    mha = cfg.attention == "mha"
     return LayerLayout(
+        attention_kind=cfg.attention,
         norms={"input_norm": (p + "input_layernorm.weight", (d,)),
                "post_norm": (p + "post_attention_layernorm.weight", (d,))},
-        attention=attention_group(cfg, p),
+        attention=mha_attention_group(cfg, p) if mha else attention_group(cfg, p),
         indexer=indexer_group(cfg, p) if indexed else None,
         dense=None if sparse else mlp_group(p + "mlp.", d, cfg.intermediate_size),
-        router={"gate": (p + "mlp.gate.weight", (e, d)),
-                "bias": (p + "mlp.gate.e_score_correction_bias", (e,))} if sparse else None,
+        router=router_group(cfg, p) if sparse else None,
         shared=shared,
     )
 
@@ -104,7 +134,7 @@ def layer_layout(cfg: ModelConfig, index: int, sparse: bool, indexed: bool) -> L
 @dataclass(frozen=True)
 class LoadedLayer:
     norms: Loaded
-    attention: Loaded  # q_a and q_a_norm are None without q_lora_rank
+    attention: Loaded  # MLA's q_a and q_a_norm are None without q_lora_rank
     indexer: Loaded | None
     dense: Loaded | None
     router: Loaded | None
@@ -120,7 +150,8 @@ def load_layer_groups(layout: LayerLayout, load: Callable[[str, Tensor], Any]) -
 
     router, shared, dense = group(layout.router), group(layout.shared), group(layout.dense)
     norms = group(layout.norms)
-    attention = {"q_a": None, "q_a_norm": None, **(group(layout.attention) or {})}
+    absent = {"q_a": None, "q_a_norm": None} if layout.attention_kind == "mla" else {}
+    attention = {**absent, **(group(layout.attention) or {})}
     assert norms is not None
     return LoadedLayer(norms, attention, group(layout.indexer), dense, router, shared)
 

@@ -25,7 +25,6 @@ from colibri.reference.config import ModelConfig
 from colibri.reference.experts import ExpertStore, MappedExpertStore
 from colibri.reference.indexer_presence import mtp_indexer_mode, resolve_indexer
 from colibri.reference.layer import (
-    LayerCache,
     attention_rows,
     dense_residual,
     full_sequence_layer,
@@ -33,6 +32,7 @@ from colibri.reference.layer import (
     moe_residual,
     post_attention_norm,
 )
+from colibri.reference.layer_cache import LayerCache
 from colibri.reference.moe import route, routed_experts, shared_expert
 from colibri.reference.mtp import MtpWeights, concat_halves, mtp_input
 from colibri.reference.norms import rms_norm

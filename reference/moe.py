@@ -22,19 +22,26 @@ from colibri.reference.config import ModelConfig
 from colibri.reference.experts import ExpertStore
 from colibri.reference.mlp import Matmul, swiglu
 from colibri.reference.router import select_experts
+from colibri.reference.softmax_router import select_experts_softmax
 from colibri.reference.tensors import F32, I32
 from colibri.reference.weights import LayerWeights
 
 
 def route(x: F32, lw: LayerWeights, cfg: ModelConfig, mm: Matmul) -> tuple[I32, F32]:
-    """(the experts each token chose [T, k], ascending ids; their weights [T, k]), §7.1."""
+    """(the experts each token chose [T, k], ascending ids; their weights [T, k]), by the
+    family's router: noaux_tc (§7.1) or softmax top-k (§7.1.1)."""
     assert lw.router is not None
     logits = mm(x, lw.router.gate)
     t, k = x.shape[0], cfg.num_experts_per_tok
     chosen = np.empty((t, k), np.int32)
     weights = np.empty((t, k), np.float32)
+    bias = lw.router.bias
     for row in range(t):
-        chosen[row], weights[row] = select_experts(logits[row], lw.router.bias, cfg)
+        if cfg.router == "softmax":
+            chosen[row], weights[row] = select_experts_softmax(logits[row], cfg)
+        else:
+            assert bias is not None  # the noaux_tc layout loads it
+            chosen[row], weights[row] = select_experts(logits[row], bias, cfg)
     return chosen, weights
 
 

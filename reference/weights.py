@@ -87,6 +87,18 @@ class AttentionWeights:
 
 
 @dataclass(frozen=True)
+class MhaWeights:
+    """Standard multi-head attention (the "mha" families: OLMoE), hd the head dimension."""
+
+    q: F32  # [H * hd, D]
+    k: F32  # [KV * hd, D]
+    v: F32  # [KV * hd, D]
+    q_norm: F32  # [H * hd]  RMSNorm over the whole query projection
+    k_norm: F32  # [KV * hd]
+    o: F32  # [D, H * hd]
+
+
+@dataclass(frozen=True)
 class MlpWeights:
     gate: F32  # [I, D]
     up: F32  # [I, D]
@@ -96,7 +108,8 @@ class MlpWeights:
 @dataclass(frozen=True)
 class RouterWeights:
     gate: F32  # [E, D]
-    bias: F32  # [E]  e_score_correction_bias
+    #: [E] e_score_correction_bias (noaux_tc); the softmax router has none
+    bias: F32 | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +117,7 @@ class LayerWeights:
     index: int
     input_norm: F32
     post_norm: F32
-    attention: AttentionWeights
+    attention: AttentionWeights | MhaWeights
     dense: MlpWeights | None  # dense layers
     router: RouterWeights | None  # sparse layers
     shared: MlpWeights | None  # sparse layers with shared experts
@@ -115,9 +128,14 @@ def load_layer(
 ) -> LayerWeights:
     g = load_layer_groups(layer_layout(cfg, index, sparse, indexed),
                           lambda _field, tensor: t.get(*tensor))
+    attention: AttentionWeights | MhaWeights
+    if cfg.attention == "mha":
+        attention = MhaWeights(**g.attention)
+    else:
+        attention = AttentionWeights(indexer=build(IndexerWeights, g.indexer), **g.attention)
     return LayerWeights(
         index=index,
-        attention=AttentionWeights(indexer=build(IndexerWeights, g.indexer), **g.attention),
+        attention=attention,
         dense=build(MlpWeights, g.dense),
         router=build(RouterWeights, g.router),
         shared=build(MlpWeights, g.shared),

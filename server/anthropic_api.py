@@ -6,6 +6,7 @@ import json
 import uuid
 
 from colibri.server import validation as v
+from colibri.server.affinity import conversation_key
 from colibri.server.anthropic_request import render_request
 from colibri.server.context import JSON, Exchange, ServerState, conversation_slot, dumps
 from colibri.server.context import wait_header as queue_wait_header
@@ -125,7 +126,7 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
     thinking_on = rendered.starts_in_reasoning
     events = MessageStream(exchange)
 
-    async with state.admitted(slot, exchange) as admission:
+    async with state.admitted(slot, exchange, conversation_key(translated)) as admission:
         request = submit_request(shaping, rendered.prompt, admission.slot, 0, {})
         async with EngineTurn(state, request, exchange, pipe, stream=stream) as turn:
             async for step in turn:

@@ -25,6 +25,7 @@ import tornado.web
 from colibri.server import anthropic_api, examples, metrics, openai_api, systemone, token_count
 from colibri.server.context import JSON, ServerState, dumps
 from colibri.server.errors import APIError, ClientCancelled, EngineFailure, bad, engine_error
+from colibri.server.replicas import ReplicaSet
 from colibri.server.template import continue_assistant_enabled
 
 from colibri import resources
@@ -321,6 +322,12 @@ class Handler(tornado.web.RequestHandler):
         body["capabilities"] = list(CAPABILITIES)
         body["engine"] = {"state": sup.state, "restarts": sup.restarts, "pid": sup.pid,
                           "last_exit": sup.last_exit, "seeds": sup.supports_seeds}
+        if isinstance(sup, ReplicaSet):
+            # Only with --replicas above 1, so one engine's /health is unchanged.
+            engines = [{**engine, "active": active} for engine, active in
+                       zip(sup.describe(), self.state.scheduler.busy_by_replica(), strict=True)]
+            body["replicas"] = {"engines": engines,
+                                "affinity": self.state.affinity.counts.as_json()}
         await self.send_json(code, body)
 
     def _atlas(self) -> None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from colibri.server.affinity import AffinityTable
+from colibri.server.affinity import conversation_slot as conversation_slot  # the endpoints' name
 from colibri.server.errors import ClientCancelled
 from colibri.server.metrics import GenerationMetrics
+from colibri.server.replica_layout import ReplicaLayout, SlotClaim
+from colibri.server.replicas import ReplicaSet
 from colibri.server.scheduler import Admission, Scheduler
 from colibri.server.supervisor import EngineSupervisor
 
@@ -30,6 +33,8 @@ class ServerConfig:
     api_key: str | None = None
     max_tokens: int = 1024
     kv_slots: int = 1
+    #: Engine replicas behind this gateway (``--replicas``), each with ``kv_slots`` slots.
+    replicas: int = 1
     max_queue: int = 8
     queue_timeout: float = 300.0
     cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
@@ -70,19 +75,38 @@ class Exchange(Protocol):
 @dataclass
 class ServerState:
     config: ServerConfig
-    supervisor: EngineSupervisor
+    #: The one engine's supervisor, or the replica set with ``--replicas`` above 1.
+    supervisor: EngineSupervisor | ReplicaSet
     metrics: GenerationMetrics = field(default_factory=GenerationMetrics)
     created: int = field(default_factory=lambda: int(time.time()))
     scheduler: Scheduler = field(init=False)
+    #: Which replica holds each conversation's prefix (consulted with more than one replica).
+    affinity: AffinityTable = field(default_factory=AffinityTable)
 
     def __post_init__(self) -> None:
-        self.scheduler = Scheduler(self.config.kv_slots, self.config.max_queue,
-                                   self.config.queue_timeout, self.metrics)
+        layout = (self.supervisor.layout if isinstance(self.supervisor, ReplicaSet)
+                  else ReplicaLayout(1, self.config.kv_slots))
+        self.scheduler = Scheduler(layout.capacity, self.config.max_queue,
+                                   self.config.queue_timeout, self.metrics, layout)
+
+    @property
+    def replicated(self) -> bool:
+        return self.scheduler.layout.replicas > 1
 
     @contextlib.asynccontextmanager
-    async def admitted(self, slot: int | None, exchange: Exchange) -> AsyncIterator[Admission]:
-        """Hold a KV slot for the body; the outcome counter follows how the body ended."""
-        admission = await self.scheduler.acquire(slot, exchange.gone.is_set)
+    async def admitted(self, slot: int | None, exchange: Exchange,
+                       conversation: str | None = None) -> AsyncIterator[Admission]:
+        """Hold a KV slot for the body; the outcome counter follows how the body ended.
+        ``slot`` is the engine slot the request names (None: any); with several replicas,
+        ``conversation`` (its :func:`conversation_key`) sends it to the replica holding its
+        prefix while that one is ready, else to the least busy one."""
+        wanted = None
+        if self.replicated and conversation is not None:
+            wanted = self.affinity.replica_for(conversation)
+        admission = await self.scheduler.acquire(SlotClaim(wanted, slot), exchange.gone.is_set)
+        if self.replicated and conversation is not None:
+            self.affinity.served(conversation, wanted,
+                                 self.scheduler.layout.replica_of(admission.slot))
         outcome = "failed"
         try:
             yield admission
@@ -94,19 +118,6 @@ class ServerState:
             if outcome == "failed" and exchange.gone.is_set():
                 outcome = "cancelled"
             self.scheduler.release(admission, outcome)
-
-
-def conversation_slot(messages: list[Any], kv_slots: int) -> int:
-    """A stable slot per conversation: hash of the messages through the first user turn."""
-    if kv_slots <= 1:
-        return 0
-    prefix = []
-    for message in messages:
-        prefix.append(message)
-        if isinstance(message, dict) and message.get("role") == "user":
-            break
-    digest = hashlib.sha1(json.dumps(prefix, sort_keys=True, default=str).encode()).digest()
-    return int.from_bytes(digest[:8], "big") % kv_slots
 
 
 def wait_header(admission: Admission) -> dict[str, str]:

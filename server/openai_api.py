@@ -9,6 +9,7 @@ from typing import Any
 
 from colibri.server import logprobs as lp
 from colibri.server import validation as v
+from colibri.server.affinity import conversation_key
 from colibri.server.context import (
     JSON,
     Exchange,
@@ -40,6 +41,8 @@ class ChatPlan:
     include_usage: bool
     ignore_leading: bool
     strict: bool
+    #: The conversation's :func:`conversation_key` (prefix affinity across replicas).
+    conversation: str
 
 
 def thinking_options(body: JSON, think_default: bool) -> tuple[bool, str | None]:
@@ -99,7 +102,7 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
                   "unsupported_parameter")
     return ChatPlan(rendered.prompt, rendered.starts_in_reasoning, thinking, continued,
                     shaping, logprobs, slot, stream, v.include_usage(body, stream),
-                    v.ignore_leading_stop(body), strict)
+                    v.ignore_leading_stop(body), strict, conversation_key(messages))
 
 
 class SSE:
@@ -166,7 +169,7 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
               plan.include_usage)
     seed = v.seed_extension(body, state.supervisor.supports_seeds)
 
-    async with state.admitted(plan.slot, exchange) as admission:
+    async with state.admitted(plan.slot, exchange, plan.conversation) as admission:
         request = submit_request(plan.shaping, plan.prompt, admission.slot,
                                  max(plan.logprobs, 1) if plan.logprobs is not None else 0,
                                  seed)

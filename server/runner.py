@@ -20,9 +20,12 @@ import tornado.iostream
 import tornado.netutil
 from colibri.server.app import make_app
 from colibri.server.context import ServerConfig, ServerState
+from colibri.server.replicas import ReplicaSet
 from colibri.server.supervisor import EngineSupervisor
 
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
+#: The most engine replicas one gateway runs: each is a whole engine (its weights in memory).
+MAX_REPLICAS = 64
 
 
 class ConfigError(ValueError):
@@ -69,6 +72,9 @@ def validate(config: ServerConfig, port: int) -> None:
         raise ConfigError("--queue-timeout must be positive")
     if not 1 <= config.kv_slots <= 16:
         raise ConfigError("--kv-slots must be between 1 and 16")
+    if not 1 <= config.replicas <= MAX_REPLICAS:
+        raise ConfigError(f"--replicas must be between 1 and {MAX_REPLICAS}, "
+                          f"got {config.replicas}")
     if (config.bind_host not in LOOPBACK_BINDS and not config.api_key
             and os.environ.get("COLI_ALLOW_INSECURE_BIND") != "1"):
         raise ConfigError(f"refusing to bind {config.bind_host} without COLI_API_KEY set (set "
@@ -135,9 +141,11 @@ class RunningServer:
 
 async def start(config: ServerConfig, argv: Sequence[str], env: dict[str, str],
                 port: int) -> RunningServer:
-    """Bind first (an occupied port fails before any engine starts), then start the engine."""
+    """Bind first (an occupied port fails before any engine starts), then start the engine
+    (with ``config.replicas`` above 1, that many engines behind the one socket)."""
     sockets = bind(config.bind_host, port)
-    supervisor = EngineSupervisor(argv, env)
+    supervisor = (EngineSupervisor(argv, env) if config.replicas == 1
+                  else ReplicaSet(argv, env, config.replicas, config.kv_slots))
     state = ServerState(config, supervisor)
     try:
         await supervisor.start()

@@ -4,6 +4,10 @@ A request that can take a slot no earlier waiter has a claim on is admitted at o
 that must wait joins the queue unless ``max_queue`` requests already wait (429
 ``queue_full``). Waiters are re-examined whenever a slot is released and at least every
 0.25 s: shutdown, then client cancellation, then the queue deadline, then a slot.
+
+With several engine replicas the slots of all of them form one pool (:class:`ReplicaLayout`)
+behind this one queue, so ``max_queue`` and the 429s are the gateway's, not per replica; a
+request's :class:`SlotClaim` says which slots it may take.
 """
 
 from __future__ import annotations
@@ -16,18 +20,20 @@ from dataclasses import dataclass, field
 from colibri.server import errors
 from colibri.server.errors import ClientCancelled
 from colibri.server.metrics import GenerationMetrics
+from colibri.server.replica_layout import ReplicaLayout, SlotClaim
 
 POLL_S = 0.25
 
 
 @dataclass(eq=False)
 class _Waiter:
-    requested: int | None
+    claim: SlotClaim
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True)
 class Admission:
+    #: The slot in the pool (with one replica, the engine's own slot number).
     slot: int
     wait_s: float
     admitted_at: float
@@ -35,7 +41,11 @@ class Admission:
 
 class Scheduler:
     def __init__(self, capacity: int, max_queue: int, queue_timeout: float,
-                 metrics: GenerationMetrics) -> None:
+                 metrics: GenerationMetrics, layout: ReplicaLayout | None = None) -> None:
+        self.layout = layout or ReplicaLayout(1, capacity)
+        if self.layout.capacity != capacity:
+            raise ValueError(f"capacity {capacity} is not the layout's "
+                             f"{self.layout.capacity} slots")
         self.capacity = capacity
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
@@ -51,25 +61,35 @@ class Scheduler:
                 "capacity": self.capacity, "max_queue": self.max_queue,
                 "queue_timeout_seconds": float(self.queue_timeout), **self.counts}
 
-    def _pick(self, requested: int | None, ahead: list[_Waiter]) -> int | None:
-        candidates = set(self.free) if requested is None else {requested} & self.free
-        for waiter in ahead:
-            if waiter.requested is None:
-                return None
-            candidates.discard(waiter.requested)
-        return min(candidates) if candidates else None
+    def busy_by_replica(self) -> list[int]:
+        """Slots in use on each replica, in replica order."""
+        layout = self.layout
+        busy = [0] * layout.replicas
+        for slot in set(range(layout.capacity)) - self.free:
+            busy[layout.replica_of(slot)] += 1
+        return busy
 
-    async def acquire(self, requested: int | None,
+    def _pick(self, claim: SlotClaim, ahead: list[_Waiter]) -> int | None:
+        candidates = self.layout.claimed(claim) & self.free
+        for waiter in ahead:
+            if not candidates:
+                return None
+            candidates -= self.layout.claimed(waiter.claim)
+        return self.layout.choose(candidates, self.free) if candidates else None
+
+    async def acquire(self, requested: SlotClaim | int | None,
                       cancelled: Callable[[], bool]) -> Admission:
+        """A slot for ``requested``: a claim, or a slot number (None: any slot)."""
         if self.closed:
             raise errors.scheduler_closed()
         start = time.monotonic()
-        slot = self._pick(requested, self.waiters)
+        claim = requested if isinstance(requested, SlotClaim) else SlotClaim(local=requested)
+        slot = self._pick(claim, self.waiters)
         if slot is None:
             if len(self.waiters) >= self.max_queue:
                 self.counts["rejected"] += 1
                 raise errors.queue_full()
-            waiter = _Waiter(requested)
+            waiter = _Waiter(claim)
             self.waiters.append(waiter)
             try:
                 slot = await self._wait(waiter, start, cancelled)
@@ -99,7 +119,7 @@ class Scheduler:
                 self.counts["timed_out"] += 1
                 raise errors.queue_timeout()
             index = self.waiters.index(waiter)
-            slot = self._pick(waiter.requested, self.waiters[:index])
+            slot = self._pick(waiter.claim, self.waiters[:index])
             if slot is not None:
                 return slot
             waiter.wake.clear()

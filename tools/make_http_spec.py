@@ -245,7 +245,14 @@ HEALTH = {"oneOf": [
          "engine": obj({"state": enum("starting", "ready", "restarting", "down"),
                         "restarts": INT, "pid": {"type": ["integer", "null"]},
                         "last_exit": {"type": ["string", "null"]},
-                        "seeds": {"type": "boolean"}})},
+                        "seeds": {"type": "boolean"}}),
+         # Only with `colibri serve --replicas N` above 1 (spec/http.md, Replicas).
+         "replicas": obj({
+             "engines": {"type": "array", "minItems": 2, "items": obj({
+                 "replica": INT, "state": enum("starting", "ready", "restarting", "down"),
+                 "restarts": INT, "pid": {"type": ["integer", "null"]},
+                 "last_exit": {"type": ["string", "null"]}, "active": INT})},
+             "affinity": obj({"hits": INT, "misses": INT, "new": INT})})},
         required=["status", "arch", "scheduler", "kv_slots", "input_modalities",
                   "continue_assistant", "capabilities", "engine"]),
     obj({"status": enum("restarting", "down")}),

@@ -15,7 +15,9 @@
 - ``model_fingerprint.py``: the model tag of ``.coli_kv`` files.
 - ``remote_experts.py``: ``RemoteExperts``, a layer's routed experts computed by expert workers
   (one call per owner per layer, outputs placed where the local computation puts them);
-  ``expert_worker.py`` the worker; ``ray_cluster.py`` the workers as Ray actors (``--cluster``).
+  ``expert_worker.py`` the worker; ``ray_cluster.py`` the workers as Ray actors (``--cluster``);
+  ``expert_placement.py`` places experts on nodes by heat and memory (``colibri plan
+  --nodes``), ``placement_file.py`` reads and writes that placement (``--cluster-placement``).
 
 The kit imports numpy, the engine's ``Backend`` interface (``colibri.engine.backend``) and, from
 ``colibri.reference``, only pure data (config, tensor aliases, checkpoint and weight loaders);

@@ -14,7 +14,10 @@ more than the bytes. So:
   does not (tmpfs, some network file systems), with a buffered read followed by
   ``posix_fadvise(DONTNEED)`` over the range;
 - ``read_many`` keeps several experts' reads in flight on a small thread pool (``os.preadv``
-  releases the GIL), so a layer's misses arrive at the disk's rate, not one at a time;
+  releases the GIL), so a layer's misses arrive at the disk's rate, not one at a time; and a
+  long run is itself read as several pieces in flight (``PIECE``): one 10 MB read at a time
+  leaves a disk's queue half idle (this project's virtual disk: 1.6 GB/s for one read of an
+  expert, 2.3 GB/s for the same bytes as two or more reads in flight);
 - the buffers are recycled and reserved ahead: a fresh 10 MB allocation per read would cost
   its page faults and zeroing (a few ms on a bare machine, tens where a virtual machine backs
   fresh memory lazily: longer than the read), so a buffer whose expert has been let go is
@@ -35,7 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -60,6 +63,8 @@ BLOCK = 4096
 COALESCE_GAP = 64 * 1024
 #: Experts read concurrently by ``read_many``: enough to keep an NVMe queue busy.
 DEFAULT_IN_FLIGHT = 4
+#: A run longer than this is read as pieces of about this size, in flight together.
+PIECE = 4 << 20
 
 
 def checkpoint_extents(checkpoint: Checkpoint) -> ExpertExtents:
@@ -219,12 +224,16 @@ class DiskTier:
         self._extents = extents
         self._runs: dict[Key, list[Run]] = {}
         self._pool = ThreadPoolExecutor(max(1, in_flight), thread_name_prefix="expert-read")
+        # The pieces of a long run beyond its first (which its reading thread reads itself):
+        # a pool of their own, so a read never waits on a slot its own pool's readers hold.
+        self._pieces = ThreadPoolExecutor(max(1, in_flight), thread_name_prefix="expert-piece")
         self._buffers = BufferPool(keep_free=2 * max(1, in_flight))
         self._lock = threading.Lock()
         self.counters = DiskCounters(direct=direct and hasattr(os, "O_DIRECT"))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._pieces.shutdown(wait=True)
 
     def warm(self, layer: int, expert: int, count: int) -> threading.Thread:
         """Reserve read buffers for ``count`` experts shaped like (``layer``, ``expert``),
@@ -301,11 +310,29 @@ class DiskTier:
         buf = self._buffers.take(length)
         fd = os.open(run.file, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
         try:
-            got = _read_full(fd, buf, start)
+            got = self._read_pieces(fd, buf, start)
         finally:
             os.close(fd)
         _check_length(run, start, got)
         return buf, start
+
+    def _read_pieces(self, fd: int, buf: np.ndarray, offset: int) -> int:
+        """``_read_full`` of ``buf`` as BLOCK-aligned pieces of about ``PIECE`` bytes in
+        flight together; the bytes read before the first gap (a piece that met the file's
+        end), so a short file reads as short as it is."""
+        pieces = piece_ranges(len(buf))
+        later = [self._pieces.submit(_read_full, fd, buf[a:b], offset + a)
+                 for a, b in pieces[1:]]
+        first_a, first_b = pieces[0]
+        try:
+            got = [_read_full(fd, buf[first_a:first_b], offset + first_a)]
+        finally:
+            wait(later)  # no piece outlives the call (the caller closes ``fd``)
+        got += gather(later)
+        for (a, b), n in zip(pieces, got, strict=True):
+            if n < b - a:
+                return a + n
+        return len(buf)
 
     def _read_buffered(self, run: Run) -> tuple[np.ndarray, int]:
         buf = np.empty(run.end - run.begin, np.uint8)
@@ -328,6 +355,14 @@ def gather(futures: Sequence[Future[T]]) -> list[T]:
         if error is not None:
             raise error
     return [f.result() for f in futures]
+
+
+def piece_ranges(length: int) -> list[tuple[int, int]]:
+    """[begin, end) pieces of about ``PIECE`` bytes covering ``length``, each a multiple of
+    BLOCK but the last (O_DIRECT reads start and end on block boundaries)."""
+    count = max(1, round(length / PIECE))
+    size = -(-length // count // BLOCK) * BLOCK
+    return [(a, min(a + size, length)) for a in range(0, length, size)]
 
 
 def _read_full(fd: int, buf: np.ndarray, offset: int) -> int:

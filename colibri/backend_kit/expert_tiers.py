@@ -12,10 +12,11 @@ so that one layer's experts for one chunk fit what the budget leaves.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from colibri.backend_kit.expert_disk import DiskTier, StoredTensors, checkpoint_extents, gather
+from colibri.backend_kit.expert_disk import DiskTier, StoredTensors, checkpoint_extents
 from colibri.backend_kit.memory_budget import MemoryBudget, kv_bytes, split_budget
 from colibri.backend_kit.tiered_expert_store import ExpertReader, StoredBytes, TieredExpertStore
 from colibri.reference.config import ModelConfig
@@ -92,16 +93,18 @@ def open_tiers(checkpoint: Checkpoint, cfg: ModelConfig, rows: Sequence[int],
     def read(layer: int, expert: int) -> Any:
         return build(disk.read(layer, expert), layer, expert)
 
-    def read_start(keys: Sequence[tuple[int, int]]) -> Callable[[], list[Any]]:
+    def read_submit(keys: Sequence[tuple[int, int]]) -> list[Future[Any]]:
         # Checked and built on the reading threads, while the caller computes.
-        reads = disk.submit(keys, build)
-        return lambda: gather(reads)
+        return disk.submit(keys, build)
 
     # A store's budget of 0 means unbounded: a budget that leaves no expert cache is 1 byte,
     # which holds no expert.
     store = TieredExpertStore(read, cfg, rows, max(1, budget.experts), stored,
-                              read_start=read_start, held_bytes=memory.held_bytes)
+                              read_submit=read_submit, held_bytes=memory.held_bytes)
     max_rows = step_rows if rows else None
+    # A step of at most half the rows the reserve is for leaves the other half free while
+    # its layer computes: the experts of the next layers read ahead live there.
+    store.read_ahead_bytes = (step_rows // 2) * per_row
     if rows and memory.held_bytes(rows[0], 0) == stored(rows[0], 0):
         # The cached experts live in their read buffers (a backend that converts them keeps
         # copies instead): those buffers, faulted in before the reads need them.

@@ -1,7 +1,8 @@
 """A ``KVState`` <-> COLIKV1 records (spec/protocol.md 4.3).
 
-A record holds, for one position: every decoder layer's latent [kv_lora] and rope key
-[qk_rope], then the indexer key [index_head_dim] of each layer that keeps one (DSA "full"
+A record holds, for one position: every decoder layer's attention cache in its order (MLA:
+latent [kv_lora] and rope key [qk_rope]; a standard-attention family such as OLMoE: key and
+value), then the indexer key [index_head_dim] of each layer that keeps one (DSA "full"
 layers). The MTP layer's cache and the hidden states are not saved: after a resume the MTP
 window restarts, which changes drafting only, never the output.
 """
@@ -19,19 +20,21 @@ from colibri.backend_kit.kv_state import KVState
 class KvRecordCodec:
     def __init__(self, template: KVState) -> None:
         layers = template.layers
-        self._main = [(layer.widths["latent"], layer.widths["rope_key"]) for layer in layers]
+        #: Each layer's attention arrays (everything but the indexer key), in its order.
+        self._main = [[(name, width) for name, width in layer.widths.items()
+                       if name != "index_key"] for layer in layers]
         self._indexed = [i for i, layer in enumerate(layers) if "index_key" in layer.widths]
         self._index_width = layers[self._indexed[0]].widths["index_key"] if self._indexed else 0
         self.indexer_layers = len(self._indexed)
-        self.record_floats = sum(a + b for a, b in self._main) + (
+        self.record_floats = sum(width for main in self._main for _, width in main) + (
             self.indexer_layers * self._index_width
         )
 
     def _columns(self, state: KVState, start: int, stop: int) -> list[npt.NDArray[np.float32]]:
         cols: list[npt.NDArray[np.float32]] = []
-        for layer in state.layers:
-            cols.append(layer["latent"][start:stop])
-            cols.append(layer["rope_key"][start:stop])
+        for layer, main in zip(state.layers, self._main, strict=True):
+            for name, _ in main:
+                cols.append(layer[name][start:stop])
         for i in self._indexed:
             cols.append(state.layers[i]["index_key"][start:stop])
         return cols
@@ -50,9 +53,8 @@ class KvRecordCodec:
         state.reserve(n)
         offset = 0
         widths: list[tuple[str, int, int]] = []
-        for i, (lat, rope) in enumerate(self._main):
-            widths.append(("latent", i, lat))
-            widths.append(("rope_key", i, rope))
+        for i, main in enumerate(self._main):
+            widths.extend((name, i, width) for name, width in main)
         for i in self._indexed:
             widths.append(("index_key", i, self._index_width))
         for name, layer, width in widths:

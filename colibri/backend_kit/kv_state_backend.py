@@ -19,11 +19,13 @@ from colibri.backend_kit.kv_codec import KvRecordCodec
 from colibri.backend_kit.kv_state import KVState
 from colibri.backend_kit.memory_budget import resident_bytes
 from colibri.backend_kit.phase_clock import PhaseClock
+from colibri.backend_kit.remote_experts import RemoteExperts
 from colibri.backend_kit.tiered_expert_store import TieredExpertStore
 from colibri.engine.backend import (
     BackendReadError,
     Device,
     Draft,
+    ExpertNode,
     KvRecord,
     Step,
     StepRow,
@@ -45,6 +47,8 @@ class KVStateModel(Protocol):
     def mtp(self) -> object | None: ...
     @property
     def clock(self) -> PhaseClock: ...
+    #: On a cluster, the expert workers that compute the routed experts.
+    remote_experts: RemoteExperts | None
     def new_state(self) -> KVState: ...
     def forward_rows(
         self, states: Sequence[KVState], tokens: Sequence[int], wants_logits: Sequence[bool]
@@ -139,3 +143,7 @@ class KVStateBackend:
 
     def devices(self) -> list[Device]:
         return []  # both compute on the CPU: HWINFO counts no devices, GPUS is `GPUS 0`
+
+    def expert_nodes(self) -> list[ExpertNode]:
+        remote = self._kv_model.remote_experts
+        return [] if remote is None else remote.nodes()

@@ -58,6 +58,9 @@ class PerLayerLru:
     def get(self, key: Key) -> ExpertWeights | None:
         return self._of(key).get(key)
 
+    def peek(self, key: Key) -> ExpertWeights | None:
+        return self._of(key).peek(key)
+
     def put(self, key: Key, weights: ExpertWeights) -> None:
         self._of(key).put(key, weights)
 

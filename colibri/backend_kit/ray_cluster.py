@@ -24,11 +24,13 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
 
 from colibri.backend_kit.expert_worker import ExpertWorker
+from colibri.backend_kit.placement_file import read_placement
 from colibri.backend_kit.remote_experts import (
     DEFAULT_DEADLINE_S,
     F32,
@@ -52,16 +54,18 @@ class ClusterStartError(Exception):
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """``ray`` (a local Ray started on demand) or ``ray:ADDRESS`` (an existing cluster), and
-    how many workers (0: one per alive node)."""
+    """``ray`` (a local Ray started on demand) or ``ray:ADDRESS`` (an existing cluster), how
+    many workers (0: one per alive node, or one per node of the placement file), and the
+    placement file (``--cluster-placement``; None: experts striped over the workers)."""
 
     address: str | None = None
     workers: int = 0
     deadline_s: float = DEFAULT_DEADLINE_S
+    placement: str | None = None
 
     @classmethod
-    def parse(cls, text: str, workers: int = 0,
-              deadline_s: float = DEFAULT_DEADLINE_S) -> ClusterSpec:
+    def parse(cls, text: str, workers: int = 0, deadline_s: float = DEFAULT_DEADLINE_S,
+              placement: str | None = None) -> ClusterSpec:
         kind, sep, address = text.partition(":")
         if kind != "ray" or (sep and not address):
             raise ValueError(f"--cluster {text!r}: expected ray or ray:ADDRESS")
@@ -69,7 +73,7 @@ class ClusterSpec:
             raise ValueError(f"--cluster-workers must be >= 0, got {workers}")
         if not deadline_s > 0:
             raise ValueError(f"the cluster deadline must be positive, got {deadline_s}")
-        return cls(address or None, workers, deadline_s)
+        return cls(address or None, workers, deadline_s, placement)
 
     def __str__(self) -> str:
         return "ray" if self.address is None else f"ray:{self.address}"
@@ -163,9 +167,25 @@ def _connect(ray: Any, spec: ClusterSpec) -> bool:
     return True
 
 
+def planned_placement(spec: ClusterSpec, layers: Sequence[int],
+                      n_experts: int) -> Placement | None:
+    """The placement file's placement, checked against the model (before Ray starts: a file
+    for another model is refused at once); None without a file."""
+    if spec.placement is None:
+        return None
+    placement = read_placement(Path(spec.placement), layers, n_experts)
+    if spec.workers and spec.workers != placement.owners:
+        raise ClusterStartError(f"--cluster-workers {spec.workers} disagrees with the placement "
+                                f"file {spec.placement}, which places the experts on "
+                                f"{placement.owners} nodes (leave --cluster-workers out)")
+    return placement
+
+
 def open_ray_experts(spec: ClusterSpec, model_dir: str, factory: str, layers: Sequence[int],
                      n_experts: int, log: TextIO) -> RemoteExperts:
-    """Workers placed and loaded (each has answered ``ready``), behind ``RemoteExperts``."""
+    """Workers placed and loaded (each has answered ``ready``), behind ``RemoteExperts``. With
+    a placement file, worker i holds the experts the file gives node i."""
+    planned = planned_placement(spec, layers, n_experts)
     ray = _ray()
     started = _connect(ray, spec)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -173,8 +193,15 @@ def open_ray_experts(spec: ClusterSpec, model_dir: str, factory: str, layers: Se
     nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: str(n["NodeID"]))
     if not nodes:
         raise ClusterStartError(f"--cluster {spec}: the cluster has no alive node")
-    count = spec.workers or len(nodes)
-    placement = Placement.striped(layers, n_experts, count)
+    if planned is not None:
+        count, placement = planned.owners, planned
+        if count > len(nodes):
+            # Still runs (workers share nodes), but the plan's per-node RAM no longer holds.
+            print(f"== cluster {spec}: the placement file names {count} nodes, the cluster "
+                  f"has {len(nodes)} alive: some nodes run several workers ==", file=log)
+    else:
+        count = spec.workers or len(nodes)
+        placement = Placement.striped(layers, n_experts, count)
     where = [nodes[i % len(nodes)] for i in range(count)]
     per_node: dict[str, int] = {}
     for node in where:
@@ -206,6 +233,8 @@ def open_ray_experts(spec: ClusterSpec, model_dir: str, factory: str, layers: Se
         print(f"== expert worker {name}: pid {pid}, {held} experts, {nbytes / 1e6:.1f} MB ==",
               file=log)
     where_s = f"{len(nodes)} node" + ("s" if len(nodes) > 1 else "")
-    print(f"== cluster {spec}: {count} expert workers on {where_s}, layer deadline "
-          f"{spec.deadline_s:g} s ==", file=log)
-    return RemoteExperts(caller, placement, spec.deadline_s)
+    placed = "striped" if spec.placement is None else f"placed by {spec.placement}"
+    print(f"== cluster {spec}: {count} expert workers on {where_s}, experts {placed}, layer "
+          f"deadline {spec.deadline_s:g} s ==", file=log)
+    return RemoteExperts(caller, placement, spec.deadline_s,
+                         [int(nbytes) for _, _, nbytes in ready])

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from colibri.engine.backend import BackendReadError
+from colibri.engine.backend import BackendReadError, ExpertNode
 
 if TYPE_CHECKING:  # reference's package imports its backend, which imports this module
     from colibri.reference.config import ModelConfig
@@ -133,12 +133,20 @@ class RemoteExperts:
     """The routed experts of every layer, computed by the owners of a ``Placement``."""
 
     def __init__(self, caller: ExpertCaller, placement: Placement,
-                 deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+                 deadline_s: float = DEFAULT_DEADLINE_S,
+                 resident_bytes: Sequence[int] = ()) -> None:
         self.caller = caller
         self.placement = placement
         self.deadline_s = deadline_s
+        #: Bytes each owner reported holding once its share was loaded (0 where unknown).
+        self.resident_bytes = list(resident_bytes) or [0] * placement.owners
         #: Wall seconds of each layer call (every owner answered), newest last.
         self.round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
+
+    def nodes(self) -> list[ExpertNode]:
+        """Each owner's experts and resident bytes (the engine's NODES line)."""
+        return [ExpertNode(tuple(self.placement.owned(o)), self.resident_bytes[o])
+                for o in range(self.placement.owners)]
 
     def grouped(self, layer: int, x: F32, groups: ExpertGroups) -> F32:
         """The outputs of every grouped pair, [pairs, D] in the grouped order."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 
+from colibri.backend_kit.expert_disk import gather
 from colibri.backend_kit.layer_lru import PerLayerLru
 from colibri.engine.backend import (
     TIER_DISK,
@@ -36,9 +38,9 @@ from colibri.reference.weights import TensorLoader
 
 #: Reads one expert's float32 weights from the container (the disk tier), uncached.
 ExpertReader = Callable[[int, int], ExpertWeights]
-#: Starts reading several experts, their reads in flight together, and returns the wait that
-#: gives them (``DiskTier.submit``/``gather``).
-ExpertBatchStart = Callable[[Sequence[Key]], Callable[[], list[ExpertWeights]]]
+#: Starts reading several experts, their reads in flight together: one future each, in the
+#: keys' order (``DiskTier.submit``).
+ExpertSubmit = Callable[[Sequence[Key]], list[Future[ExpertWeights]]]
 #: An expert's bytes as stored in the container (``experts.stored_expert_bytes``).
 StoredBytes = Callable[[int, int], int]
 
@@ -58,14 +60,21 @@ def mapped_reader(loader: TensorLoader, cfg: ModelConfig) -> ExpertReader:
     return read
 
 
-def _read_now(read: ExpertReader) -> ExpertBatchStart:
-    """A batch start for a reader with nothing to overlap: it reads at once."""
+def _read_now(read: ExpertReader) -> ExpertSubmit:
+    """A submit for a reader with nothing to overlap: it reads at once, in order."""
 
-    def start(keys: Sequence[Key]) -> Callable[[], list[ExpertWeights]]:
-        weights = [read(*key) for key in keys]
-        return lambda: weights
+    def submit(keys: Sequence[Key]) -> list[Future[ExpertWeights]]:
+        futures: list[Future[ExpertWeights]] = []
+        for key in keys:
+            future: Future[ExpertWeights] = Future()
+            futures.append(future)
+            try:
+                future.set_result(read(*key))
+            except Exception as exc:  # noqa: BLE001 - the future carries it to ``gather``
+                future.set_exception(exc)
+        return futures
 
-    return start
+    return submit
 
 
 class PendingExperts:
@@ -129,11 +138,19 @@ class TieredExpertStore:
         vram: VramTier | None = None,
         vram_budget_bytes: int = 0,
         gpu: int = 0,
-        read_start: ExpertBatchStart | None = None,
+        read_submit: ExpertSubmit | None = None,
         held_bytes: StoredBytes | None = None,
     ) -> None:
         self.read = read
-        self.read_start: ExpertBatchStart = read_start or _read_now(read)
+        self.read_submit: ExpertSubmit = read_submit or _read_now(read)
+        #: Whether reads run beside the caller (a disk tier): only then is a prefetch worth it.
+        self.reads_overlap = read_submit is not None
+        #: Experts read ahead of their lookup (``prefetch``): their reads, in flight or done.
+        #: They are held beside the LRU, not in it (a wrong guess evicts nothing), within
+        #: ``read_ahead_bytes``: the part of a budget's reserve for one step's experts that a
+        #: step of few rows leaves unused (``expert_tiers``); 0 reads nothing ahead.
+        self._ahead: dict[Key, Future[ExpertWeights]] = {}
+        self.read_ahead_bytes = 0
         self.cfg = cfg
         # Reported bytes (TIERS, disk reads) are stored bytes; the RAM budget bounds what
         # this process really holds (weights.nbytes), which differs between backends.
@@ -189,48 +206,100 @@ class TieredExpertStore:
     def experts_begin(self, layer: int, ids: Sequence[int]) -> PendingExperts:
         """``experts`` in two halves: the lookups are made now (the resident experts are at
         hand, the misses' reads in flight), ``wait`` gives the misses; meanwhile the caller
-        can compute with the resident ones."""
+        can compute with the resident ones. An expert read ahead (``prefetch``) is a hit if
+        its read is done (it was in RAM) and otherwise a miss that waits on that read; the
+        layer's guesses nobody asked for are dropped."""
         found: list[ExpertWeights | None] = []
         missing: list[int] = []
+        ahead: dict[Key, Future[ExpertWeights]] = {}
         for expert in ids:
             key = (layer, expert)
             self._counters.lookups += 1
             self._heat[key] = self._heat.get(key, 0) + 1
             held = self._resident(key)
+            guess = self._ahead.pop(key, None)
+            if guess is not None:
+                self._counters.prefetch_used += 1
+                if held is None and guess.done() and guess.exception() is None:
+                    held = guess.result()
+                    self._lru.put(key, held)  # where a miss read now would go
+                elif held is None and not guess.done():
+                    ahead[key] = guess
             if held is not None:
                 self._counters.hits += 1
             else:
                 missing.append(len(found))
                 self._lru.put(key, _Reserved(self.held_bytes(*key)))  # type: ignore[arg-type]
             found.append(held)
+        for key in [k for k in self._ahead if k[0] == layer]:
+            del self._ahead[key]  # a wrong guess: its read (if still running) is let go
         keys = [(layer, ids[i]) for i in missing]
         wait = None
         if keys:
             try:
-                wait = self._start(keys)
+                wait = self._start(keys, ahead)
             except BaseException:
                 self._unreserve(keys)
                 raise
         return PendingExperts(self, list(ids), found, missing, keys, wait)
 
-    def _start(self, keys: Sequence[Key]) -> Callable[[], list[ExpertWeights]]:
-        """Start the reads of ``keys`` (the disk tier); the returned wait gives the experts
-        and books the disk time (from now) and bytes."""
+    def _start(self, keys: Sequence[Key], ahead: dict[Key, Future[ExpertWeights]] | None = None
+               ) -> Callable[[], list[ExpertWeights]]:
+        """Start the reads of ``keys`` (the disk tier) but those already read ahead; the
+        returned wait gives the experts and books the disk time (from now) and bytes."""
+        ahead = ahead or {}
         started = time.perf_counter()
-        wait = self.read_start(keys)
+        fresh = [key for key in keys if key not in ahead]
+        submitted = iter(self.read_submit(fresh) if fresh else [])
+        futures = [ahead[key] if key in ahead else next(submitted) for key in keys]
 
         def done() -> list[ExpertWeights]:
-            weights = wait()
+            weights = gather(futures)
             self._counters.disk_seconds += time.perf_counter() - started
-            self._counters.disk_bytes += sum(self.stored_bytes(key) for key in keys)
+            self._counters.disk_bytes += sum(self.stored_bytes(key) for key in fresh)
             return weights
 
         return done
 
+    def prefetch(self, layer: int, ids: Iterable[int]) -> int:
+        """Start reading layer ``layer``'s experts ``ids`` before its routing asks for them (a
+        guess): those neither resident nor already on their way, while they fit
+        ``read_ahead_bytes``. Returns how many reads were started (0 where reads do not
+        overlap the caller: nothing would be gained)."""
+        if not self.reads_overlap or not self.read_ahead_bytes:
+            return 0
+        room = self.read_ahead_bytes - sum(self.held_bytes(*key) for key in self._ahead)
+        keys = []
+        for e in ids:
+            key = (layer, e)
+            if key in self._ahead or self.is_resident(layer, e):
+                continue
+            room -= self.held_bytes(*key)
+            if room < 0:
+                break
+            keys.append(key)
+        if not keys:
+            return 0
+        for key, future in zip(keys, self.read_submit(keys), strict=True):
+            self._ahead[key] = future
+        self._counters.prefetched += len(keys)
+        self._counters.disk_bytes += sum(self.stored_bytes(key) for key in keys)
+        return len(keys)
+
+    def _take_cached(self, key: Key) -> ExpertWeights | None:
+        """Take ``key`` out of the LRU: its weights if it was read, None if it was not there
+        or still on its way (its reservation goes)."""
+        weights = self._lru.pop(key)
+        return None if isinstance(weights, _Reserved) else weights
+
+    def _lru_entry(self, key: Key) -> object:
+        """The LRU's entry for ``key`` without refreshing it (None when absent)."""
+        return self._lru.peek(key)
+
     def _unreserve(self, keys: Sequence[Key]) -> None:
         """Nothing of a failed read stays, reservations included."""
         for key in keys:
-            if isinstance(self._lru.get(key), _Reserved):
+            if isinstance(self._lru_entry(key), _Reserved):
                 self._lru.pop(key)
 
     def _settle(self, keys: Sequence[Key], weights: Sequence[ExpertWeights]) -> None:
@@ -245,11 +314,16 @@ class TieredExpertStore:
         pinned = self._pinned.get(key)
         if pinned is not None:
             return pinned
-        return self._lru.get(key)
+        held = self._lru.get(key)
+        return None if isinstance(held, _Reserved) else held
 
     def is_resident(self, layer: int, expert: int) -> bool:
         key = (layer, expert)
-        return key in self._vram or key in self._pinned or key in self._lru
+        return key in self._vram or key in self._pinned or self._cached(key)
+
+    def _cached(self, key: Key) -> bool:
+        """In the LRU and read (a reservation is an expert still on its way)."""
+        return key in self._lru and not isinstance(self._lru_entry(key), _Reserved)
 
     def in_vram(self, layer: int, expert: int) -> bool:
         """Whether the device holds the expert (the backend then computes it there)."""
@@ -261,11 +335,13 @@ class TieredExpertStore:
     def tier_of(self, key: Key) -> int:
         if key in self._vram:
             return TIER_VRAM
-        return TIER_RAM if key in self._pinned or key in self._lru else TIER_DISK
+        return TIER_RAM if key in self._pinned or self._cached(key) else TIER_DISK
 
     def _read(self, key: Key) -> ExpertWeights:
-        """Bring an expert from the container (the disk tier) into RAM."""
-        return self._start([key])()[0]
+        """Bring an expert from the container (the disk tier) into RAM (the read ahead of it,
+        if there is one)."""
+        ahead = self._ahead.pop(key, None)
+        return self._start([key], {key: ahead} if ahead is not None else None)()[0]
 
     def stored_bytes(self, key: Key) -> int:
         """The expert's bytes in the container (what TIERS and the disk counters count)."""
@@ -293,7 +369,7 @@ class TieredExpertStore:
                 break
             if self.ram_budget_bytes and used + self.held_bytes(*key) > self.ram_budget_bytes:
                 break
-            weights = self._lru.pop(key)
+            weights = self._take_cached(key)
             if weights is None:
                 weights = self._read(key)
             self._pinned[key] = weights
@@ -393,8 +469,8 @@ class TieredExpertStore:
             hot = max(candidates, key=lambda k: (self._heat.get(k, 0), -k[1]))
             h_cold, h_hot = self._heat.get(cold, 0), self._heat.get(hot, 0)
             if h_hot > h_cold + h_cold // 4 + 4:
-                old_tier = TIER_RAM if hot in self._lru else TIER_DISK
-                weights = self._lru.pop(hot)
+                old_tier = TIER_RAM if self._cached(hot) else TIER_DISK
+                weights = self._take_cached(hot)
                 if weights is None:
                     weights = self._read(hot)
                 demoted = self._pinned.pop(cold)
@@ -416,7 +492,8 @@ class TieredExpertStore:
 
     def tier_counts(self, rows: Sequence[int], n_experts: int) -> TierCounts:
         wanted = set(rows)
-        resident = [k for k in (*self._pinned, *self._lru) if k[0] in wanted]
+        resident = [k for k in (*self._pinned, *self._lru)
+                    if k[0] in wanted and (k in self._pinned or self._cached(k))]
         vram = [k for k in self._vram if k[0] in wanted]
         total = len(rows) * n_experts
         # The tiers are disjoint: pinning takes an expert out of the LRU, an upload out of

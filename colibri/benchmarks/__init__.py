@@ -38,11 +38,13 @@ SECTION_MODULES: tuple[str, ...] = (
     "colibri.benchmarks.float_products",
     "colibri.benchmarks.engine_slots",
     "colibri.benchmarks.server_stream",
+    "colibri.benchmarks.replicas",
     "colibri.benchmarks.control_plane_overhead",
     "colibri.benchmarks.grammar_mask",
     "colibri.benchmarks.default_model",
     "colibri.benchmarks.cuda_decode",
     "colibri.benchmarks.out_of_core",
+    "colibri.benchmarks.cluster",
 )
 
 

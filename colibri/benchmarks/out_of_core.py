@@ -12,15 +12,22 @@ experts, uniform and skewed routing) and each engine, the section measures:
   memory and OOM kills, whether the tokens equal the in-RAM run's, and the bound
   ``1 / max(bytes read per token / read bandwidth, the in-RAM step time)`` with the ratio to it;
 - on skewed routing at each cap, the same run with experts pinned from a ``.coli_usage``
-  recorded on other prompts (``PIN``, half the expert cache, as AUTOPIN would): the hit-rate
-  gain pins buy over LRU alone;
+  recorded on 8 other prompts (``PIN``, half the expert cache, as AUTOPIN would): the
+  hit-rate gain pins buy over LRU alone;
+- at cap 1/4 (accelerated engine): the same run reading the next layer's likely experts
+  ahead (``READ_AHEAD=1``: its speed over LRU alone and the share of the experts read ahead
+  that a layer then asked for), and the run bounded by ``RAM_GB`` alone, without the cgroup:
+  its peak resident memory plus the page cache's footprint of the model's files (``mincore``
+  after the decode), held against the budget;
 - ``colibri plan``'s prediction (hit rate, bytes read per token, tok/s) beside each
   measurement;
 - llama.cpp on the same model as a GGUF under the same cap (its default mmap), where the peer
   interpreter imports ``llama_cpp`` and the GGUF exists (else the reason it was skipped).
 
-The read bandwidth is measured once, sequential O_DIRECT over the expert shards. Everything is
-one JSON document; the runs are in one sitting, so the ratios compare like with like.
+The read bandwidth is measured once, sequential O_DIRECT over the expert shards with as many
+reads in flight as the disk tier keeps (the bound's rate), and one read at a time beside it.
+Everything is one JSON document; the runs are in one sitting, so the ratios compare like with
+like.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from colibri.backend_kit.expert_disk import DEFAULT_IN_FLIGHT
 from colibri.benchmarks import BenchOptions, Section, register, workers
 from colibri.benchmarks.bandwidth import storage_read_gb_s
 from colibri.benchmarks.memory_cgroup import MemoryCgroup, available, drop_caches
@@ -39,10 +47,17 @@ from colibri.plan import predict_decode, ranked_usage, usage_hit_rate
 #: numpy, the kernel library, buffers (the engine's own budget says what it needs).
 ALLOWANCE = 600_000_000
 CAPS = (0.125, 0.25, 0.5)
+QUARTER = 0.25
+#: The run at cap 1/4 bounded by ``RAM_GB`` alone (no cgroup): its peak resident memory plus
+#: the page cache's footprint of the model's files, held against the budget.
+RAM_GB_ONLY = "ram_gb_only"
 #: Tokens decoded per run: the accelerated engine, and the (much slower) reference.
 TOKENS = {"accelerated": 24, "reference": 4, "llama_cpp": 24}
 PROMPT_TOKENS = 16
 MEASURED_PROMPT, USAGE_PROMPT = 1, 99
+#: Prompts the usage history is recorded on (none of them the measured one): 8 prompts of
+#: 24 tokens give each layer about 1,500 selections to rank 96 experts by.
+USAGE_PROMPTS = 8
 DECODE = "out_of_core_worker:decode"
 
 
@@ -121,7 +136,11 @@ def run_section(setup: Setup) -> dict[str, Any]:
     sizes = {routing: ModelBytes.of(model) for routing, model in setup.models.items()}
     cgroup_version, no_cgroup = available()
     drop_caches()
-    bandwidth = storage_read_gb_s(sizes["uniform"].files)
+    one_at_a_time = storage_read_gb_s(sizes["uniform"].files)
+    drop_caches()
+    # The bound holds the engine to the disk's best rate: reads kept in flight, as the disk
+    # tier keeps them.
+    bandwidth = storage_read_gb_s(sizes["uniform"].files, in_flight=DEFAULT_IN_FLIGHT)
     doc: dict[str, Any] = {
         "section": "out-of-core",
         "models": {routing: {"path": str(model), "expert_bytes": sizes[routing].experts,
@@ -129,6 +148,8 @@ def run_section(setup: Setup) -> dict[str, Any]:
                    for routing, model in setup.models.items()},
         "memory_cgroup": cgroup_version or f"none: {no_cgroup} (RAM_GB alone bounds the runs)",
         "read_bandwidth_gb_s": bandwidth,
+        "read_bandwidth_in_flight": DEFAULT_IN_FLIGHT,
+        "read_bandwidth_one_at_a_time_gb_s": one_at_a_time,
         "allowance_bytes": setup.allowance,
         "runs": [],
     }
@@ -143,7 +164,8 @@ def run_section(setup: Setup) -> dict[str, Any]:
             in_ram = _worker(DECODE, base, None)
             if engine == setup.engines[0]:  # the history pins and predictions come from
                 _worker(DECODE, {**base, "prompt_seed": USAGE_PROMPT,
-                                 "record_usage": str(usage)}, None)
+                                 "record_usage": str(usage),
+                                 "record_prompts": USAGE_PROMPTS}, None)
             step_s = in_ram["decode_s"] / tokens[engine] if "decode_s" in in_ram else None
             doc["runs"].append({"routing": routing, "engine": engine, "cap": "in RAM",
                                 **_summary(in_ram)})
@@ -153,9 +175,13 @@ def run_section(setup: Setup) -> dict[str, Any]:
                     # Half the expert cache, as AUTOPIN shares it out.
                     variants.append(("pinned", {"pin": str(usage),
                                                 "pin_gb": 0.5 * fraction * size.experts / 1e9}))
+                if fraction == QUARTER and engine == "accelerated":
+                    variants.append(("read_ahead", {"read_ahead": 1}))
+                    if cgroup_version:
+                        variants.append((RAM_GB_ONLY, {}))
                 for policy, extra in variants:
                     measured = _capped(DECODE, {**base, "ram_gb": limit / 1e9, **extra},
-                                       limit, cgroup_version)
+                                       limit, None if policy == RAM_GB_ONLY else cgroup_version)
                     row = _capped_row(routing, engine, policy, fraction, limit, measured,
                                       in_ram, step_s, bandwidth, size.per_token)
                     if step_s and bandwidth:
@@ -177,7 +203,8 @@ def run_section(setup: Setup) -> dict[str, Any]:
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("tok_s", "read_bytes_per_token", "hit_rate", "peak_cgroup_bytes", "oom_kills",
-            "peak_rss_bytes", "pinned", "error")
+            "peak_rss_bytes", "page_cache_bytes", "pinned", "prefetched", "prefetch_used",
+            "error")
     return {k: result[k] for k in keys if k in result}
 
 
@@ -190,6 +217,12 @@ def _capped_row(routing: str, engine: str, policy: str, fraction: float, limit: 
         row["same_tokens_as_in_ram"] = measured["tokens"] == in_ram["tokens"]
     if "peak_cgroup_bytes" in measured:
         row["peak_within_cap"] = measured["peak_cgroup_bytes"] <= limit
+    if policy == RAM_GB_ONLY and measured.get("page_cache_bytes") is not None:
+        footprint = measured["peak_rss_bytes"] + measured["page_cache_bytes"]
+        row["rss_plus_page_cache_bytes"] = footprint
+        row["rss_plus_page_cache_within_budget"] = footprint <= limit
+    if measured.get("prefetched"):
+        row["read_ahead_useful_share"] = measured["prefetch_used"] / measured["prefetched"]
     if bandwidth and step_s and "read_bytes_per_token" in measured:
         read_s = measured["read_bytes_per_token"] / (bandwidth * 1e9)
         bound = 1.0 / max(read_s, step_s)
@@ -220,14 +253,22 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     by = {(r["routing"], r["engine"], r.get("policy"), r.get("cap_fraction")): r for r in runs}
     for routing in ("uniform", "skewed"):
-        ours = by.get((routing, "accelerated", "lru", 0.25), {})
-        peer = by.get((routing, "llama_cpp", "mmap", 0.25), {})
-        pinned = by.get((routing, "accelerated", "pinned", 0.25), {})
+        ours = by.get((routing, "accelerated", "lru", QUARTER), {})
+        peer = by.get((routing, "llama_cpp", "mmap", QUARTER), {})
+        pinned = by.get((routing, "accelerated", "pinned", QUARTER), {})
         entry: dict[str, Any] = {"ratio_to_bound_at_quarter": ours.get("ratio_to_bound")}
         if ours.get("tok_s") and peer.get("tok_s"):
             entry["speed_over_llama_cpp_at_quarter"] = ours["tok_s"] / peer["tok_s"]
         if pinned.get("hit_rate") is not None and ours.get("hit_rate") is not None:
             entry["pin_hit_gain_points_at_quarter"] = 100 * (pinned["hit_rate"] - ours["hit_rate"])
+        ahead = by.get((routing, "accelerated", "read_ahead", QUARTER), {})
+        if ahead.get("tok_s") and ours.get("tok_s"):
+            entry["read_ahead_speed_over_lru_at_quarter"] = ahead["tok_s"] / ours["tok_s"]
+            entry["read_ahead_useful_share"] = ahead.get("read_ahead_useful_share")
+        alone = by.get((routing, "accelerated", RAM_GB_ONLY, QUARTER), {})
+        if "rss_plus_page_cache_within_budget" in alone:
+            entry["ram_gb_alone_within_budget_at_quarter"] = \
+                alone["rss_plus_page_cache_within_budget"]
         out[routing] = entry
     capped = [r for r in runs if r.get("engine") != "llama_cpp" and "cap_fraction" in r]
     out["all_same_tokens"] = all(r.get("same_tokens_as_in_ram") for r in capped)

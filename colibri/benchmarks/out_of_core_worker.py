@@ -4,9 +4,12 @@
 ``decode`` opens the backend under ``RAM_GB`` (0: all in RAM), prefills a prompt of random
 token ids, decodes greedily and returns the tokens, the decode's wall time, the bytes the
 process read from storage during the decode (``/proc/self/io`` ``read_bytes``), the expert
-store's lookups and hits during the decode, and the process's peak RSS. ``pin`` pins the
-experts a usage file ranks hottest (``PIN``/``PIN_GB``); ``record_usage`` writes the run's
-expert selections as a ``.coli_usage`` file (pins for a later run, recorded on other prompts).
+store's lookups and hits during the decode, the experts read ahead and used
+(``read_ahead``: ``READ_AHEAD``), the process's peak RSS and how much of the model's files
+the page cache holds after the decode (``mincore``). ``pin`` pins the experts a usage file
+ranks hottest (``PIN``/``PIN_GB``); ``record_usage`` writes the expert selections of this
+prompt and ``record_prompts - 1`` more as a ``.coli_usage`` file (pins for a later run,
+recorded on other prompts).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from colibri.benchmarks.out_of_core_llama import read_bytes
+from colibri.benchmarks.page_residency import cached_bytes
 from colibri.engine import usage_file
 from colibri.engine.backend import Backend, StepRow, usage_rows
 from colibri.engine.registry import BackendOptions, open_backend
@@ -42,11 +46,13 @@ def _pin(backend: Backend, path: Path, budget_bytes: int) -> int:
 
 def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt_seed: int = 1,
            prompt_tokens: int = 16, tokens: int = 24, pin: str | None = None,
-           pin_gb: float = 0.0, record_usage: str | None = None) -> dict[str, Any]:
+           pin_gb: float = 0.0, record_usage: str | None = None,
+           read_ahead: int = 0, record_prompts: int = 1) -> dict[str, Any]:
     log = io.StringIO()
     opened = open_backend(backend, Path(model),
                           BackendOptions(ram_budget_bytes=round(ram_gb * 1e9),
-                                         ctx=prompt_tokens + tokens + 8), log)
+                                         ctx=prompt_tokens + tokens + 8,
+                                         read_ahead=read_ahead), log)
     pinned = _pin(opened, Path(pin), round(pin_gb * 1e9)) if pin else 0
     shape = opened.shape
     rows = usage_rows(shape)
@@ -69,7 +75,10 @@ def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt
     seconds = time.perf_counter() - started
     read = read_bytes() - read_before
     after = opened.tiers.counters()
+    page_cache = cached_bytes(sorted(Path(model).glob("*.safetensors")))
     if record_usage:
+        for seed in range(prompt_seed + 1, prompt_seed + record_prompts):
+            _record(opened, counts, rows, prompt(seed, prompt_tokens, shape.vocab_size), tokens)
         usage_file.save(Path(record_usage), counts)
     opened.close()
     lookups = after.lookups - before.lookups
@@ -78,9 +87,36 @@ def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt
         "read_bytes": read, "read_bytes_per_token": read / tokens,
         "hit_rate": (after.hits - before.hits) / lookups if lookups else None,
         "disk_s": after.disk_seconds - before.disk_seconds, "pinned": pinned,
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "read_ahead": read_ahead, "prefetched": after.prefetched - before.prefetched,
+        "prefetch_used": after.prefetch_used - before.prefetch_used,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "page_cache_bytes": page_cache,
         "log": log.getvalue().strip().splitlines(),
     }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since it started its program: ``VmHWM`` (the
+    address space's own high-water mark; ``ru_maxrss`` survives ``exec`` and would report
+    the parent that forked this worker when that parent was larger)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _record(opened: Backend, counts: np.ndarray, rows: list[int], ids: list[int],
+            tokens: int) -> None:
+    """Another prompt's greedy decode, its expert selections added to ``counts``."""
+    state = opened.new_state()
+    step = opened.step([StepRow(state, t, i == len(ids) - 1) for i, t in enumerate(ids)])
+    _count(counts, rows, step.routes)
+    for _ in range(tokens):
+        step = opened.step([StepRow(state, int(np.argmax(step.logits[-1])), True)])
+        _count(counts, rows, step.routes)
 
 
 def _count(counts: np.ndarray, rows: list[int], routes: np.ndarray) -> None:

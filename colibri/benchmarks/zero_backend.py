@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from colibri.engine.backend import Device, Draft, KvRecord, ResidentExperts, Step, StepRow
+from colibri.engine.backend import (
+    Device,
+    Draft,
+    ExpertNode,
+    KvRecord,
+    ResidentExperts,
+    Step,
+    StepRow,
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,9 @@ class SyntheticBackend:
         raise ValueError(f"the {self.name} backend has no MTP head")
 
     def devices(self) -> list[Device]:
+        return []
+
+    def expert_nodes(self) -> list[ExpertNode]:
         return []
 
     def close(self) -> None:

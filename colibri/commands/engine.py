@@ -45,8 +45,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--cluster`` and ``--cluster-workers`` (engine and serve: serve hands them to the
-    engine it starts through COLI_CLUSTER and COLI_CLUSTER_WORKERS)."""
+    """``--cluster``, ``--cluster-workers`` and ``--cluster-placement`` (engine and serve:
+    serve hands them to the engine it starts through COLI_CLUSTER, COLI_CLUSTER_WORKERS and
+    COLI_CLUSTER_PLACEMENT)."""
     parser.add_argument(
         "--cluster", metavar="ray[:ADDRESS]", default=None,
         help="compute the routed experts on expert workers, Ray actors: `ray` starts a local "
@@ -56,6 +57,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--cluster-workers", type=int, default=None, metavar="N",
         help="expert workers to start (default: one per node of the cluster; "
         "COLI_CLUSTER_WORKERS)")
+    parser.add_argument(
+        "--cluster-placement", metavar="FILE", default=None,
+        help="place the routed experts as FILE says, one worker per node of it (written by "
+        "`colibri plan --nodes N --node-ram GB --placement-out FILE`; default: striped; "
+        "COLI_CLUSTER_PLACEMENT)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             cluster=args.cluster,
             cluster_workers=args.cluster_workers,
+            cluster_placement=args.cluster_placement,
         )
     except SettingsError as exc:
         print(f"colibri engine: {exc}", file=sys.stderr)

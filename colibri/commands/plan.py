@@ -40,6 +40,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "tok/s under the RAM budget")
     parser.add_argument("--step-ms", type=float, default=None, metavar="MS",
                         help="the engine's decode step with every expert in RAM (colibri bench)")
+    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+                        help="place the routed experts on N cluster nodes by heat (--usage, "
+                        "else uniform) and memory (--node-ram); refused when they do not fit")
+    parser.add_argument("--node-ram", type=float, default=None, metavar="GB",
+                        help="with --nodes: each node's RAM for its experts, in GB")
+    parser.add_argument("--placement-out", type=Path, default=None, metavar="FILE",
+                        help="with --nodes: write the placement file that `--cluster-placement "
+                        "FILE` uses (spec/schemas/expert_placement.json)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.set_defaults(handler=run)
 
@@ -53,21 +61,55 @@ def model_path(args: argparse.Namespace) -> Path:
     return args.model if args.model is not None else resources.default_model_dir()
 
 
+def placement_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the placement options, or None."""
+    if args.nodes is None:
+        if args.node_ram is not None or args.placement_out is not None:
+            return "--node-ram and --placement-out go with --nodes N"
+        return None
+    if args.node_ram is None:
+        return "--nodes needs --node-ram GB (each node's RAM for its experts)"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from colibri.plan import PlanError, Request, build, format_plan
 
+    problem = placement_problem(args)
+    if problem is not None:
+        print(f"colibri plan: {problem}", file=sys.stderr)
+        return 2
     try:
         slots = args.kv_slots if args.kv_slots is not None else int(
             os.environ.get("COLI_KV_SLOTS", "1"))
         plan = build(model_path(args), Request(args.ctx, slots, args.ram, args.vram,
                                                args.usage, args.expert_format,
                                                args.read_gbps, args.step_ms))
-    except (PlanError, ValueError) as exc:
+        placement = None
+        if args.nodes is not None:
+            from colibri.backend_kit.placement_file import write_placement
+            from colibri.cluster_plan import plan_placement
+
+            placement = plan_placement(model_path(args), args.nodes, args.node_ram,
+                                       args.usage, args.expert_format)
+            if args.placement_out is not None:
+                write_placement(args.placement_out, placement)
+    except (PlanError, ValueError, OSError) as exc:
         print(f"colibri plan: {exc}", file=sys.stderr)
         return 1
+    if placement is not None:
+        plan["placement"] = placement
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
         for line in format_plan(plan):
             print(line)
+        if placement is not None:
+            from colibri.cluster_plan import format_placement
+
+            for line in format_placement(placement):
+                print(line)
+            if args.placement_out is not None:
+                print(f"wrote {args.placement_out}: use it with --cluster ray[:ADDRESS] "
+                      f"--cluster-placement {args.placement_out}")
     return 0

@@ -12,7 +12,7 @@ from typing import Any
 from colibri.commands.engine import add_cluster_arguments
 from colibri.commands.gpu_options import add_gpu_arguments, apply_gpu_arguments, gpu_error
 from colibri.engine.registry import BACKENDS
-from colibri.engine.settings import MIN_CTX
+from colibri.engine.settings import MIN_CTX, default_state_dir
 
 
 def _env_int(name: str, default: int) -> int:
@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-slots", type=int, default=_env_int("COLI_KV_SLOTS", 1),
                         help="conversations the engine keeps at once, each with its own KV "
                              "cache (env COLI_KV_SLOTS; default: 1)")
+    parser.add_argument("--replicas", type=int, default=_env_int("COLI_REPLICAS", 1),
+                        metavar="N",
+                        help="run N engine replicas behind this one server, each with "
+                             "--kv-slots slots; a conversation's turns go to the replica "
+                             "holding its KV prefix, and --max-queue is shared (env "
+                             "COLI_REPLICAS; default: 1)")
     parser.add_argument("--ctx", type=int, default=None, metavar="TOKENS",
                         help="the engine's context in tokens, prompt and reply together (its "
                              "CTX; default: 4096, or the model's limit where smaller)")
@@ -180,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model_id=served_model_id(args.model_id, args.model), api_key=args.api_key,
         max_tokens=args.max_tokens,
-        kv_slots=args.kv_slots, max_queue=args.max_queue, queue_timeout=args.queue_timeout,
+        kv_slots=args.kv_slots, replicas=args.replicas, max_queue=args.max_queue,
+        queue_timeout=args.queue_timeout,
         cors_origins=cors_origins(args.cors_origin), allowed_hosts=tuple(allowed),
         bind_host=args.host, keepalive_s=float(os.environ.get("COLI_KEEPALIVE_S", "10")),
         think_default=os.environ.get("COLI_THINK") == "1",
@@ -224,6 +231,12 @@ def run(args: argparse.Namespace) -> int:
         env["COLI_CLUSTER"] = cluster
     if cluster_workers is not None:
         env["COLI_CLUSTER_WORKERS"] = str(cluster_workers)
+    cluster_placement = getattr(args, "cluster_placement", None)
+    if cluster_placement is not None:  # absolute: the engine may start in another folder
+        env["COLI_CLUSTER_PLACEMENT"] = str(Path(cluster_placement).resolve())
+    if args.replicas > 1 and not env.get("COLI_STATE_DIR"):
+        # Named here so that each replica saves its KV slots in its own subfolder of it.
+        env["COLI_STATE_DIR"] = str(default_state_dir(Path(model_dir), env))
     if getattr(args, "auto_tier", False):
         from colibri.plan import PlanError
 

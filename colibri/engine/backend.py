@@ -124,6 +124,16 @@ class Device:
 
 
 @dataclass(frozen=True)
+class ExpertNode:
+    """One expert worker of a cluster (``--cluster``): which routed experts it holds, as
+    ``owned`` (layer, expert) pairs, and the bytes it reported holding once loaded (the NODES
+    line)."""
+
+    owned: tuple[tuple[int, int], ...]
+    resident_bytes: int
+
+
+@dataclass(frozen=True)
 class TierCounts:
     vram: int
     ram: int
@@ -140,6 +150,10 @@ class StoreCounters:
     hits: int = 0
     disk_seconds: float = 0.0
     disk_bytes: int = 0
+    #: Experts read ahead of their layer's routing (a prediction), and how many of them a
+    #: lookup then asked for: useful / prefetched is the prediction's worth.
+    prefetched: int = 0
+    prefetch_used: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,6 +225,10 @@ class Backend(Protocol):
         self, state: Any, tokens: Sequence[int], rows: npt.NDArray[np.float32]
     ) -> None: ...
     def devices(self) -> list[Device]: ...
+    def expert_nodes(self) -> list[ExpertNode]:
+        """The expert workers holding the routed experts, in owner order; [] when the
+        backend computes them itself (no ``--cluster``)."""
+        ...
     def close(self) -> None: ...
 
 

@@ -59,10 +59,12 @@ def build_runtime(
         options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, device=settings.device,
                                  kv_slots=settings.kv_slots, ctx=ctx,
                                  rss_guard_bytes=settings.rss_guard_bytes,
+                                 read_ahead=settings.read_ahead,
                                  vram_budget_bytes=settings.vram_budget_bytes,
                                  vram_reserve_bytes=settings.vram_reserve_bytes,
                                  cluster=settings.cluster,
-                                 cluster_workers=settings.cluster_workers)
+                                 cluster_workers=settings.cluster_workers,
+                                 cluster_placement=settings.cluster_placement)
         try:
             backend = open_backend(settings.backend, model_dir, options, log)
         except BackendUnavailable as exc:

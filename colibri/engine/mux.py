@@ -146,6 +146,9 @@ class MuxEngine:
         self.out.line(gpus_line(devices))
         self.out.frame(self.rt.tiers_record())
         self.out.frame(self.rt.emap_record())
+        nodes = self.rt.nodes_record()
+        if nodes is not None:  # only on a cluster: colibri's handshake stays as it was
+            self.out.frame(nodes)
 
     # --- the loop ----------------------------------------------------------------------
 

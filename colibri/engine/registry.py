@@ -37,6 +37,9 @@ class BackendOptions:
     #: KV slots and the context each holds: what a RAM budget must keep for the KV caches.
     kv_slots: int = 1
     ctx: int = 4096
+    #: READ_AHEAD: under a RAM budget, how many routed layers ahead the backend reads the
+    #: experts their routers would choose from the residual it has (0: none).
+    read_ahead: int = 0
     #: The backend's device choice (``--device``); None is its default.
     device: str | None = None
     #: The VRAM expert tier's requested budget (``--vram-gb``, CUDA_EXPERT_GB): 0 none, -1
@@ -49,6 +52,8 @@ class BackendOptions:
     cluster: str | None = None
     #: ``--cluster-workers``: how many expert workers (0: one per node of the cluster).
     cluster_workers: int = 0
+    #: ``--cluster-placement``: a placement file (``colibri plan --nodes``); None stripes.
+    cluster_placement: str | None = None
 
 
 def vram_budget(requested_bytes: int, free_bytes: int, reserve_bytes: int) -> int:

@@ -25,8 +25,10 @@ from colibri.engine.expert_usage import ExpertUsage
 from colibri.engine.kv_persist import KvFile, KvLayout, KvWriter, slot_file
 from colibri.engine.settings import DEFAULT_CTX, EngineSettings
 from colibri.engine.turn_routes import TurnRoutes
-from colibri.protocol.records import Emap, Entropy, Hits, Tiers
+from colibri.protocol.records import Emap, Entropy, Hits, NodeResidency, Nodes, Tiers
 
+#: NODES's byte for an expert no expert worker holds.
+NO_NODE = 0xFF
 
 class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
@@ -194,10 +196,16 @@ class EngineRuntime:
     def kv_layout(self) -> KvLayout:
         shape = self.shape
         indexer = shape.index_head_dim if shape.indexer_types else 0
+        record = self.backend.kv_record
+        # A layer's cache per position: MLA's latent and rope key (kv_lora + qk_rope), or a
+        # standard-attention family's key and value, which have no latent: kv_lora 0 and the
+        # whole width in qk_rope (spec/DEVIATIONS.md, "COLIKV1 for standard attention").
+        per_layer = ((record.record_floats - record.indexer_layers * indexer)
+                     // shape.num_hidden_layers)
         return KvLayout(
             n_layers=shape.num_hidden_layers,
             kv_lora=shape.kv_lora_rank,
-            qk_rope=shape.qk_rope_head_dim,
+            qk_rope=per_layer - shape.kv_lora_rank,
             index_hd=indexer,
             nic=self.backend.kv_record.indexer_layers,
             vocab=self.vocab,
@@ -266,6 +274,22 @@ class EngineRuntime:
     def emap_record(self) -> Emap:
         tiers = self.tiers.tier_matrix(self.rows, self.n_experts)
         return Emap(len(self.rows), self.n_experts, self.usage.emap_bytes(tiers))
+
+    def nodes_record(self) -> Nodes | None:
+        """Which expert worker holds each routed expert (the NODES extension); None when the
+        backend computes its experts itself."""
+        nodes = self.backend.expert_nodes()
+        if not nodes:
+            return None
+        owners = np.full((len(self.rows), self.n_experts), NO_NODE, np.uint8)
+        row_of = {layer: row for row, layer in enumerate(self.rows)}
+        for index, node in enumerate(nodes):
+            for layer, expert in node.owned:
+                row = row_of.get(layer)
+                if row is not None and expert < self.n_experts:
+                    owners[row, expert] = index
+        return Nodes(len(self.rows), self.n_experts, owners.tobytes(),
+                     tuple(NodeResidency(len(n.owned), n.resident_bytes / 1e9) for n in nodes))
 
     def hits_record(self) -> Hits:
         return Hits(len(self.rows), self.n_experts, self.usage.take_hits_bytes())

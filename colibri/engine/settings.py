@@ -62,6 +62,8 @@ class EngineSettings:
     vram_reserve_bytes: int = 2_000_000_000
     #: RSS_GUARD_GB: resident memory above which the expert LRU shrinks (0: RAM_GB's).
     rss_guard_bytes: int = 0
+    #: READ_AHEAD: routed layers whose likely experts are read ahead under RAM_GB (0: none).
+    read_ahead: int = 0
     #: AUTOPIN: under RAM_GB, pin the usage history's hottest experts once it holds enough
     #: selections (colibri's default; AUTOPIN=0 turns it off).
     autopin: bool = True
@@ -69,6 +71,8 @@ class EngineSettings:
     cluster: str | None = None
     #: --cluster-workers / COLI_CLUSTER_WORKERS: expert workers (0: one per cluster node).
     cluster_workers: int = 0
+    #: --cluster-placement / COLI_CLUSTER_PLACEMENT: a placement file (colibri plan --nodes).
+    cluster_placement: str | None = None
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
@@ -116,6 +120,7 @@ def from_environment(
     device: str | None = None,
     cluster: str | None = None,
     cluster_workers: int | None = None,
+    cluster_placement: str | None = None,
 ) -> EngineSettings:
     """Settings from options (given, not None) over environment variables."""
     snap = model_dir or (Path(env["SNAP"]) if env.get("SNAP") else default_model)
@@ -150,6 +155,10 @@ def from_environment(
         cluster_workers = _int(env, "COLI_CLUSTER_WORKERS", 0, 0, 1 << 16)
     if cluster_workers < 0:
         raise SettingsError(f"--cluster-workers must be >= 0, got {cluster_workers}")
+    cluster_placement = cluster_placement or env.get("COLI_CLUSTER_PLACEMENT") or None
+    if cluster_placement is not None and cluster is None:
+        raise SettingsError("--cluster-placement places experts on cluster workers: it needs "
+                            "--cluster ray[:ADDRESS]")
     return EngineSettings(
         backend=backend,
         device=device,
@@ -166,6 +175,7 @@ def from_environment(
         draft=_int(env, "DRAFT", -1, -1, 1),
         ram_budget_bytes=_gb(env, "RAM_GB", 0.0),
         rss_guard_bytes=_gb(env, "RSS_GUARD_GB", 0.0),
+        read_ahead=_int(env, "READ_AHEAD", 0, 0, 8),
         autopin=_flag(env, "AUTOPIN", True),
         pin=pin,
         pin_budget_bytes=_gb(env, "PIN_GB", 10.0),
@@ -182,6 +192,7 @@ def from_environment(
         vram_reserve_bytes=_gb(env, "CUDA_RESERVE_GB", 2.0),
         cluster=cluster,
         cluster_workers=cluster_workers,
+        cluster_placement=cluster_placement,
     )
 
 

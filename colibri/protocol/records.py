@@ -407,6 +407,36 @@ class Repin(Record):
 
 
 @dataclass(frozen=True)
+class NodeResidency:
+    experts: int
+    resident_gb: float
+
+
+@dataclass(frozen=True)
+class Nodes(Record):
+    """NODES (this project's extension, with ``--cluster``): each routed expert's owner, one
+    byte per expert over EMAP's rows and columns (0xff: none), then per expert worker the
+    experts it holds and its resident GB."""
+
+    KIND: ClassVar[str] = "NODES"
+    rows: int
+    cols: int
+    map: bytes
+    nodes: tuple[NodeResidency, ...]
+
+    def line(self) -> str:
+        parts = [f"NODES {self.rows} {self.cols} {self.map.hex()} {len(self.nodes)}"]
+        parts.extend(f"{n.experts} {f3(n.resident_gb)}" for n in self.nodes)
+        return " ".join(parts)
+
+    @classmethod
+    def from_parsed(cls, parsed: ParsedLine, payload: bytes | None) -> Nodes:
+        return cls(_i(parsed, "rows"), _i(parsed, "cols"), bytes.fromhex(str(parsed.values["map"])),
+                   tuple(NodeResidency(int(g["experts"]), float(g["resident_gb"]))
+                         for g in _groups(parsed, "nodes")))
+
+
+@dataclass(frozen=True)
 class Accept(Record):
     KIND: ClassVar[str] = "ACCEPT"
     id: int
@@ -691,7 +721,7 @@ class Prompt(Record):
 
 ENGINE_RECORDS: dict[str, type[Record]] = {
     r.KIND: r for r in (Ready, End, Stat, Caps, HwInfo, Gpus, Tiers, Emap, Hits, Entropy, Perf,
-                        Prof, Repin, Accept, Data, Echo, Topk, Done, Error)
+                        Prof, Repin, Nodes, Accept, Data, Echo, Topk, Done, Error)
 }
 REQUEST_RECORDS: dict[str, type[Record]] = {
     r.KIND: r for r in (Submit, Stop, Cancel, Reset, More, Prompt)

@@ -3,12 +3,14 @@
 Matching is leftmost-longest: the earliest position where any added token starts wins, and
 at that position the longest token. HF ``tokenizers`` does this in two passes, first with
 the tokens marked ``normalized: false`` (by default the special ones) over the whole text,
-then with the ``normalized: true`` ones inside the stretches left between those matches;
+then with the ``normalized: true`` ones inside the stretches left between those matches,
+after the tokenizer's normalizer (NFC, where the file has one) has run on those stretches;
 we do the same, so overlapping tokens across the two groups split identically.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -66,11 +68,14 @@ class AddedVocabulary:
         self._raw = AddedTokenMatcher([t for t in token_list if not t.normalized])
         self._normalized = AddedTokenMatcher([t for t in token_list if t.normalized])
 
-    def split(self, text: str) -> list[Segment]:
+    def split(self, text: str, nfc: bool = False) -> list[Segment]:
+        """The segments of ``text``; with ``nfc`` the plain stretches come out NFC-normalized
+        (the tokenizer's normalizer), as the normalized tokens are matched in them."""
         segments: list[Segment] = []
         for piece, token in self._raw.split(text):
             if token is not None:
                 segments.append((piece, token))
             else:
-                segments.extend(self._normalized.split(piece))
+                normalized = unicodedata.normalize("NFC", piece) if nfc else piece
+                segments.extend(self._normalized.split(normalized))
         return segments

@@ -3,7 +3,10 @@
 ``encode`` gives the same ids as HF ``tokenizers`` with ``add_special_tokens=False`` (no
 post-processor template: colibri's chat template supplies ``[gMASK]<sop>`` itself):
 
-1. added tokens are cut out of the raw text first (leftmost-longest; see added_tokens.py);
+1. added tokens are cut out of the raw text first (leftmost-longest; see added_tokens.py),
+   the text between them NFC-normalized where the file's normalizer is ``NFC`` (GPT-NeoX,
+   OLMoE; Python's ``unicodedata`` decides, whose Unicode version may trail HF's for
+   characters assigned since);
 2. the text between them is split by the file's pre-tokenizer (``Split`` regex, then
    ``ByteLevel``), each piece's UTF-8 bytes are mapped onto the byte-level alphabet;
 3. each piece is merged by BPE (see bpe.py), honouring ``ignore_merges``.
@@ -111,10 +114,13 @@ class Tokenizer:
         model: BpeModel,
         added_tokens: Sequence[AddedToken],
         splitters: list[Splitter],
+        nfc: bool = False,
     ) -> None:
         self._model = model
         self._added = AddedVocabulary(added_tokens)
         self._splitters = splitters
+        #: The file's normalizer is NFC (the only one supported).
+        self._nfc = nfc
         self._id_to_token: dict[int, str] = {i: t for t, i in model.vocab.items()}
         self._token_bytes: dict[int, bytes] = {
             i: chars_to_bytes(t) for t, i in model.vocab.items()
@@ -155,8 +161,9 @@ class Tokenizer:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Tokenizer:
-        if data.get("normalizer") is not None:
-            raise UnsupportedTokenizerError(f"normalizer {_kind(data['normalizer'])!r}")
+        normalizer = data.get("normalizer")
+        if normalizer is not None and _kind(normalizer) != "NFC":
+            raise UnsupportedTokenizerError(f"normalizer {_kind(normalizer)!r} (only NFC)")
         decoder = data.get("decoder")
         if decoder is not None and _kind(decoder) != "ByteLevel":
             raise UnsupportedTokenizerError(f"decoder {_kind(decoder)!r} (only ByteLevel)")
@@ -176,13 +183,14 @@ class Tokenizer:
             ranks[(left, right)] = rank  # a repeated pair keeps its last rank, as in HF
         bpe = BpeModel(vocab, ranks, ignore_merges=bool(model.get("ignore_merges", False)))
         added = _parse_added_tokens(data.get("added_tokens") or [])
-        return cls(bpe, added, build_pre_tokenizer(data.get("pre_tokenizer")))
+        return cls(bpe, added, build_pre_tokenizer(data.get("pre_tokenizer")),
+                   nfc=normalizer is not None)
 
     # ------------------------------------------------------------------ encoding
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; added tokens in it are recognised as such."""
         ids: list[int] = []
-        for piece, token in self._added.split(text):
+        for piece, token in self._added.split(text, self._nfc):
             if token is not None:
                 ids.append(token.id)
                 continue

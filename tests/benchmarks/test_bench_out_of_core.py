@@ -101,15 +101,22 @@ def test_the_section_end_to_end_on_a_small_model(tmp_path: Path) -> None:
                             tokens={"accelerated": 4}, allowance=400_000_000))
     assert doc["section"] == "out-of-core" and not doc["summary"]["errors"], doc["summary"]
     capped = [r for r in doc["runs"] if r.get("cap_fraction") == 0.25]
+    cgroup = memory_cgroup.available()[0] is not None
+    alone = {(routing, "ram_gb_only") for routing in models} if cgroup else set()
     assert {(r["routing"], r["policy"]) for r in capped} == {
-        ("uniform", "lru"), ("skewed", "lru"), ("skewed", "pinned")}
+        ("uniform", "lru"), ("skewed", "lru"), ("skewed", "pinned"),
+        ("uniform", "read_ahead"), ("skewed", "read_ahead"), *alone}
     for row in capped:
         assert row["same_tokens_as_in_ram"] is True
         assert row["tok_s"] > 0 and 0.0 <= row["hit_rate"] <= 1.0
         assert "read_bytes_per_token" in row
         if doc["read_bandwidth_gb_s"]:
             assert row["bound_tok_s"] > 0 and "tok_s" in row["predicted"]
-        if memory_cgroup.available()[0] is not None and os.geteuid() == 0:
+        if row["policy"] == "ram_gb_only":  # no cgroup: resident + page cache vs the budget
+            assert row["rss_plus_page_cache_bytes"] == (row["peak_rss_bytes"]
+                                                        + row["page_cache_bytes"])
+            assert row["rss_plus_page_cache_within_budget"] is True
+        elif cgroup and os.geteuid() == 0:
             assert row["peak_within_cap"] is True and row["oom_kills"] == 0
     pinned = next(r for r in capped if r["policy"] == "pinned")
     assert pinned["pinned"] > 0

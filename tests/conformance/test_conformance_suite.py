@@ -14,6 +14,7 @@ import functools
 import shlex
 import sys
 import threading
+from typing import Any
 
 import pytest
 from colibri.conformance.capabilities import CODEC, SERVE_CODEC
@@ -97,12 +98,25 @@ def _fixture_models() -> list[str]:
 GOLDEN = [c for c in CASES if c.area == "golden" and "byte_tokenizer" not in c.requires]
 
 
-@pytest.mark.parametrize("engine", [
-    "reference",
-    pytest.param("accelerated", marks=pytest.mark.skipif(not BUILT,
-                                                         reason=NOT_BUILT_REASON or "built")),
-])
-@pytest.mark.parametrize("model", _fixture_models())
+def _accelerated_runs(model: str) -> bool:
+    """The accelerated kernels are MLA attention with the noaux_tc router; the other families
+    run on the reference engine only (the accelerated engine refuses them by name:
+    tests/accelerated/test_accelerated_bad_input.py)."""
+    from colibri.reference.config import ModelConfig
+
+    config = ModelConfig.from_dir(fixture_model_dir(model))
+    return config.attention == "mla" and config.router == "noaux_tc"
+
+
+def _golden_targets() -> list[Any]:
+    built = pytest.mark.skipif(not BUILT, reason=NOT_BUILT_REASON or "built")
+    return [pytest.param(model, "reference", id=f"{model}-reference")
+            for model in _fixture_models()] + [
+        pytest.param(model, "accelerated", id=f"{model}-accelerated", marks=built)
+        for model in _fixture_models() if _accelerated_runs(model)]
+
+
+@pytest.mark.parametrize(("model", "engine"), _golden_targets())
 def test_golden_cases_on_every_fixture_model(model: str, engine: str) -> None:
     """Greedy tokens and teacher-forced argmaxes match each fixture's oracle.json (quantized
     containers included) on both engines; the capabilities are known, so no handshake probe

@@ -8,7 +8,8 @@ import io
 import os
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ import numpy as np
 import pytest
 from colibri.reference.config import ModelConfig
 from colibri.reference.safetensors import Checkpoint, read_all, write_safetensors
+from hypothesis import given
+from hypothesis import strategies as st
 from support.accelerated_support import needs_library
 from support.engine_harness import EngineRun, ids, run_engine, submit
 
 from colibri import resources
-from colibri.backend_kit.expert_disk import DiskTier, ExpertReadError, checkpoint_extents, gather
+from colibri.backend_kit.expert_disk import DiskTier, ExpertReadError, checkpoint_extents
 from colibri.backend_kit.memory_budget import BudgetTooSmall, split_budget
 from colibri.engine.backend import Backend, Step, StepRow, usage_rows
 from colibri.engine.registry import BackendOptions, BackendUnavailable, open_backend
@@ -201,11 +204,10 @@ def test_a_partial_read_is_never_returned_and_the_store_keeps_nothing_of_it(
     def read(layer: int, e: int) -> Any:
         return expert_from_stored(disk.read(layer, e), layer, e, cfg, None)
 
-    def read_start(keys: Sequence[tuple[int, int]]) -> Callable[[], list[Any]]:
-        reads = disk.submit(keys, lambda s, layer, e: expert_from_stored(s, layer, e, cfg, None))
-        return lambda: gather(reads)
+    def read_submit(keys: Sequence[tuple[int, int]]) -> list[Future[Any]]:
+        return disk.submit(keys, lambda s, layer, e: expert_from_stored(s, layer, e, cfg, None))
 
-    store = TieredExpertStore(read, cfg, rows, 0, lambda _l, _e: 1, read_start=read_start)
+    store = TieredExpertStore(read, cfg, rows, 0, lambda _l, _e: 1, read_submit=read_submit)
     layer = rows[0]
     whole = shard.read_bytes()
     last = max(checkpoint.info(n).end for n in checkpoint.tensors
@@ -358,3 +360,128 @@ def test_the_rss_guard_shrinks_the_disk_tiers_buffers_with_the_cache(
     backend.store.trim(4 * 49152)  # the guard: 4 experts' worth too much
     assert kept == [4]  # the 8 experts' buffers reserved for the cache shrink to its new 4
     backend.close()
+
+
+@given(length=st.integers(1, 64).map(lambda blocks: blocks * 4096),
+       piece=st.integers(1, 16).map(lambda blocks: blocks * 4096))
+def test_a_long_read_is_split_into_aligned_pieces_that_cover_it(length: int,
+                                                               piece: int) -> None:
+    import colibri.backend_kit.expert_disk as expert_disk
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(expert_disk, "PIECE", piece)
+        ranges = expert_disk.piece_ranges(length)
+    assert ranges[0][0] == 0 and ranges[-1][1] == length
+    assert all(a < b for a, b in ranges)
+    assert all(b == a2 for (_, b), (a2, _) in zip(ranges, ranges[1:], strict=False))
+    assert all(a % 4096 == 0 for a, _ in ranges)
+    wanted = max(1, round(length / piece))  # pieces of about PIECE bytes, no more
+    assert len(ranges) <= wanted
+    assert max(b - a for a, b in ranges) < length / wanted + 4096
+
+
+def test_an_expert_read_in_pieces_is_the_mapped_expert_and_a_cut_piece_is_a_short_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import colibri.backend_kit.expert_disk as expert_disk
+
+    model, shard = _split_checkpoint(tmp_path)
+    checkpoint = Checkpoint(model)
+    layer = usage_rows(ModelConfig.from_dir(model))[0]
+    monkeypatch.setattr(expert_disk, "PIECE", 4096)  # every run is several pieces
+    disk = DiskTier(checkpoint_extents(checkpoint))
+    stored = disk.read(layer, 7)
+    for name, array in stored.items():
+        assert np.array_equal(array, checkpoint.raw(name)), name
+    down = checkpoint.info(f"model.layers.{layer}.mlp.experts.7.down_proj.weight")
+    whole = shard.read_bytes()
+    with shard.open("r+b") as fh:  # cut inside a piece that is not the first
+        fh.truncate(down.begin + 4096 + 10)
+    with pytest.raises(ExpertReadError, match=rf"expert {layer}\.7: short read"):
+        disk.read(layer, 7)
+    shard.write_bytes(whole)
+    disk.close()
+
+
+def _counting_store(read_ahead_bytes: int) -> tuple[Any, list[tuple[int, int]]]:
+    """A store over fake experts (4 bytes each, 4 per layer) whose reads run on a thread, recording
+    every read it starts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from colibri.backend_kit.tiered_expert_store import TieredExpertStore
+
+    cfg = ModelConfig.from_dir(TINY)
+    rows = usage_rows(cfg)
+    reads: list[tuple[int, int]] = []
+    pool = ThreadPoolExecutor(2)
+
+    def read(layer: int, e: int) -> Any:
+        return np.full(1, layer * 100 + e, np.int32)
+
+    def read_submit(keys: Sequence[tuple[int, int]]) -> list[Future[Any]]:
+        reads.extend(keys)
+        return [pool.submit(read, *key) for key in keys]
+
+    store = TieredExpertStore(read, cfg, rows, 16 * len(rows), lambda _l, _e: 1,
+                              read_submit=read_submit, held_bytes=lambda _l, _e: 4)
+    store.read_ahead_bytes = read_ahead_bytes
+    return store, reads
+
+
+def test_an_expert_read_ahead_is_a_hit_when_asked_for_and_a_wrong_guess_is_dropped() -> None:
+    store, reads = _counting_store(read_ahead_bytes=12)
+    layer = store.layers[0]
+    assert store.prefetch(layer, [1, 2, 3, 4]) == 3  # the room holds three
+    assert reads == [(layer, 1), (layer, 2), (layer, 3)]
+    assert not store.is_resident(layer, 1)  # a guess is beside the LRU, not in it
+    for key in reads:
+        store._ahead[key].result()  # the reads are done
+    got = store.experts(layer, [1, 5])
+    assert [int(w[0]) for w in got] == [layer * 100 + 1, layer * 100 + 5]
+    counters = store.counters()
+    assert (counters.hits, counters.prefetched, counters.prefetch_used) == (1, 3, 1)
+    assert reads[3:] == [(layer, 5)]  # only the unguessed miss was read at the lookup
+    assert store.is_resident(layer, 1) and not store.is_resident(layer, 2)
+    assert store.prefetch(layer, [1]) == 0  # resident: nothing to read ahead
+    assert store.prefetch(layer, [2, 3]) == 2  # the wrong guesses were let go: room again
+
+
+def test_nothing_is_read_ahead_without_room_or_without_reads_that_overlap() -> None:
+    from colibri.backend_kit.tiered_expert_store import TieredExpertStore
+
+    store, reads = _counting_store(read_ahead_bytes=0)
+    assert store.prefetch(store.layers[0], [1, 2]) == 0 and reads == []
+    cfg = ModelConfig.from_dir(TINY)
+    plain = TieredExpertStore(lambda _l, _e: np.zeros(1), cfg, usage_rows(cfg), 10,
+                              lambda _l, _e: 1)
+    plain.read_ahead_bytes = 10
+    assert plain.prefetch(plain.layers[0], [1]) == 0  # reads at once: nothing to overlap
+
+
+@needs_library
+@pytest.mark.usefixtures("no_runtime")
+@pytest.mark.parametrize("fixture", ["glm5-tiny", "glm5-chat-small"])
+def test_reading_ahead_changes_what_is_read_never_the_bytes(
+        fixture: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """READ_AHEAD: the next layer's router guesses from the residual at hand, its guesses are
+    read while the layer computes; the logits keep their bytes, and on the trained model
+    (whose routers are BF16) a guess is often the expert the layer then asks for."""
+    model_dir = resources.fixture_model_dir(fixture)
+    in_ram = _logit_bytes(open_backend("accelerated", model_dir, BackendOptions(ctx=64),
+                                       io.StringIO()), steps=12)
+    expert = _held_bytes("accelerated", model_dir)
+    cfg = ModelConfig.from_dir(model_dir)
+    # Room for a step of 2+ rows (read-ahead runs in steps of half the rows the reserve is
+    # for) and a cache of a quarter of the experts.
+    budget = (_fixed_bytes("accelerated", model_dir, monkeypatch)
+              + 8 * cfg.num_experts_per_tok * expert
+              + len(usage_rows(cfg)) * cfg.n_routed_experts * expert // 4)
+    backend: Any = open_backend("accelerated", model_dir,
+                                BackendOptions(ram_budget_bytes=budget, ctx=64, read_ahead=1),
+                                io.StringIO())
+    store = backend.store
+    assert _logit_bytes(backend, steps=12) == in_ram
+    counters = store.counters()
+    assert counters.prefetched > 0
+    assert counters.prefetch_used <= counters.prefetched
+    if fixture == "glm5-chat-small":  # trained: the residual stream predicts the routing
+        assert counters.prefetch_used > 0

@@ -60,6 +60,10 @@ RECORDS: dict[str, st.SearchStrategy[Any]] = {
     "PROF": st.builds(r.Prof, F3, UINT, UINT, F3, F3, F3, F3, F3, U64, F3, F3, U64, UINT, U64,
                       F3, F3, st.booleans()),
     "REPIN": st.builds(r.Repin, UINT, UINT, UINT, st.integers(-(2**31), 2**31 - 1)),
+    "NODES": st.tuples(st.integers(0, 6), st.integers(0, 9)).flatmap(
+        lambda rc: st.builds(r.Nodes, st.just(rc[0]), st.just(rc[1]), _hex_map(*rc, "byte"),
+                             st.lists(st.builds(r.NodeResidency, UINT, F3), max_size=4).map(
+                                 tuple))),
     "ACCEPT": st.builds(r.Accept, U64, UINT),
     "DATA": st.builds(r.Data, U64, PAYLOAD, st.none() | LOGPROBS),
     "ECHO": st.builds(r.Echo, U64, PAYLOAD, UINT, LOGPROBS),

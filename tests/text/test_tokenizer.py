@@ -10,6 +10,7 @@ merges) and one trained here with a different set-up (GPT-2's ByteLevel regex, 3
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,52 @@ def test_corpus_round_trips_and_matches_hf(glm5: tuple[Tokenizer, object]) -> No
     assert len(ids) < len(CORPUS_TEXT.encode()) / 2  # the merges really compress
 
 
+OLMOE_FIXTURE = fixtures_dir() / "models" / "olmoe-tiny" / "tokenizer.json"
+OLMOE_ADDED = ("<|endoftext|>", "<|padding|>")
+#: Strings none of which is in the corpus the OLMoE fixture's BPE was trained on, with
+#: characters that NFC changes (a decomposed accent, the Angstrom sign, a Hangul jamo run).
+OLMOE_HELD_OUT = (
+    "Cafe\u0301 au lait, s'il vous pla\u00eet", "\u212b ngstr\u00f6m", "\u1100\u1161\u11a8",
+    "<|endoftext|><|user|>\nWhat's 12+30?\n<|assistant|>\n", "  indented\tcode();\n\n",
+    "Zw\u00f6lf Boxk\u00e4mpfer jagen Viktor", "\U0001f426 hummingbird<|padding|>",
+)
+
+
+@pytest.fixture(scope="module")
+def olmoe() -> tuple[Tokenizer, object]:
+    return Tokenizer.from_file(OLMOE_FIXTURE), tokenizers.Tokenizer.from_file(str(OLMOE_FIXTURE))
+
+
+@pytest.mark.parametrize("text", OLMOE_HELD_OUT)
+def test_olmoe_tokenizer_equals_hf_on_held_out_strings(
+    olmoe: tuple[Tokenizer, object], text: str
+) -> None:
+    """OLMoE's GPT-NeoX-style tokenizer (NFC normalizer, GPT-2 regex ByteLevel) as HF has it."""
+    ours, hf = olmoe
+    ids = ours.encode(text)
+    assert ids == _hf_ids(hf, text)
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False)  # type: ignore[attr-defined]
+    assert ours.decode(ids) == unicodedata.normalize("NFC", text)
+
+
+@given(text=texts(OLMOE_ADDED))
+def test_olmoe_tokenizer_equals_hf(olmoe: tuple[Tokenizer, object], text: str) -> None:
+    ours, hf = olmoe
+    assert ours.encode(text) == _hf_ids(hf, text)
+
+
+def test_the_nfc_normalizer_runs_between_raw_added_tokens() -> None:
+    """NFC composes "e" + U+0301 into one character, so the BPE sees "é": the ids differ
+    from those of the decomposed text, and the special token in between stays one id."""
+    ours = Tokenizer.from_file(OLMOE_FIXTURE)
+    composed = ours.encode("caf\u00e9<|endoftext|>")
+    assert ours.encode("cafe\u0301<|endoftext|>") == composed
+    assert composed[-1] == ours.token_to_id("<|endoftext|>") == 0
+    data = json.loads(OLMOE_FIXTURE.read_text())
+    data["normalizer"] = None
+    assert Tokenizer.from_json(data).encode("cafe\u0301<|endoftext|>") != composed
+
+
 def test_fixture_has_glm5_added_tokens_after_the_trained_vocab() -> None:
     tok = Tokenizer.from_file(FIXTURE)
     ids = [tok.token_to_id(t) for t in GLM5_ADDED]
@@ -207,7 +254,7 @@ def test_bad_files_get_named_errors(tmp_path: Path) -> None:
     with pytest.raises(TokenizerFileError, match="not in the vocabulary"):
         Tokenizer.from_json(broken)
     for path, value, message in (
-        (("normalizer",), {"type": "NFC"}, "normalizer"),
+        (("normalizer",), {"type": "NFKC"}, "normalizer"),
         (("model", "dropout"), 0.1, "dropout"),
         (("pre_tokenizer",), {"type": "Whitespace"}, "must end with ByteLevel"),
         (("added_tokens", 0, "lstrip"), True, "lstrip"),
