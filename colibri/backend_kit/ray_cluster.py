@@ -43,6 +43,8 @@ from colibri.backend_kit.remote_experts import (
 #: A worker's share is loaded before the engine says READY; a real model's share takes a
 #: while to read, a worker that cannot start at all is reported after this.
 START_TIMEOUT_S = 600.0
+#: How often a call waiting for a restarting worker asks again.
+RESTART_POLL_S = 0.05
 #: The object store of a Ray this process starts: a step's calls carry a few rows of
 #: activations, so the store's minimum is plenty.
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024 * 1024
@@ -96,12 +98,18 @@ class RayCaller:
         self.actors = actors
         self.names = names
         self.started = started
+        #: Workers whose last call failed with the worker lost: Ray is restarting them, and a
+        #: call submitted before the restart ends fails at once (ActorUnavailableError), so
+        #: the next call waits for them to be ready first, within its deadline.
+        self._restarting: set[int] = set()
 
     def call(self, calls: Sequence[tuple[int, ExpertCall]], deadline_s: float) -> list[F32]:
         ray = self.ray
+        until = time.monotonic() + deadline_s
+        for owner in sorted({owner for owner, _ in calls} & self._restarting):
+            self._await_ready(owner, until, f"layer {calls[0][1].layer}")
         refs = [self.actors[owner].run.remote(c.layer, c.experts, c.x, c.start, c.rows)
                 for owner, c in calls]
-        until = time.monotonic() + deadline_s
         answers: list[F32] = []
         for (owner, c), ref in zip(calls, refs, strict=True):
             name = self.names[owner]
@@ -111,6 +119,7 @@ class RayCaller:
                 raise RemoteExpertError(f"expert worker {name} did not answer layer {c.layer} "
                                         f"within {deadline_s:g} s") from None
             except ray.exceptions.RayActorError as exc:
+                self._restarting.add(owner)
                 raise RemoteExpertError(f"expert worker {name} was lost during layer "
                                         f"{c.layer}: {type(exc).__name__}") from None
             except ray.exceptions.RayError as exc:
@@ -119,9 +128,36 @@ class RayCaller:
             answers.append(np.asarray(answer))
         return answers
 
-    def pids(self) -> list[int]:
-        """Each worker's process id (after a restart, the new process's)."""
-        return [int(p) for p, _, _ in self.ray.get([a.ready.remote() for a in self.actors])]
+    def _await_ready(self, owner: int, until: float, during: str) -> tuple[Any, ...]:
+        """Worker ``owner``'s ``ready`` answer once Ray has restarted it (its share reloaded),
+        asking again while Ray says it is still restarting; ``RemoteExpertError`` if it is not
+        back by ``until``."""
+        ray = self.ray
+        while True:
+            left = until - time.monotonic()
+            try:
+                answer = tuple(ray.get(self.actors[owner].ready.remote(),
+                                       timeout=max(0.0, left)))
+            except ray.exceptions.ActorUnavailableError:
+                if left <= 0:
+                    break
+                time.sleep(min(RESTART_POLL_S, left))
+                continue
+            except ray.exceptions.GetTimeoutError:
+                break
+            except ray.exceptions.RayActorError as exc:  # died for good (restarts used up)
+                raise RemoteExpertError(f"expert worker {self.names[owner]} is gone "
+                                        f"({during}): {type(exc).__name__}") from None
+            self._restarting.discard(owner)
+            return answer
+        raise RemoteExpertError(f"expert worker {self.names[owner]} was not back from its "
+                                f"restart in time for {during}")
+
+    def pids(self, timeout_s: float = START_TIMEOUT_S) -> list[int]:
+        """Each worker's process id (after a restart, the new process's, once it is back)."""
+        until = time.monotonic() + timeout_s
+        return [int(self._await_ready(owner, until, "a status query")[0])
+                for owner in range(len(self.actors))]
 
     def close(self) -> None:
         for actor in self.actors:

@@ -44,7 +44,8 @@ def _pids(backend: Backend) -> list[int]:
 
 class KillMidStep:
     """A backend whose ``at``-th step runs while worker 0 is frozen (SIGSTOP, so its call is
-    surely in flight) and then killed (SIGKILL): the worker dies in the middle of the step."""
+    surely in flight) and then killed (SIGKILL): the worker dies in the middle of the step.
+    The next step follows at once, while Ray restarts the worker."""
 
     def __init__(self, inner: Backend, at: int) -> None:
         self.inner, self.at, self.steps = inner, at, 0
@@ -55,7 +56,11 @@ class KillMidStep:
     def step(self, rows: Sequence[StepRow]) -> Step:
         self.steps += 1
         if self.steps == self.at + 1:
+            # The step right after the loss: Ray may still be restarting the worker, and the
+            # engine's calls must wait for it rather than fail (the pids are asked after).
+            step = self.inner.step(rows)
             self.pids_after = _pids(self.inner)
+            return step
         if self.steps != self.at:
             return self.inner.step(rows)
         pid = self.pids_before[0]
