@@ -3,7 +3,8 @@
 GLM-5 (``glm_moe_dsa``) and DeepSeek-V3 (``deepseek_v3``) share one architecture: MLA
 attention with a latent KV, sigmoid ``noaux_tc`` routing over routed experts plus shared
 experts, and a few dense layers first. GLM-5 adds the DSA lightning indexer. Other families
-(families.py) are read by their own module into the same record (OLMoE: olmoe_config.py).
+(families.py) are read by their own module into the same record (OLMoE: olmoe_config.py,
+Qwen3-MoE: qwen3_moe_config.py).
 Keys that do not change the numbers (dropout, initializer range, ...) are ignored; keys that
 would change them in a way the reference does not implement are refused rather than silently
 ignored.
@@ -102,6 +103,8 @@ class ModelConfig:
     num_key_value_heads: int = 0
     #: "mha": queries, keys and values are clamped to [-clip_qkv, clip_qkv] (None: not).
     clip_qkv: float | None = None
+    #: "mha": what one q/k RMSNorm spans, "projection" (OLMoE) or "head" (Qwen3-MoE).
+    qk_norm: str = "projection"
 
     @property
     def qk_head_dim(self) -> int:
@@ -147,11 +150,15 @@ class ModelConfig:
                 f"config.json: model_type {model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        if FAMILIES[model_type].attention == "mha":
-            # Imported here: the OLMoE reader builds this class.
+        if model_type == "olmoe":
+            # Imported here: the family readers build this class.
             from colibri.reference.olmoe_config import olmoe_config
 
             return olmoe_config(raw, generation)
+        if model_type == "qwen3_moe":
+            from colibri.reference.qwen3_moe_config import qwen3_moe_config
+
+            return qwen3_moe_config(raw, generation)
         defaults = FAMILY_DEFAULTS[model_type]
         layers = r.positive("num_hidden_layers")
         dense = r.get("first_k_dense_replace", int, 3)

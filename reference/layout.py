@@ -64,16 +64,18 @@ def attention_group(cfg: ModelConfig, prefix: str) -> Group:
 
 
 def mha_attention_group(cfg: ModelConfig, prefix: str) -> Group:
-    """Standard multi-head attention with OLMoE's q/k norms over the whole projections."""
+    """Standard multi-head attention; its q/k norms span the whole projections (OLMoE) or one
+    head (Qwen3-MoE: one weight every head shares)."""
     d, hd = cfg.hidden_size, cfg.qk_head_dim
     q_width, kv_width = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    per_head = cfg.qk_norm == "head"
     a = prefix + "self_attn."
     return {
         "q": (a + "q_proj.weight", (q_width, d)),
         "k": (a + "k_proj.weight", (kv_width, d)),
         "v": (a + "v_proj.weight", (kv_width, d)),
-        "q_norm": (a + "q_norm.weight", (q_width,)),
-        "k_norm": (a + "k_norm.weight", (kv_width,)),
+        "q_norm": (a + "q_norm.weight", (hd if per_head else q_width,)),
+        "k_norm": (a + "k_norm.weight", (hd if per_head else kv_width,)),
         "o": (a + "o_proj.weight", (d, q_width)),
     }
 

@@ -1,9 +1,11 @@
-"""Standard multi-head attention (the "mha" families: OLMoE), full-sequence and over a cache.
+"""Standard multi-head attention (the "mha" families: OLMoE, Qwen3-MoE), full-sequence and
+over a cache.
 
 Per token x (already input-normed), with H query heads, KV key/value heads (each shared by
 G = H / KV query heads) and head dimension hd:
 
-    q = rms_norm(q_proj x, q_norm)        [H * hd]   one norm over every head (OLMoE)
+    q = rms_norm(q_proj x, q_norm)        [H * hd]   one norm over every head (OLMoE),
+                                                     or each head by itself (Qwen3-MoE)
     k = rms_norm(k_proj x, k_norm)        [KV * hd]
     v = v_proj x                          [KV * hd]
     (q, k, v clamped to [-clip_qkv, clip_qkv] when the config sets it)
@@ -44,8 +46,11 @@ def project(x: F32, w: MhaWeights, cfg: ModelConfig, cos: F32, sin: F32,
     """Rows x [T, D] -> (rotated queries [T, H, hd], rotated keys [T, KV, hd], values
     [T, KV, hd])."""
     t, hd = x.shape[0], cfg.qk_head_dim
-    q = rms_norm(mm(x, w.q), w.q_norm, cfg.rms_norm_eps)
-    k = rms_norm(mm(x, w.k), w.k_norm, cfg.rms_norm_eps)
+    q, k = mm(x, w.q), mm(x, w.k)
+    if cfg.qk_norm == "head":  # the norm's statistics over each head's hd values
+        q, k = q.reshape(t, -1, hd), k.reshape(t, -1, hd)
+    q = rms_norm(q, w.q_norm, cfg.rms_norm_eps).reshape(t, -1)
+    k = rms_norm(k, w.k_norm, cfg.rms_norm_eps).reshape(t, -1)
     v = mm(x, w.v)
     if cfg.clip_qkv is not None:
         c = np.float32(cfg.clip_qkv)

@@ -88,13 +88,14 @@ class AttentionWeights:
 
 @dataclass(frozen=True)
 class MhaWeights:
-    """Standard multi-head attention (the "mha" families: OLMoE), hd the head dimension."""
+    """Standard multi-head attention (the "mha" families: OLMoE, Qwen3-MoE), hd the head
+    dimension."""
 
     q: F32  # [H * hd, D]
     k: F32  # [KV * hd, D]
     v: F32  # [KV * hd, D]
-    q_norm: F32  # [H * hd]  RMSNorm over the whole query projection
-    k_norm: F32  # [KV * hd]
+    q_norm: F32  # [H * hd] over the whole query projection (OLMoE); [hd] per head (Qwen3-MoE)
+    k_norm: F32  # [KV * hd]; [hd]
     o: F32  # [D, H * hd]
 
 

@@ -108,7 +108,8 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
         if name in body and body[name] not in (None, [], ""):
             raise bad(f"Colibri does not support `{name}` ({label}) yet.", name,
                       "unsupported_value")
-    translated, openai_body, rendered = render_request(body, config.think_default, True)
+    translated, openai_body, rendered = render_request(body, config.think_default, True,
+                                                       config.family)
     shaping = v.shaping(openai_body, config.max_tokens)
     constrain_output(shaping, openai_body.get("tools"), False, rendered.starts_in_reasoning,
                      _input_schema_param)
@@ -120,7 +121,8 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
     tools = shaping.tools
     split = ThinkingSplit(rendered.starts_in_reasoning) if (
         rendered.starts_in_reasoning or tools is not None) else None
-    pipe = OutputPipeline(stop_filter((), False, chat=True), split, tools is not None, stream)
+    stops = stop_filter((), False, chat=True, implicit=config.family.implicit_stops)
+    pipe = OutputPipeline(stops, split, tools is not None, stream)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = config.model_id
     thinking_on = rendered.starts_in_reasoning

@@ -1,5 +1,6 @@
-"""A Messages request (Anthropic) as the GLM prompt the engine gets: its messages and tools
-translated to the OpenAI shapes the chat template renders, in spec/http.md §9's order.
+"""A Messages request (Anthropic) as the prompt the engine gets: its messages and tools
+translated to the OpenAI shapes the served family's chat template renders, in spec/http.md
+§9's order.
 ``/v1/messages`` sends this prompt; ``/v1/messages/count_tokens`` counts it."""
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ import uuid
 from typing import Any
 
 from colibri.server import validation as v
+from colibri.server.chat_family import ChatFamily
 from colibri.server.context import JSON
 from colibri.server.errors import bad
-from colibri.server.template import Rendered, check_continuation, render_chat
+from colibri.server.template import Rendered
 
 BLOCKS_MESSAGE = ("Colibri supports `text`, `image`, `tool_use` and `tool_result` content "
                   "blocks only.")
@@ -164,13 +166,13 @@ def _thinking(body: JSON, think_default: bool) -> bool:
     return thinking.get("type") == "enabled"
 
 
-def render_request(body: JSON, think_default: bool,
-                   need_max_tokens: bool) -> tuple[list[JSON], JSON, Rendered]:
-    """Translate a Messages body and render its GLM prompt, in spec/http.md §9's order; the
-    prompt is the one the engine gets (and `count_tokens` counts)."""
+def render_request(body: JSON, think_default: bool, need_max_tokens: bool,
+                   family: ChatFamily) -> tuple[list[JSON], JSON, Rendered]:
+    """Translate a Messages body and render the family's prompt, in spec/http.md §9's order;
+    the prompt is the one the engine gets (and `count_tokens` counts)."""
     translated = translate_messages(body)
     tools, choice = translate_tools(body)
-    thinking = _thinking(body, think_default)
+    thinking = family.thinking(_thinking(body, think_default))
     if need_max_tokens and body.get("max_tokens") is None:
         raise bad("`max_tokens` is required.", "max_tokens")
     openai_body: JSON = {"messages": translated, "max_tokens": body.get("max_tokens"),
@@ -181,7 +183,10 @@ def render_request(body: JSON, think_default: bool,
         openai_body["tools"] = tools
     if choice is not None:
         openai_body["tool_choice"] = choice
-    continued = check_continuation(translated, openai_body)
-    rendered = render_chat(translated, thinking=thinking, effort="high" if thinking else None,
-                           tools=v.lenient_tool_spec(openai_body), continued=continued)
+    family.check_tools(openai_body)
+    continued = family.template.continues(translated, openai_body)
+    rendered = family.template.render(translated, thinking=thinking,
+                                      effort="high" if thinking else None,
+                                      tools=v.lenient_tool_spec(openai_body),
+                                      continued=continued)
     return translated, openai_body, rendered

@@ -281,8 +281,8 @@ class Handler(tornado.web.RequestHandler):
         model_id = self.state.config.model_id
         if path == "/v1/models":
             await self.send_json(200, {"object": "list", "data": [self._model()], "models": [
-                {"name": model_id, "description": "GLM-5 (colibri reference), served by "
-                 "colibri; POST /v1/systemone answers typed questions.",
+                {"name": model_id, "description": f"{self.state.config.family.name} (colibri "
+                 "reference), served by colibri; POST /v1/systemone answers typed questions.",
                  "release_date": time.strftime("%Y-%m-%d",
                                                time.gmtime(self.state.created))}]})
             return

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from colibri.server.affinity import AffinityTable
 from colibri.server.affinity import conversation_slot as conversation_slot  # the endpoints' name
+from colibri.server.chat_family import GLM, ChatFamily
 from colibri.server.errors import ClientCancelled
 from colibri.server.metrics import GenerationMetrics
 from colibri.server.replica_layout import ReplicaLayout, SlotClaim
@@ -54,6 +55,8 @@ class ServerConfig:
     max_connections: int = 64
     max_connections_per_ip: int = 8
     read_deadline_s: float = 30.0
+    #: The served model's chat template and per-family rules (server/chat_family.py).
+    family: ChatFamily = GLM
 
 
 class Exchange(Protocol):

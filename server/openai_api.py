@@ -23,7 +23,6 @@ from colibri.server.errors import bad
 from colibri.server.generation import Accepted, EngineResult, EngineTurn, Quiet
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
-from colibri.server.template import check_continuation, render_chat
 from colibri.server.thinking import ThinkingSplit
 from colibri.server.toolcalls import InvalidToolCall, ToolCall, parse_answer, parse_strict
 
@@ -63,6 +62,8 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
     strict = body.get("strict_tool_calls", False)
     if not isinstance(strict, bool):
         raise bad("`strict_tool_calls` must be a boolean.", "strict_tool_calls")
+    family = config.family
+    family.check_strict(strict)
     if strict and body.get("stream") is True:
         raise bad("`strict_tool_calls` requires `stream: false`.", "stream",
                   "unsupported_parameter")
@@ -70,7 +71,9 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
         raise bad("`strict_tool_calls` does not support `logprobs` yet.", "logprobs",
                   "unsupported_parameter")
     thinking, effort = thinking_options(body, config.think_default)
+    thinking = family.thinking(thinking)
     tools = v.validate_tools(body)
+    family.check_tools(body)
     if strict:
         if not tools or body.get("tool_choice") == "none":
             raise bad("`strict_tool_calls` requires active `tools`.", "strict_tool_calls",
@@ -84,9 +87,9 @@ def plan_chat(state: ServerState, body: JSON) -> ChatPlan:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("`messages` must be a non-empty array.", "messages")
-    continued = check_continuation(messages, body)
-    rendered = render_chat(messages, thinking=thinking, effort=effort,
-                           tools=v.lenient_tool_spec(body), continued=continued)
+    continued = family.template.continues(messages, body)
+    rendered = family.template.render(messages, thinking=thinking, effort=effort,
+                                      tools=v.lenient_tool_spec(body), continued=continued)
     shaping = v.shaping(body, config.max_tokens)
     constrain_output(shaping, tools, strict, rendered.starts_in_reasoning)
     logprobs = v.chat_logprobs(body)
@@ -161,8 +164,11 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
     check_prompt(plan.prompt, "messages")
     rid = "chatcmpl-" + uuid.uuid4().hex
     created = int(time.time())
-    stops = stop_filter(plan.shaping.stop, plan.ignore_leading, chat=True)
-    split = ThinkingSplit(plan.starts_in_reasoning)
+    family = state.config.family
+    stops = stop_filter(plan.shaping.stop, plan.ignore_leading, chat=True,
+                        implicit=family.implicit_stops)
+    # A family without a reasoning block gets its text as written, `<think>` included.
+    split = ThinkingSplit(plan.starts_in_reasoning) if family.reasoning else None
     tools = plan.shaping.tools
     pipe = OutputPipeline(stops, split, tools is not None, plan.stream)
     sse = SSE(exchange, "chat.completion.chunk", rid, created, state.config.model_id,

@@ -13,12 +13,15 @@ from colibri.server.toolcalls import ToolStreamGate
 Piece = tuple[str, str]
 
 
-def stop_filter(client_stops: tuple[str, ...], ignore_leading: bool, chat: bool) -> StopFilter:
-    """colibri's stop policy: implicit GLM role markers (patient) on chat without ``stop``."""
+def stop_filter(client_stops: tuple[str, ...], ignore_leading: bool, chat: bool,
+                implicit: tuple[str, ...] = GLM_IMPLICIT_STOPS) -> StopFilter:
+    """colibri's stop policy: on chat without ``stop``, the served family's implicit role
+    markers (patient; GLM's by default, none for a family that ends its turns with
+    end-of-text only, server/chat_family.py)."""
     if client_stops:
         return StopFilter(client_stops, patient=ignore_leading)
-    if chat:
-        return StopFilter(GLM_IMPLICIT_STOPS, patient=True)
+    if chat and implicit:
+        return StopFilter(implicit, patient=True)
     return StopFilter((), patient=ignore_leading)
 
 

@@ -13,12 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from colibri.server.chat_family import GLM, ChatFamily
 from colibri.server.context import Exchange, ServerState, wait_header
 from colibri.server.errors import APIError
 from colibri.server.generation import EngineResult, EngineTurn, TokenSpan
 
 from colibri.protocol import SubmitRequest
-from colibri.text import chat_format as glm
 
 JSON = dict[str, Any]
 MAX_OPTIONS = 64
@@ -101,12 +101,15 @@ def parse(body: JSON) -> Decision:
     return Decision(strings["state"], strings["question"], options, str(normalize))
 
 
-def render(decision: Decision) -> str:
-    """The prompt every option continues: one GLM user turn, then an empty reasoning block."""
+def render(decision: Decision, family: ChatFamily = GLM) -> str:
+    """The prompt every option continues: one user turn in the family's template, thinking
+    off (GLM-5's: the turn, then an empty reasoning block)."""
     listed = "\n".join(f"- {o}" for o in decision.options)
     body = ((decision.state + "\n\n" if decision.state else "") + decision.question
             + "\nAnswer with exactly one of:\n" + listed)
-    return glm.PREFIX + glm.USER + body + glm.assistant_cue(False)
+    turn = [{"role": "user", "content": body}]
+    return family.template.render(turn, thinking=False, effort=None, tools=None,
+                                  continued=False).prompt
 
 
 def option_tokens(echo: list[TokenSpan], prompt_bytes: int, kept_prefix: bool) -> list[float]:
@@ -157,7 +160,7 @@ async def _score(state: ServerState, exchange: Exchange, slot: int, text: str,
 
 async def systemone(state: ServerState, body: JSON, exchange: Exchange) -> None:
     decision = parse(body)
-    prompt = render(decision)
+    prompt = render(decision, state.config.family)
     prompt_bytes = len(prompt.encode())
     kept = state.supervisor.telemetry.caps.get("echo_at") == "1"
     choices: list[JSON] = []

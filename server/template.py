@@ -39,7 +39,8 @@ def continue_assistant_enabled() -> bool:
     return os.environ.get("COLI_CONTINUE_ASSISTANT", "1") != "0"
 
 
-def _text(content: Any, index: int) -> str:
+def message_text(content: Any, index: int) -> str:
+    """A message's text: a string, or an array of text parts joined (every family's rule)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -91,7 +92,7 @@ def _assistant(message: JSON, index: int) -> str:
         raise bad("`reasoning_content` must be a string.",
                   f"messages.{index}.reasoning_content")
     content = message.get("content")
-    text = "" if content is None else _text(content, index)
+    text = "" if content is None else message_text(content, index)
     out = glm.assistant_turn(reasoning, text.strip())
     calls = message.get("tool_calls")
     if calls is not None:
@@ -137,7 +138,7 @@ def check_continuation(messages: list[Any], body: JSON) -> bool:
     if content is not None and not isinstance(content, str | list):
         raise bad("Message content must be a string or an array of blocks.",
                   f"messages.{n}.content")
-    text = "" if content is None else _text(content, n)
+    text = "" if content is None else message_text(content, n)
     if not text.strip():
         raise bad("A continued `assistant` turn needs text to continue. An empty one ends the "
                   "prompt on a closed, empty <think></think> block, which is the "
@@ -167,16 +168,16 @@ def render_chat(messages: list[Any], *, thinking: bool, effort: str | None,
         if role != "tool":
             in_observation = False
         if role in ("system", "developer"):
-            out += glm.SYSTEM + _text(message.get("content"), i)
+            out += glm.SYSTEM + message_text(message.get("content"), i)
         elif role == "user":
-            out += glm.USER + _text(message.get("content"), i)
+            out += glm.USER + message_text(message.get("content"), i)
         elif role == "assistant":
             out += _assistant(message, i)
         elif role == "tool":
             if not in_observation:
                 out += glm.OBSERVATION
                 in_observation = True
-            out += "<tool_response>" + _text(message.get("content"), i) + "</tool_response>"
+            out += "<tool_response>" + message_text(message.get("content"), i) + "</tool_response>"
         else:
             raise bad(f"Unsupported message role: {role!r}.", f"messages.{i}.role",
                       "unsupported_role")
@@ -184,3 +185,16 @@ def render_chat(messages: list[Any], *, thinking: bool, effort: str | None,
         return Rendered(out, False, True)
     out += glm.assistant_cue(thinking)
     return Rendered(out, thinking, False)
+
+
+class GlmTemplate:
+    """GLM-5's renderer (also DeepSeek-V3's here) as one family's template
+    (server/chat_family.py)."""
+
+    def continues(self, messages: list[Any], body: JSON) -> bool:
+        return check_continuation(messages, body)
+
+    def render(self, messages: list[Any], *, thinking: bool, effort: str | None,
+               tools: ToolSpec | None, continued: bool) -> Rendered:
+        return render_chat(messages, thinking=thinking, effort=effort, tools=tools,
+                           continued=continued)

@@ -1,11 +1,11 @@
 """``POST /v1/messages/count_tokens``: Anthropic's token count of a Messages request.
 
 The count is of the exact prompt `/v1/messages` would send the engine (same translation and
-GLM rendering), tokenized with the served model's ``tokenizer.json``, the file the engine
-tokenizes text payloads with, so it equals the `prompt_tokens` the engine would ACCEPT. It
-costs no engine call and no KV slot, which is the point of the endpoint: a client sizes a
-request before it queues for one. The tokenizer is a neutral piece (colibri.text) and is
-loaded once, on first use.
+the served family's rendering), tokenized with the served model's ``tokenizer.json``, the
+file the engine tokenizes text payloads with, so it equals the `prompt_tokens` the engine
+would ACCEPT. It costs no engine call and no KV slot, which is the point of the endpoint: a
+client sizes a request before it queues for one. The tokenizer is a neutral piece
+(colibri.text) and is loaded once, on first use.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def tokenizer_for(state: ServerState) -> Tokenizer:
 
 
 async def count_tokens(state: ServerState, body: JSON, exchange: Exchange) -> None:
-    _, _, rendered = render_request(body, state.config.think_default, False)
+    _, _, rendered = render_request(body, state.config.think_default, False,
+                                    state.config.family)
     check_prompt(rendered.prompt, "messages")
     tokens = tokenizer_for(state).encode(rendered.prompt)
     await exchange.send_json(200, {"input_tokens": len(tokens)})

@@ -232,7 +232,8 @@ class TieredExpertStore:
                 self._lru.put(key, _Reserved(self.held_bytes(*key)))  # type: ignore[arg-type]
             found.append(held)
         for key in [k for k in self._ahead if k[0] == layer]:
-            del self._ahead[key]  # a wrong guess: its read (if still running) is let go
+            # A wrong guess: a read still queued never starts, one running is let go.
+            self._ahead.pop(key).cancel()
         keys = [(layer, ids[i]) for i in missing]
         wait = None
         if keys:

@@ -52,7 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     parser.add_argument("--model-id", default=os.environ.get("COLI_MODEL_ID"),
                         help="the only accepted `model` (env COLI_MODEL_ID; default: the "
-                             "embedded model's name, or glm-5.2-colibri with --model)")
+                             "embedded model's name, or with --model the family's id: "
+                             "glm-5.2-colibri for GLM-5, olmoe-colibri for OLMoE)")
     parser.add_argument("--api-key", default=os.environ.get("COLI_API_KEY") or None,
                         help="require this bearer key on /v1 routes (env COLI_API_KEY; "
                              "default: none)")
@@ -137,20 +138,18 @@ def served_model_dir(model: str | None, engine_cmd: str | None) -> str | None:
     return str(Path(model or resources.default_model_dir()))
 
 
-#: The id colibri's gateway serves a real GLM-5 checkpoint under (seeds/api.md).
-GATEWAY_MODEL_ID = "glm-5.2-colibri"
-
-
-def served_model_id(model_id: str | None, model: str | None) -> str:
+def served_model_id(model_id: str | None, model: str | None,
+                    family_id: str = "glm-5.2-colibri") -> str:
     """An explicit id wins; the embedded default is served under its own name (it is not
-    GLM-5.2: spec/DEVIATIONS.md "Served model id"); any other --model under the gateway's id."""
+    GLM-5.2: spec/DEVIATIONS.md "Served model id"); any other --model under its family's id
+    (``family_id``: colibri's gateway serves a GLM-5 checkpoint as glm-5.2-colibri)."""
     if model_id:
         return model_id
     if model is None:
         from colibri import resources
 
         return resources.default_model_dir().name
-    return GATEWAY_MODEL_ID
+    return family_id
 
 
 def cors_origins(values: list[str]) -> tuple[str, ...]:
@@ -167,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from colibri import resources
+    from colibri.server.chat_family import GLM, ChatFamilyError, family_for_model
     from colibri.server.context import ServerConfig
     from colibri.server.engine_client import EngineStartError
     from colibri.server.runner import (
@@ -178,13 +178,20 @@ def run(args: argparse.Namespace) -> int:
         validate,
     )
 
+    served_dir = served_model_dir(args.model, args.engine_cmd)
+    try:
+        family = GLM if served_dir is None else family_for_model(Path(served_dir))
+    except ChatFamilyError as exc:
+        print(f"colibri serve: {exc}", file=sys.stderr)
+        return 1
     allowed = list(args.allowed_host) + [
         h.strip() for h in os.environ.get("COLI_ALLOWED_HOSTS", "").split(",") if h.strip()]
     if "*" in allowed:
         print("colibri: warning: --allowed-host '*' disables the DNS-rebinding guard",
               file=sys.stderr)
     config = ServerConfig(
-        model_id=served_model_id(args.model_id, args.model), api_key=args.api_key,
+        model_id=served_model_id(args.model_id, args.model, family.model_id),
+        api_key=args.api_key, family=family,
         max_tokens=args.max_tokens,
         kv_slots=args.kv_slots, replicas=args.replicas, max_queue=args.max_queue,
         queue_timeout=args.queue_timeout,
@@ -197,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         max_connections_per_ip=int(os.environ.get("COLI_MAX_CONNECTIONS_PER_IP", "8")),
         read_deadline_s=float(os.environ.get("COLI_READ_DEADLINE", "30")),
         tokenizer_path=served_tokenizer(args.model, args.engine_cmd),
-        model_dir=served_model_dir(args.model, args.engine_cmd))
+        model_dir=served_dir)
     try:
         validate(config, args.port)
     except ConfigError as exc:

@@ -21,20 +21,10 @@ PROMPT: list[int] = ORACLE["prompt_ids"]
 CONTINUATION: list[int] = ORACLE["full_ids"][len(PROMPT):]
 
 
-def _payloads(run: Any, rid: int) -> list[bytes]:
-    return [f.payload or b"" for f in run.for_id(rid) if f.kind == "DATA"]
-
-
-def _greedy_ids(run: Any, rid: int) -> list[int]:
-    """The chosen tokens of a greedy request made with logprobs=1: the one-entry table of
-    ``DATA <id> <n> <lp> 1 <token> <lp>`` holds the largest logit's token, the one chosen."""
-    return [int(f.line.split()[5]) for f in run.for_id(rid) if f.kind == "DATA"]
-
-
 def test_greedy_over_the_protocol_matches_transformers() -> None:
     run = run_engine([submit(1, 0, ids(*PROMPT), len(CONTINUATION), ext="ids=1 logprobs=1")],
                      model_dir=OLMOE)
-    assert _greedy_ids(run, 1) == CONTINUATION
+    assert run.greedy_ids(1) == CONTINUATION
 
 
 def test_the_chat_prompt_as_text_gives_the_oracles_reply() -> None:
@@ -43,19 +33,19 @@ def test_the_chat_prompt_as_text_gives_the_oracles_reply() -> None:
     text = ORACLE["prompt_text"].encode()
     run = run_engine([submit(1, 0, text, len(CONTINUATION))], model_dir=OLMOE)
     tokenizer = Tokenizer.from_file(OLMOE)
-    assert b"".join(_payloads(run, 1)) == b"".join(tokenizer.token_bytes(t)
-                                                 for t in CONTINUATION)
+    assert b"".join(run.payloads(1)) == b"".join(tokenizer.token_bytes(t)
+                                                for t in CONTINUATION)
 
 
 def test_a_resumed_conversation_continues_byte_identically(tmp_path: Path) -> None:
     first = submit(1, 0, ids(*PROMPT), 5, ext="ids=1 logprobs=1")
     a = run_engine([first], model_dir=OLMOE, state_dir=tmp_path)
-    answer = _greedy_ids(a, 1)
+    answer = a.greedy_ids(1)
     follow = submit(2, 0, ids(*PROMPT, *answer[:-1], 7, 8), 6, ext="ids=1")
     resumed = run_engine([follow], model_dir=OLMOE, state_dir=tmp_path)
     assert "resumed conversation from disk" in resumed.stderr
     uninterrupted = run_engine([first, follow], model_dir=OLMOE)
-    assert _payloads(resumed, 2) == _payloads(uninterrupted, 2)
+    assert resumed.payloads(2) == uninterrupted.payloads(2)
     header = (tmp_path / ".coli_kv").read_bytes()[:HEADER_SIZE]
     n_layers, kv_lora, qk_rope, index_hd, nic = struct.unpack_from("<5i", header, 8)
     config = json.loads((OLMOE / "config.json").read_text())

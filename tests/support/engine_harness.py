@@ -58,6 +58,15 @@ class EngineRun:
             if f.parsed is not None and f.parsed.spec.tagged and f.parsed.values.get("id") == rid
         ]
 
+    def payloads(self, rid: int) -> list[bytes]:
+        """The bytes of request `rid`'s DATA frames, in order."""
+        return [f.payload or b"" for f in self.for_id(rid) if f.kind == "DATA"]
+
+    def greedy_ids(self, rid: int) -> list[int]:
+        """The chosen tokens of a greedy request made with logprobs=1: the one-entry table of
+        ``DATA <id> <n> <lp> 1 <token> <lp>`` holds the largest logit's token, the one chosen."""
+        return [int(f.line.split()[5]) for f in self.for_id(rid) if f.kind == "DATA"]
+
 
 def submit(
     rid: int,

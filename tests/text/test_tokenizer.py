@@ -182,6 +182,56 @@ def test_olmoe_tokenizer_equals_hf(olmoe: tuple[Tokenizer, object], text: str) -
     assert ours.encode(text) == _hf_ids(hf, text)
 
 
+QWEN3_FIXTURE = fixtures_dir() / "models" / "qwen3moe-tiny" / "tokenizer.json"
+QWEN3_ADDED = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>",
+               "<tool_response>", "</tool_response>", "<think>", "</think>")
+#: Strings none of which is in the corpus the Qwen3 fixture's BPE was trained on: digit runs
+#: (Qwen2's regex splits every digit, GLM-5's keeps runs of three), contractions, a decomposed
+#: accent (NFC), a ChatML turn with a thinking block and a tool call.
+QWEN3_HELD_OUT = (
+    "Order #31415926 costs $27.18 (2025-06-30)", "WE'LL see; they'd've known",
+    "Cafe\u0301 cr\u00e8me br\u00fbl\u00e9e", "\u212b ngstr\u00f6m 42\u00b0C",
+    "<|im_start|>user\nWhat's 12+30?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    '<tool_call>\n{"name": "sum", "arguments": {"a": 12}}\n</tool_call><|im_end|>',
+    "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n",
+    "  indented\tcode();\r\n\n", "\U0001f426 hummingbird<|endoftext|>",
+)
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> tuple[Tokenizer, object]:
+    return Tokenizer.from_file(QWEN3_FIXTURE), tokenizers.Tokenizer.from_file(str(QWEN3_FIXTURE))
+
+
+@pytest.mark.parametrize("text", QWEN3_HELD_OUT)
+def test_qwen3_tokenizer_equals_hf_on_held_out_strings(
+    qwen3: tuple[Tokenizer, object], text: str
+) -> None:
+    """Qwen3's Qwen2-style tokenizer (NFC normalizer, Qwen2 Split regex, regex-free ByteLevel,
+    added tokens after the trained vocabulary) as HF has it."""
+    ours, hf = qwen3
+    ids = ours.encode(text)
+    assert ids == _hf_ids(hf, text)
+    assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False)  # type: ignore[attr-defined]
+    assert ours.decode(ids) == unicodedata.normalize("NFC", text)
+
+
+@given(text=texts(QWEN3_ADDED))
+def test_qwen3_tokenizer_equals_hf(qwen3: tuple[Tokenizer, object], text: str) -> None:
+    ours, hf = qwen3
+    assert ours.encode(text) == _hf_ids(hf, text)
+
+
+def test_qwen3_digits_are_single_tokens_and_only_chatml_markers_are_special() -> None:
+    """The Qwen2 regex's bare \\p{N} (GLM-5's is \\p{N}{1,3}): "2025" is four words of one
+    digit each. <|endoftext|>, <|im_start|>, <|im_end|> are special (ids 384..386, after the
+    trained 384); Qwen marks the tool and think tags as plain added tokens."""
+    ours = Tokenizer.from_file(QWEN3_FIXTURE)
+    assert [ours.decode([i]) for i in ours.encode("2025")] == ["2", "0", "2", "5"]
+    assert [ours.token_to_id(t) for t in QWEN3_ADDED] == list(range(384, 393))
+    assert ours.special_ids == frozenset({384, 385, 386})
+
+
 def test_the_nfc_normalizer_runs_between_raw_added_tokens() -> None:
     """NFC composes "e" + U+0301 into one character, so the BPE sees "é": the ids differ
     from those of the decomposed text, and the special token in between stays one id."""
