@@ -17,8 +17,8 @@ experts, uniform and skewed routing) and each engine, the section measures:
 - at cap 1/4 (accelerated engine): the same run reading the next layer's likely experts
   ahead (``READ_AHEAD=1``: its speed over LRU alone and the share of the experts read ahead
   that a layer then asked for), and the run bounded by ``RAM_GB`` alone, without the cgroup:
-  its peak resident memory plus the page cache's footprint of the model's files (``mincore``
-  after the decode), held against the budget;
+  its peak resident memory plus the page cache's share of the model's files that it does not
+  map (``mincore`` and ``smaps`` after the decode), held against the budget;
 - ``colibri plan``'s prediction (hit rate, bytes read per token, tok/s) beside each
   measurement;
 - llama.cpp on the same model as a GGUF under the same cap (its default mmap), where the peer
@@ -203,8 +203,8 @@ def run_section(setup: Setup) -> dict[str, Any]:
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("tok_s", "read_bytes_per_token", "hit_rate", "peak_cgroup_bytes", "oom_kills",
-            "peak_rss_bytes", "page_cache_bytes", "pinned", "prefetched", "prefetch_used",
-            "error")
+            "peak_rss_bytes", "page_cache_bytes", "mapped_model_rss_bytes", "pinned",
+            "prefetched", "prefetch_used", "error")
     return {k: result[k] for k in keys if k in result}
 
 
@@ -218,7 +218,9 @@ def _capped_row(routing: str, engine: str, policy: str, fraction: float, limit: 
     if "peak_cgroup_bytes" in measured:
         row["peak_within_cap"] = measured["peak_cgroup_bytes"] <= limit
     if policy == RAM_GB_ONLY and measured.get("page_cache_bytes") is not None:
-        footprint = measured["peak_rss_bytes"] + measured["page_cache_bytes"]
+        # The model's pages the process maps are in its RSS already.
+        footprint = measured["peak_rss_bytes"] + max(
+            0, measured["page_cache_bytes"] - measured["mapped_model_rss_bytes"])
         row["rss_plus_page_cache_bytes"] = footprint
         row["rss_plus_page_cache_within_budget"] = footprint <= limit
     if measured.get("prefetched"):

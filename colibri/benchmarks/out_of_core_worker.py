@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from colibri.benchmarks.out_of_core_llama import read_bytes
-from colibri.benchmarks.page_residency import cached_bytes
+from colibri.benchmarks.page_residency import cached_bytes, mapped_rss_bytes
 from colibri.engine import usage_file
 from colibri.engine.backend import Backend, StepRow, usage_rows
 from colibri.engine.registry import BackendOptions, open_backend
@@ -75,7 +75,9 @@ def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt
     seconds = time.perf_counter() - started
     read = read_bytes() - read_before
     after = opened.tiers.counters()
-    page_cache = cached_bytes(sorted(Path(model).glob("*.safetensors")))
+    files = sorted(Path(model).glob("*.safetensors"))
+    page_cache = cached_bytes(files)
+    mapped = mapped_rss_bytes(files)
     if record_usage:
         for seed in range(prompt_seed + 1, prompt_seed + record_prompts):
             _record(opened, counts, rows, prompt(seed, prompt_tokens, shape.vocab_size), tokens)
@@ -91,6 +93,7 @@ def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt
         "prefetch_used": after.prefetch_used - before.prefetch_used,
         "peak_rss_bytes": peak_rss_bytes(),
         "page_cache_bytes": page_cache,
+        "mapped_model_rss_bytes": mapped,
         "log": log.getvalue().strip().splitlines(),
     }
 
