@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks.sse_client import stream_chunks
 from colibri.server.context import ServerConfig
 from colibri.server.runner import RunningServer, start
 
@@ -42,33 +43,18 @@ RAY_NAMESPACE = "colibri-bench-replicas"
 def _post_stream(port: int, messages: list[dict[str, str]], tokens: int) -> tuple[float, str,
                                                                                    int]:
     """One streamed chat turn: seconds to the first content, the reply, completion tokens."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    body = json.dumps({"model": MODEL_ID, "messages": messages, "max_tokens": tokens,
-                       "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+    payload = {"model": MODEL_ID, "messages": messages, "max_tokens": tokens,
+               "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     began = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=body,
-                 headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"server answered HTTP {response.status}")
     first = 0.0
     reply = ""
     count = 0
-    for raw in response:
-        line = raw.decode()
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):].strip()
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
+    for chunk in stream_chunks(port, "/v1/chat/completions", payload):
         if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
             first = first or time.perf_counter() - began
             reply += chunk["choices"][0]["delta"]["content"]
         if chunk.get("usage"):
             count = int(chunk["usage"]["completion_tokens"])
-    conn.close()
     return first, reply, count
 
 

@@ -11,8 +11,6 @@ adds per token); end-to-end throughput divides all tokens by the time from reque
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
 import os
 import statistics
 import sys
@@ -22,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks.sse_client import stream_chunks
 from colibri.protocol import SubmitRequest
 from colibri.server.context import ServerConfig
 from colibri.server.engine_client import Accept, Data, Done, EngineProcess
@@ -61,31 +60,17 @@ async def _engine_round(engine: EngineProcess, tokens: int) -> tuple[float, floa
 
 
 def _server_round(port: int, model_id: str, tokens: int) -> tuple[float, float, int]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    body = json.dumps({"model": model_id, "prompt": PROMPT, "max_tokens": tokens,
-                       "temperature": 0, "stream": True})
+    payload = {"model": model_id, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
+               "stream": True}
     began = time.perf_counter()
-    conn.request("POST", "/v1/completions", body=body,
-                 headers={"Content-Type": "application/json"})
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"server answered HTTP {response.status}")
     times: list[float] = []
     count = 0
-    for raw in response:
-        line = raw.decode()
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):].strip()
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
+    for chunk in stream_chunks(port, "/v1/completions", payload):
         if chunk["choices"] and chunk["choices"][0]["text"]:
             times.append(time.perf_counter())
         if "colibri" in chunk:
             count = int(chunk["colibri"]["stats"]["completion_tokens"])
     ended = time.perf_counter()
-    conn.close()
     decode, overall = _rates(times, began, ended, count)
     return decode, overall, count
 
