@@ -34,6 +34,9 @@ from colibri.accelerated.cuda_native import (
 from colibri.accelerated.kernels import F32, Kernels, Products, QuantWeight, Weight
 from colibri.accelerated.model import Model, default_threads, open_model
 from colibri.accelerated.quant_kernels import QuantMatrix
+from colibri.accelerated.weights import latent_attention
+from colibri.reference.config import ModelConfig
+from colibri.reference.errors import CheckpointError
 
 I64 = npt.NDArray[np.int64]
 Triple = tuple[GpuWeight, GpuWeight, GpuWeight]
@@ -99,7 +102,7 @@ def dense_weights(model: Any) -> Iterator[Weight | QuantWeight]:
     """Every dense product weight of the model (the MLPs' come from :func:`dense_mlps`)."""
     layers = [*model.layers, *([model.mtp_layer] if model.mtp_layer is not None else [])]
     for lw in layers:
-        aw = lw.attention
+        aw = latent_attention(lw)
         yield from (w for w in (aw.q_a, aw.q_b, aw.kv_a, aw.o, lw.router_gate) if w is not None)
         if aw.indexer is not None:
             yield from (aw.indexer.wq_b, aw.indexer.wk, aw.indexer.weights_proj)
@@ -238,7 +241,13 @@ def open_cuda_model(model_dir: Path, index: int, threads: int | None = None
                     ) -> tuple[Model, GpuPlacement]:
     """The accelerated model with its dense weights on device ``index`` (what fits), its
     per-kernel path, and the placement the VRAM tier uploads experts through. A device that
-    cannot be opened raises ``CudaUnavailable`` naming the cause."""
+    cannot be opened raises ``CudaUnavailable`` naming the cause; a standard-attention family
+    (OLMoE, Qwen3-MoE), whose placement is not verified on a device, a ``CheckpointError``
+    naming the CPU engine that runs it."""
+    config = ModelConfig.from_dir(model_dir)
+    if config.attention != "mla":
+        raise CheckpointError(f"{config.model_type}: --device cuda runs MLA families "
+                              "(glm_moe_dsa, deepseek_v3); run it with --device cpu")
     device = open_device(index)
     placement = GpuPlacement(device, 0)
     try:

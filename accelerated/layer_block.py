@@ -23,7 +23,7 @@ from colibri.accelerated.kernels import (
     Kernels,
     mat_descriptors,
 )
-from colibri.accelerated.weights import Expert, Layer
+from colibri.accelerated.weights import Expert, Layer, latent_attention
 from colibri.reference.config import INDEXER_NORM_EPS, LATENT_NORM_EPS, ModelConfig
 
 from colibri.backend_kit.kv_state import KVLayer
@@ -56,7 +56,8 @@ def expert_arrays(ex: Expert) -> list[np.ndarray]:
 def layer_record(cfg: ModelConfig, lw: Layer, index_keys: bool,
                  experts: np.ndarray | None) -> np.ndarray:
     """``col_layer`` of ``lw`` (pointers into arrays ``lw`` and the caller keep alive)."""
-    aw, ix = lw.attention, lw.attention.indexer
+    aw = latent_attention(lw)
+    ix = aw.indexer
     if index_keys and ix is None:
         raise KernelInvalidArgument(f"layer {lw.index}: index keys without an indexer")
     rec = np.zeros((), LAYER_DTYPE)

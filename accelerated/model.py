@@ -2,7 +2,10 @@
 
 Reading order (spec/model.md): embedding (§3) -> per layer: RMSNorm (§3.1), MLA projections
 and RoPE (§4, §5), the DSA indexer (§6), absorbed attention over the latent cache (§5), the
-router and experts or the dense MLP (§7) -> final norm and lm_head (§8); MTP (§9).
+router and experts or the dense MLP (§7) -> final norm and lm_head (§8); MTP (§9). A
+standard-attention family (OLMoE, Qwen3-MoE) replaces the MLA steps with §5.3's attention over
+a key/value cache (``mha_attention.py``) and noaux_tc with §7.1.1's softmax router
+(``softmax_route.py``); its layers always run on the per-kernel path.
 
 What runs where: products with weights (every matmul, the absorbed kv_b products inside
 attention, a layer's routed experts in one ``col_moe`` call over float or quantized weights),
@@ -36,11 +39,16 @@ from colibri.accelerated.decoder_stack import DecoderStack
 from colibri.accelerated.embedding import load_embedding
 from colibri.accelerated.kernels import F32, MAT_DTYPE, Kernels, Products, Weight
 from colibri.accelerated.layer_block import LayerBlock
+from colibri.accelerated.mha_attention import StandardAttention
+from colibri.accelerated.softmax_route import route_softmax
 from colibri.accelerated.weights import (
+    Attention,
     Expert,
     ExpertSource,
     Layer,
+    MhaAttention,
     WeightLoader,
+    latent_attention,
     load_layer,
     mapped_experts,
     quantized_experts,
@@ -103,12 +111,6 @@ def _float_rows(w: Weight) -> F32:
 class Model(RowModel):
     def __init__(self, config: ModelConfig, checkpoint: Checkpoint, kernels: Kernels,
                  experts: ExpertSource | None = None, model_dir: Path | None = None) -> None:
-        if config.attention != "mla" or config.router != "noaux_tc":
-            # The kernels implement MLA attention and the noaux_tc router; a family with
-            # another attention or router (OLMoE) runs on the reference engine only.
-            raise CheckpointError(
-                f"{config.model_type}: the accelerated engine runs MLA families with the "
-                "noaux_tc router (glm_moe_dsa, deepseek_v3); use the reference backend")
         #: A config whose indexer the checkpoint does not store runs without it.
         self.config, self.indexer = resolve_indexer(config, checkpoint.tensors)
         cfg = self.config
@@ -142,6 +144,10 @@ class Model(RowModel):
             self.mtp_layer = load_layer(t, cfg, n, True, self.mtp_indexer_mode == "full")
             sparse.append(n)
         self.sparse_layers = sparse
+        #: Standard-attention families (OLMoE, Qwen3-MoE): each layer's attention, which runs
+        #: on the per-kernel path (the one C call implements MLA layers only).
+        self._standard = {lw.index: StandardAttention(cfg, lw.attention) for lw in self.layers
+                          if isinstance(lw.attention, MhaAttention)}
         if (experts is None and model_dir is not None
                 and any(name.endswith(".qs") for name in checkpoint.tensors)):
             experts = quantized_experts(model_dir, cfg, t, sparse)
@@ -203,8 +209,9 @@ class Model(RowModel):
         """The store's read-ahead over this model's routers (``expert_read_ahead``), for a
         store whose reads overlap the step (a disk tier); None otherwise."""
         prefetch = getattr(self.store, "prefetch", None)
-        if not callable(prefetch) or not getattr(self.store, "reads_overlap", False):
-            return None
+        if (self.read_ahead_depth <= 0 or not callable(prefetch)
+                or not getattr(self.store, "reads_overlap", False)):
+            return None  # (no router copies are made for nothing)
         if self._ahead is None:
             cfg = self.config
             guesses = [RouterGuess(lw.index, lw.post_norm, _float_rows(lw.router_gate),
@@ -282,14 +289,18 @@ class Model(RowModel):
                     prev_keep: list[I64 | None]) -> bool:
         """Whether layer ``lw`` runs on the per-kernel path: always without ``fused_layers``,
         else where a row attends to a DSA-selected subset of its past (it selects past
-        index_topk, or a shared layer inherits a selection), which the one call lacks."""
+        index_topk, or a shared layer inherits a selection), which the one call lacks; and
+        every standard-attention layer (the one call runs MLA layers only)."""
+        if not isinstance(lw.attention, Attention):
+            return True
         selecting = (mode == "full" and lw.attention.indexer is not None
                      and any(s + 1 > self.config.index_topk for s in slots))
         return (not self.fused_layers or selecting
                 or any(keep is not None for keep in prev_keep))
 
     def _block(self, lw: Layer, mode: str | None) -> LayerBlock:
-        return LayerBlock(self.config, lw, mode == "full" and lw.attention.indexer is not None)
+        return LayerBlock(self.config, lw,
+                          mode == "full" and latent_attention(lw).indexer is not None)
 
     def _decoder_stack(self) -> DecoderStack:
         if self._stack is None:
@@ -338,7 +349,8 @@ class Model(RowModel):
         when the step needs them."""
         found = self._products.get((lw.index, keys, head_weights))
         if found is None:
-            aw, ix = lw.attention, lw.attention.indexer
+            aw = latent_attention(lw)
+            ix = aw.indexer
             weights = [aw.q_a if aw.q_a is not None else aw.q_b, aw.kv_a]
             if keys:
                 assert ix is not None
@@ -350,10 +362,12 @@ class Model(RowModel):
         return found
 
     def _route_rows(self, logits: F32, lw: Layer) -> tuple[I32, F32]:
-        """Every row's routed experts (ascending) and weights (spec §7.1; ``col_route``, as
-        the one-call layer routes)."""
-        assert lw.router_bias is not None
+        """Every row's routed experts (ascending) and weights: the family's router (spec
+        §7.1 ``col_route``, as the one-call layer routes; §7.1.1 the softmax router)."""
         cfg = self.config
+        if cfg.router == "softmax":
+            return route_softmax(logits, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        assert lw.router_bias is not None
         return self.kernels.route(logits, lw.router_bias, cfg.n_group, cfg.topk_group,
                                   cfg.num_experts_per_tok, cfg.norm_topk_prob,
                                   cfg.routed_scaling_factor)
@@ -361,14 +375,38 @@ class Model(RowModel):
     def _kernel_layer(self, x: F32, lw: Layer, mode: str | None, positions: list[int],
                       caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
                       rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None], I32 | None]:
+        """One decoder layer over the rows: h = x + attention(input_norm(x)) with the family's
+        attention, then h + the routed experts or the dense MLP of post_norm(h) (spec §3)."""
         cfg, k = self.config, self.kernels
         started = time.perf_counter()
+        m = x.shape[0]
+        h = k.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+        keeps: list[I64 | None]
+        if isinstance(lw.attention, MhaAttention):
+            x = self._standard[lw.index].rows(k, x, h, caches, slots, rope)
+            keeps = [None] * m  # no DSA selection
+        else:
+            x, keeps = self._latent_rows(x, h, lw, lw.attention, mode, caches, slots,
+                                         prev_keep, rope)
+        self.clock.attention_s += time.perf_counter() - started
+        h = k.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+        if lw.dense is not None:
+            every = np.arange(m, dtype=np.int64)
+            dense = k.moe(h, lw.dense.desc, np.array([0, m], np.int64), every)
+            return x + dense, keeps, None
+        y, chosen = self._moe(h, lw)
+        return x + y, keeps, chosen
+
+    def _latent_rows(self, x: F32, h: F32, lw: Layer, aw: Attention, mode: str | None,
+                     caches: list[KVLayer], slots: list[int], prev_keep: list[I64 | None],
+                     rope: tuple[F32, F32]) -> tuple[F32, list[I64 | None]]:
+        """x + MLA attention of the normed rows h (spec §4-§6): the rows' latent, rope-key and
+        indexer-key cache entries written, and each row's DSA keep-set."""
+        cfg, k = self.config, self.kernels
         m = x.shape[0]
         cos, sin = rope
         heads, nope, rdim = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         qk, kvl = cfg.qk_head_dim, cfg.kv_lora_rank
-        h = k.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
-        aw = lw.attention
         ix = aw.indexer
         run_indexer = mode == "full" and ix is not None
         select_rows = [run_indexer and slots[r] + 1 > cfg.index_topk
@@ -419,20 +457,12 @@ class Model(RowModel):
                                [cache["rope_key"] for cache in caches],
                                [s + 1 for s in slots], keeps, aw.kv_b,
                                float(np.float32(cfg.attn_scale)))
-        x = x + k.matmul(attn, aw.o)
-        self.clock.attention_s += time.perf_counter() - started
-        h = k.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-        if lw.dense is not None:
-            every = np.arange(m, dtype=np.int64)
-            dense = k.moe(h, lw.dense.desc, np.array([0, m], np.int64), every)
-            return x + dense, keeps, None
-        y, chosen = self._moe(h, lw)
-        return x + y, keeps, chosen
+        return x + k.matmul(attn, aw.o), keeps
 
     def _moe(self, x: F32, lw: Layer) -> tuple[F32, I32]:
         """Routed experts (each read once per step for all rows routed to it) + shared."""
         cfg, k = self.config, self.kernels
-        assert lw.router_gate is not None and lw.router_bias is not None
+        assert lw.router_gate is not None
         t, top = x.shape[0], cfg.num_experts_per_tok
         chosen, w = self._route_rows(k.matmul(x, lw.router_gate), lw)
         if self.remote_experts is not None:

@@ -120,6 +120,20 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class MhaAttention:
+    """Standard multi-head attention (OLMoE, Qwen3-MoE: spec/model.md §5.3): the q, k, v and
+    o products and the q/k RMSNorm weights (over the whole projection, or one head's width
+    that every head shares: ``config.qk_norm``)."""
+
+    q: Dense
+    k: Dense
+    v: Dense
+    q_norm: F32
+    k_norm: F32
+    o: Dense
+
+
+@dataclass(frozen=True)
 class Mlp:
     gate: Dense
     up: Dense
@@ -143,7 +157,8 @@ class Layer:
     index: int
     input_norm: F32
     post_norm: F32
-    attention: Attention
+    #: The family's attention (families.py): latent ("mla") or standard ("mha").
+    attention: Attention | MhaAttention
     dense: Mlp | None
     router_gate: Dense | None
     router_bias: F32 | None
@@ -169,10 +184,19 @@ def load_layer(t: WeightLoader, cfg: ModelConfig, index: int, sparse: bool,
     g = load_layer_groups(layer_layout(cfg, index, sparse, indexed),
                           lambda field, tensor: _load(t, field, tensor))
     router = g.router or {}
-    return Layer(index=index,
-                 attention=Attention(indexer=build(Indexer, g.indexer), **g.attention),
+    attention = (MhaAttention(**g.attention) if cfg.attention == "mha"
+                 else Attention(indexer=build(Indexer, g.indexer), **g.attention))
+    return Layer(index=index, attention=attention,
                  dense=build(Mlp, g.dense), router_gate=router.get("gate"),
                  router_bias=router.get("bias"), shared=build(Mlp, g.shared), **g.norms)
+
+
+def latent_attention(lw: Layer) -> Attention:
+    """Layer ``lw``'s MLA attention, for the paths that only run MLA layers (the one-call
+    stack, the CUDA placement); a standard-attention layer there is a caller's bug."""
+    if not isinstance(lw.attention, Attention):
+        raise TypeError(f"layer {lw.index}: standard attention on an MLA-only path")
+    return lw.attention
 
 
 #: One projection of a routed expert: a float weight read in place, or quantized bytes.

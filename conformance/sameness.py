@@ -62,6 +62,9 @@ def reduction_length(config: Mapping[str, Any], positions: int = 0) -> int:
     ``positions`` is the longest sequence compared: attention sums over positions, so a
     context longer than every weight dimension lengthens the longest reduction.
     """
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        config = text  # a multimodal wrapper (kimi_k25): text is its text model's forward
     lengths = [int(config[k]) for k in _LENGTH_KEYS if isinstance(config.get(k), int)]
     lengths += [
         int(config[a]) * int(config[b])

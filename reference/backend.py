@@ -19,7 +19,6 @@ from colibri.reference.config import ModelConfig
 from colibri.reference.errors import CheckpointError
 from colibri.reference.experts import ExpertStore, ExpertWeights
 from colibri.reference.indexer_presence import log_indexer
-from colibri.reference.mha import cache_widths as mha_cache_widths
 from colibri.reference.mlp import swiglu
 from colibri.reference.model import Model
 from colibri.reference.safetensors import Checkpoint
@@ -29,7 +28,6 @@ from colibri.reference.weights import TensorLoader
 
 from colibri.backend_kit.expert_disk import StoredTensors
 from colibri.backend_kit.expert_tiers import ExpertMemory, dense_bytes, open_tiers
-from colibri.backend_kit.kv_state import KVLayer, KVState
 from colibri.backend_kit.kv_state_backend import KVStateBackend
 from colibri.backend_kit.layer_steps import SteppedRowModel
 from colibri.backend_kit.memory_budget import BudgetTooSmall, runtime_bytes
@@ -53,16 +51,6 @@ class ReferenceModel(Model, SteppedRowModel):
         super().__init__(config, checkpoint, expert_store, loader)
         #: Seconds of attention, expert products and lm_head since the last reset.
         self.clock = PhaseClock()
-
-    def new_state(self) -> KVState:
-        """An empty sequence. The kit lays out MLA's latent cache; a standard-attention
-        family (OLMoE) caches every layer's keys and values instead (mha.py), and has no
-        MTP head."""
-        if self.config.attention != "mha":
-            return super().new_state()
-        widths = mha_cache_widths(self.config)
-        return KVState(layers=[KVLayer(widths) for _ in range(self.config.num_hidden_layers)],
-                       hidden_size=self.config.hidden_size)
 
 
 def load_model(

@@ -4,7 +4,7 @@ GLM-5 (``glm_moe_dsa``) and DeepSeek-V3 (``deepseek_v3``) share one architecture
 attention with a latent KV, sigmoid ``noaux_tc`` routing over routed experts plus shared
 experts, and a few dense layers first. GLM-5 adds the DSA lightning indexer. Other families
 (families.py) are read by their own module into the same record (OLMoE: olmoe_config.py,
-Qwen3-MoE: qwen3_moe_config.py).
+Qwen3-MoE: qwen3_moe_config.py; Kimi: kimi_config.py).
 Keys that do not change the numbers (dropout, initializer range, ...) are ignored; keys that
 would change them in a way the reference does not implement are refused rather than silently
 ignored.
@@ -159,6 +159,10 @@ class ModelConfig:
             from colibri.reference.qwen3_moe_config import qwen3_moe_config
 
             return qwen3_moe_config(raw, generation)
+        if model_type == "kimi_k25":
+            from colibri.reference.kimi_config import kimi_config
+
+            return kimi_config(raw, generation)
         defaults = FAMILY_DEFAULTS[model_type]
         layers = r.positive("num_hidden_layers")
         dense = r.get("first_k_dense_replace", int, 3)

@@ -48,5 +48,8 @@ FAMILIES: dict[str, Family] = {
                dense_layers="none", qk_norm="projection"),
         Family("qwen3_moe", attention="mha", router="softmax", shared_experts=False,
                dense_layers="scheduled", qk_norm="head"),
+        # Kimi K2.5's text model is DeepSeek-V3's, unchanged (kimi_config.py): no delta.
+        Family("kimi_k25", attention="mla", router="noaux_tc", shared_experts=True,
+               dense_layers="first"),
     )
 }

@@ -35,12 +35,6 @@ from colibri.reference.tensors import F32, dense_matmul, row_matmul
 from colibri.reference.weights import MhaWeights
 
 
-def cache_widths(cfg: ModelConfig) -> dict[str, int]:
-    """The cache arrays of one layer and their widths: rotated keys and values."""
-    width = cfg.num_key_value_heads * cfg.qk_head_dim
-    return {"key": width, "value": width}
-
-
 def project(x: F32, w: MhaWeights, cfg: ModelConfig, cos: F32, sin: F32,
             mm: Matmul) -> tuple[F32, F32, F32]:
     """Rows x [T, D] -> (rotated queries [T, H, hd], rotated keys [T, KV, hd], values

@@ -118,8 +118,24 @@ class SafetensorsFile:
         return flat.reshape(info.shape)
 
 
+#: Multimodal checkpoints keep their text model under a wrapper's prefix (transformers 5.24
+#: saves ``kimi_k25`` as ``model.language_model.*``; Kimi's own files use
+#: ``language_model.model.*`` and ``language_model.lm_head.*``). The reference reads a text
+#: model's names, so a wrapper prefix is read as the text model's own; other tensors of the
+#: wrapper (a vision tower) are present and never read.
+WRAPPER_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                    ("language_model.lm_head.", "lm_head."))
+
+
+def text_model_name(name: str) -> str:
+    for prefix, text in WRAPPER_PREFIXES:
+        if name.startswith(prefix):
+            return text + name[len(prefix):]
+    return name
+
+
 class Checkpoint:
-    """Every tensor of a model directory (single file or sharded), by name."""
+    """Every tensor of a model directory (single file or sharded), by its text-model name."""
 
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
@@ -142,7 +158,8 @@ class Checkpoint:
                 raise CheckpointError(f"{model_dir}: shard {shard} is missing")
             f = SafetensorsFile(path)
             self.files[path] = f
-            for name, info in f.tensors.items():
+            for stored, info in f.tensors.items():
+                name = text_model_name(stored)
                 if name in self.tensors:
                     raise CheckpointError(f"{model_dir}: tensor {name} appears in two shards")
                 self.tensors[name] = info

@@ -16,7 +16,7 @@ from colibri.server.generation import Accepted, EngineTurn, Quiet
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
 from colibri.server.thinking import ThinkingSplit
-from colibri.server.toolcalls import InvalidToolCall, ToolCall, parse_answer
+from colibri.server.toolcalls import InvalidToolCall, ToolCall
 
 SIGNATURE = "colibri-local"
 
@@ -150,7 +150,8 @@ async def messages(state: ServerState, body: JSON, exchange: Exchange) -> None:
         invalid: list[InvalidToolCall] = []
         text: str = pipe.answer
         if tools is not None:
-            parsed = parse_answer(pipe.answer, tools, result.stats.length_limited)
+            parsed = config.family.parse_calls(pipe.answer, tools,
+                                               result.stats.length_limited)
             calls, invalid = parsed.calls, parsed.invalid
             text = parsed.content or ""
         reason = _stop_reason(result.stats.length_limited, calls)

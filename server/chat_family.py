@@ -11,6 +11,7 @@ the values transformers hands the model's own Jinja template.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,8 +19,11 @@ from typing import Any, Protocol
 from colibri.server import validation as v
 from colibri.server.errors import bad
 from colibri.server.olmoe_template import OlmoeTemplate
+from colibri.server.qwen_template import QwenTemplate
+from colibri.server.qwen_toolcalls import parse_qwen_answer
 from colibri.server.stops import GLM_IMPLICIT_STOPS
 from colibri.server.template import GlmTemplate, Rendered
+from colibri.server.toolcalls import ParsedAnswer, parse_answer
 
 JSON = dict[str, Any]
 
@@ -50,13 +54,18 @@ class ChatFamily:
     reasoning: bool
     #: What ends a chat reply when the client sends no ``stop``.
     implicit_stops: tuple[str, ...]
+    #: Reads the reply's tool calls in the family's native form (``(text, tools,
+    #: length_limited)``); GLM's unless the family writes its own.
+    parse_calls: Callable[[str, v.ToolSpec, bool], ParsedAnswer] = parse_answer
+    #: ``strict_tool_calls`` is GLM's alone (notes: colibri-http.md §4.1 step 1).
+    strict_tools: bool = False
 
     def thinking(self, requested: bool) -> bool:
         return requested and self.reasoning
 
     def check_strict(self, strict: bool) -> None:
         """colibri's wording and place (notes: colibri-http.md §4.1 step 1)."""
-        if strict and not self.tool_calls:
+        if strict and not self.strict_tools:
             raise bad("`strict_tool_calls` currently supports GLM only.", "strict_tool_calls",
                       "unsupported_parameter")
 
@@ -81,7 +90,15 @@ class ChatFamily:
 
 #: colibri's gateway id for a GLM-5 checkpoint (seeds/api.md).
 GLM = ChatFamily(name="GLM-5", model_id="glm-5.2-colibri", template=GlmTemplate(),
-                 tool_calls=True, reasoning=True, implicit_stops=GLM_IMPLICIT_STOPS)
+                 tool_calls=True, reasoning=True, implicit_stops=GLM_IMPLICIT_STOPS,
+                 strict_tools=True)
+
+#: Qwen3-MoE: native ``<tool_call>`` blocks and a reasoning block (seeds/api.md, the Qwen
+#: rows); a reply ends at ``<|im_end|>``, the end-of-turn token the engine stops on, so no
+#: role marker is an implicit stop (spec/DEVIATIONS.md).
+QWEN3_MOE = ChatFamily(name="Qwen3-MoE", model_id="qwen3-moe-colibri", template=QwenTemplate(),
+                       tool_calls=True, reasoning=True, implicit_stops=(),
+                       parse_calls=parse_qwen_answer)
 
 #: The families whose template is GLM-5's: DeepSeek-V3 fixtures share GLM's tokenizer here.
 GLM_MODEL_TYPES = ("glm_moe_dsa", "deepseek_v3")
@@ -130,6 +147,8 @@ def family_for_model(model_dir: Path) -> ChatFamily:
         tokenizer = _read_json(tokenizer_path)
         return olmoe(_token_text(tokenizer, "bos_token", tokenizer_path),
                      _token_text(tokenizer, "eos_token", tokenizer_path))
-    known = ", ".join((*GLM_MODEL_TYPES, "olmoe"))
+    if model_type == "qwen3_moe":
+        return QWEN3_MOE
+    known = ", ".join((*GLM_MODEL_TYPES, "olmoe", "qwen3_moe"))
     raise ChatFamilyError(f"{config_path}: model_type {model_type!r} has no chat template in "
                           f"the server (it renders {known})")

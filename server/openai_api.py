@@ -24,7 +24,7 @@ from colibri.server.generation import Accepted, EngineResult, EngineTurn, Quiet
 from colibri.server.pipeline import OutputPipeline, stop_filter
 from colibri.server.structured_output import constrain_output
 from colibri.server.thinking import ThinkingSplit
-from colibri.server.toolcalls import InvalidToolCall, ToolCall, parse_answer, parse_strict
+from colibri.server.toolcalls import InvalidToolCall, ToolCall, parse_strict
 
 
 @dataclass
@@ -201,7 +201,7 @@ async def chat_completion(state: ServerState, body: JSON, exchange: Exchange) ->
                 content, calls = parse_strict(pipe.answer, tools,
                                               result.stats.length_limited)
             else:
-                parsed = parse_answer(pipe.answer, tools, result.stats.length_limited)
+                parsed = family.parse_calls(pipe.answer, tools, result.stats.length_limited)
                 content, calls, invalid = parsed.content, parsed.calls, parsed.invalid
         finish = _finish_reason(result, calls)
         if plan.stream:

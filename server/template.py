@@ -60,7 +60,9 @@ def message_text(content: Any, index: int) -> str:
               f"messages.{index}.content")
 
 
-def _tool_call_text(call: Any, index: int, j: int) -> str:
+def tool_call_fields(call: Any, index: int, j: int) -> tuple[str, Any]:
+    """A past tool call's function name and its ``arguments`` as sent (``tool_calls[j]`` of
+    message ``index``), refused by name when the call is not shaped as OpenAI's."""
     if not isinstance(call, dict):
         raise bad("Each tool call must be an object.", f"messages.{index}.tool_calls.{j}")
     fn = call.get("function", {})
@@ -70,7 +72,11 @@ def _tool_call_text(call: Any, index: int, j: int) -> str:
     if not isinstance(name, str):
         raise bad("`function.name` must be a string.",
                   f"messages.{index}.tool_calls.{j}.function.name")
-    args = fn.get("arguments")
+    return name, fn.get("arguments")
+
+
+def _tool_call_text(call: Any, index: int, j: int) -> str:
+    name, args = tool_call_fields(call, index, j)
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -115,14 +121,9 @@ def tools_block(tools: ToolSpec) -> str:
     return block
 
 
-def check_continuation(messages: list[Any], body: JSON) -> bool:
-    """Whether a trailing assistant turn is continued; raises the colibri refusals."""
-    if not continue_assistant_enabled() or not messages:
-        return False
-    last = messages[-1]
-    if not isinstance(last, dict) or last.get("role") != "assistant":
-        return False
-    n = len(messages) - 1
+def refuse_tools_in_continuation(last: JSON, n: int, body: JSON) -> None:
+    """Every family with a tool format parses a reply's calls from the turn's start, so a
+    continued turn (message ``n``, ``last``) is refused together with tools."""
     if declared_tools(body):
         raise bad("A continued assistant turn cannot be combined with `tools`: the tool-call "
                   "parsers read an assistant turn from its start, and a continuation can end "
@@ -131,6 +132,17 @@ def check_continuation(messages: list[Any], body: JSON) -> bool:
     if last.get("tool_calls"):
         raise bad("A continued `assistant` message cannot carry `tool_calls`.",
                   f"messages.{n}.tool_calls", "unsupported_value")
+
+
+def check_continuation(messages: list[Any], body: JSON) -> bool:
+    """Whether a trailing assistant turn is continued; raises the colibri refusals."""
+    if not continue_assistant_enabled() or not messages:
+        return False
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return False
+    n = len(messages) - 1
+    refuse_tools_in_continuation(last, n, body)
     if len(messages) < 2:
         raise bad("A continued `assistant` turn needs a preceding turn to continue from.",
                   "messages")

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,7 +153,31 @@ def _body_problem(body: str) -> str | None:
     return None
 
 
-def parse_answer(text: str, tools: ToolSpec, length_limited: bool = False) -> ParsedAnswer:
+def _glm_recoverable(body: str, tools: ToolSpec) -> bool:
+    return bool(ARG_PAIR.search(body)) or body.strip() in _declared(tools)
+
+
+@dataclass(frozen=True)
+class CallSyntax:
+    """What a family writes between ``<tool_call>`` and ``</tool_call>``: the families share
+    the block markers, the streaming gate and the recovery rules of :func:`parse_answer`, and
+    differ only in how a block's body reads as a call."""
+
+    #: Why a closed block's body is not a call (None: it is one).
+    problem: Callable[[str], str | None]
+    #: The call a body holds, or None.
+    read: Callable[[str, ToolSpec], ToolCall | None]
+    #: Whether the body of an unclosed last block is complete enough to recover as a call.
+    recoverable: Callable[[str, ToolSpec], bool]
+    #: Markers that belong inside a block only; found in prose they are reported.
+    inner_markers: tuple[str, ...]
+
+
+GLM_SYNTAX = CallSyntax(_body_problem, _call_from_body, _glm_recoverable, INNER_MARKERS)
+
+
+def parse_answer(text: str, tools: ToolSpec, length_limited: bool = False,
+                 syntax: CallSyntax = GLM_SYNTAX) -> ParsedAnswer:
     """The calls in the answer text, and each ``<tool_call>`` that is not one. A malformed
     block stays in the content (nothing the model wrote is dropped) and is reported beside
     it, so that a client never takes a failed call for prose without being told."""
@@ -163,8 +188,8 @@ def parse_answer(text: str, tools: ToolSpec, length_limited: bool = False) -> Pa
     for match in CLOSED_CALL.finditer(text):
         kept.append(text[at:match.start()])
         at = match.end()
-        problem = _body_problem(match.group(1))
-        call = None if problem else _call_from_body(match.group(1), tools)
+        problem = syntax.problem(match.group(1))
+        call = None if problem else syntax.read(match.group(1), tools)
         if call is None:
             invalid.append(InvalidToolCall(match.group(0),
                                            problem or "no function name after <tool_call>"))
@@ -185,8 +210,8 @@ def parse_answer(text: str, tools: ToolSpec, length_limited: bool = False) -> Pa
                 body = body[:-size]
                 break
         recovered = None
-        if ARG_PAIR.search(body) or body.strip() in _declared(tools):
-            recovered = _call_from_body(body, tools)
+        if syntax.recoverable(body, tools):
+            recovered = syntax.read(body, tools)
         if recovered is not None:
             calls.append(recovered)
             content = content[:content.rfind(OPEN)]
@@ -195,7 +220,7 @@ def parse_answer(text: str, tools: ToolSpec, length_limited: bool = False) -> Pa
                                            "<tool_call>" if length_limited else
                                            "<tool_call> without </tool_call>"))
     prose = outside[:tail_at] if tail_at >= 0 else outside
-    for marker in INNER_MARKERS:
+    for marker in syntax.inner_markers:
         if marker in prose:
             invalid.append(InvalidToolCall(marker, f"{marker} outside a <tool_call> block"))
     if "</think>" in content:

@@ -29,6 +29,9 @@ class ToolSpec:
     functions: tuple[JSON, ...]
     choice: str | JSON
     forced: str | None
+    #: Every declared function, before a forced choice narrows ``functions``: a template
+    #: that does not narrow (Qwen3's, seeds/api.md) offers them all.
+    offered: tuple[JSON, ...] = ()
 
 
 @dataclass
@@ -140,10 +143,11 @@ def resolve_tool_choice(body: JSON, tools: list[JSON] | None) -> ToolSpec | None
         return None
     if choice == "none":
         return None
-    functions = tuple(tool_function(t) for t in tools)
+    offered = tuple(tool_function(t) for t in tools)
+    functions = offered
     if forced is not None:
         functions = tuple(f for f in functions if f.get("name") == forced)
-    return ToolSpec(functions, choice, forced)
+    return ToolSpec(functions, choice, forced, offered)
 
 
 def validate_stop(body: JSON) -> tuple[str, ...]:

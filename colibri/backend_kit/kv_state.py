@@ -24,7 +24,11 @@ from colibri.reference.tensors import F32
 
 def cache_widths(cfg: ModelConfig, indexer_mode: str | None) -> dict[str, int]:
     """The cache arrays of one layer and their widths: the latent and the rope key, plus the
-    indexer key on a layer that runs its DSA indexer ("full")."""
+    indexer key on a layer that runs its DSA indexer ("full"); for a standard-attention family
+    (OLMoE, Qwen3-MoE: §5.3) each position's rotated key and its value, every KV head's."""
+    if cfg.attention == "mha":
+        width = cfg.num_key_value_heads * cfg.qk_head_dim
+        return {"key": width, "value": width}
     widths = {"latent": cfg.kv_lora_rank, "rope_key": cfg.qk_rope_head_dim}
     if indexer_mode == "full":
         widths["index_key"] = cfg.index_head_dim

@@ -82,7 +82,8 @@ class RowModel:
     # --- the API -----------------------------------------------------------------------------
 
     def new_state(self) -> KVState:
-        """An empty sequence: one latent (and indexer-key) cache per layer, and the MTP's."""
+        """An empty sequence: each layer's cache arrays (``cache_widths``: MLA's latent and
+        indexer keys, or a standard-attention family's keys and values), and the MTP's."""
         layers = [KVLayer(cache_widths(self.config, mode)) for mode in self.indexer_modes]
         mtp = None
         if self.has_mtp:

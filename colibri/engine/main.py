@@ -32,12 +32,14 @@ def _max_positions(model_dir: Path) -> int:
 
 
 def load_tokenizer(model_dir: Path) -> TextTokenizer | None:
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
+    """The model's ``tokenizer.json``, else its tiktoken ``tiktoken.model`` (Kimi's format);
+    None when it has neither."""
+    if not (model_dir / "tokenizer.json").is_file() and not (
+            model_dir / "tiktoken.model").is_file():
         return None
     from colibri.text import Tokenizer
 
-    loaded: TextTokenizer = Tokenizer.from_file(path)
+    loaded: TextTokenizer = Tokenizer.from_file(model_dir)
     return loaded
 
 

@@ -8,6 +8,7 @@ queue of (rank, position) produces, so the results are identical.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -20,6 +21,9 @@ class BpeModel:
     ranks: dict[tuple[str, str], int]
     #: Look the whole pre-token up in the vocabulary before merging (HF ``ignore_merges``).
     ignore_merges: bool
+    #: tiktoken's rule (rank_bpe.py): a pair's rank is the vocabulary rank of the token it
+    #: merges into, and ``ranks`` is unused.
+    merged_ranks: bool = False
 
     def tokenize(self, word: str) -> list[int]:
         """Token ids of one pre-token given as a string over the byte-level alphabet."""
@@ -30,11 +34,18 @@ class BpeModel:
         # Characters without a vocabulary entry are dropped (no unk token, no byte
         # fallback): HF does the same, and byte-level vocabularies hold all 256 bytes.
         symbols = [char for char in word if char in self.vocab]
-        return [self.vocab[symbol] for symbol in merge_symbols(symbols, self.ranks)]
+        rank = self._merged_rank if self.merged_ranks else self._pair_rank
+        return [self.vocab[symbol] for symbol in merge_symbols(symbols, rank)]
+
+    def _pair_rank(self, left: str, right: str) -> int | None:
+        return self.ranks.get((left, right))
+
+    def _merged_rank(self, left: str, right: str) -> int | None:
+        return self.vocab.get(left + right)
 
 
-def merge_symbols(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Apply merges to ``symbols`` until no adjacent pair has a rank.
+def merge_symbols(symbols: list[str], rank_of: Callable[[str, str], int | None]) -> list[str]:
+    """Apply merges to ``symbols`` until no adjacent pair has a rank (``rank_of``: None).
 
     A heap of (rank, position) candidates keeps long pre-tokens (whitespace runs, long
     digit-free words) at O(n log n) instead of rescanning all pairs after every merge.
@@ -49,7 +60,7 @@ def merge_symbols(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list
     preceding = list(range(-1, count - 1))  # index of the previous live symbol; -1 = none
     heap: list[tuple[int, int, str, str]] = []
     for at in range(count - 1):
-        rank = ranks.get((symbols[at], symbols[at + 1]))
+        rank = rank_of(symbols[at], symbols[at + 1])
         if rank is not None:
             heap.append((rank, at, symbols[at], symbols[at + 1]))
     heapq.heapify(heap)
@@ -69,13 +80,13 @@ def merge_symbols(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list
         if before >= 0:
             previous = current[before]
             assert previous is not None
-            rank = ranks.get((previous, merged))
+            rank = rank_of(previous, merged)
             if rank is not None:
                 heapq.heappush(heap, (rank, before, previous, merged))
         if following[at] < count:
             nxt = current[following[at]]
             assert nxt is not None
-            rank = ranks.get((merged, nxt))
+            rank = rank_of(merged, nxt)
             if rank is not None:
                 heapq.heappush(heap, (rank, at, merged, nxt))
     return [symbol for symbol in current if symbol is not None]

@@ -136,9 +136,14 @@ class Tokenizer:
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
-        """Load ``tokenizer.json`` (or a model directory holding one)."""
+        """Load ``tokenizer.json``, or a model directory holding one or, failing that, a
+        tiktoken ``tiktoken.model`` (rank_bpe.py: Kimi's format)."""
         file = Path(path)
         if file.is_dir():
+            if not (file / "tokenizer.json").exists() and (file / "tiktoken.model").exists():
+                from colibri.text.rank_bpe import load_rank_bpe
+
+                return load_rank_bpe(file)
             file = file / "tokenizer.json"
         try:
             text = file.read_text(encoding="utf-8")

@@ -89,16 +89,18 @@ def test_an_unsupported_config_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("fixture", "model_type"),
                          [("olmoe-tiny", "olmoe"), ("qwen3moe-tiny", "qwen3_moe")])
-def test_a_family_the_kernels_do_not_implement_is_refused_by_name(
+def test_a_standard_attention_family_is_refused_on_cuda_by_name(
     fixture: str, model_type: str
 ) -> None:
-    """OLMoE's and Qwen3-MoE's standard attention and softmax router are not MLA and noaux_tc:
-    the engine says so instead of running other math (spec/DEVIATIONS.md, "Model families")."""
+    """OLMoE and Qwen3-MoE run on the CPU kernels; their placement on a CUDA device is not
+    verified, so ``--device cuda`` says so (before touching any device) instead of running it
+    (spec/DEVIATIONS.md, "Model families")."""
+    from colibri.accelerated.cuda_model import open_cuda_model
+
     from colibri.resources import fixture_model_dir
 
-    with pytest.raises(CheckpointError,
-                       match=f"{model_type}: the accelerated engine runs MLA families"):
-        load_model(fixture_model_dir(fixture), threads=1)
+    with pytest.raises(CheckpointError, match=f"{model_type}: --device cuda runs MLA families"):
+        open_cuda_model(fixture_model_dir(fixture), 0)
 
 
 def test_out_of_vocabulary_tokens_are_a_value_error() -> None:

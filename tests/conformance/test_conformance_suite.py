@@ -98,22 +98,12 @@ def _fixture_models() -> list[str]:
 GOLDEN = [c for c in CASES if c.area == "golden" and "byte_tokenizer" not in c.requires]
 
 
-def _accelerated_runs(model: str) -> bool:
-    """The accelerated kernels are MLA attention with the noaux_tc router; the other families
-    run on the reference engine only (the accelerated engine refuses them by name:
-    tests/accelerated/test_accelerated_bad_input.py)."""
-    from colibri.reference.config import ModelConfig
-
-    config = ModelConfig.from_dir(fixture_model_dir(model))
-    return config.attention == "mla" and config.router == "noaux_tc"
-
-
 def _golden_targets() -> list[Any]:
     built = pytest.mark.skipif(not BUILT, reason=NOT_BUILT_REASON or "built")
     return [pytest.param(model, "reference", id=f"{model}-reference")
             for model in _fixture_models()] + [
         pytest.param(model, "accelerated", id=f"{model}-accelerated", marks=built)
-        for model in _fixture_models() if _accelerated_runs(model)]
+        for model in _fixture_models()]
 
 
 @pytest.mark.parametrize(("model", "engine"), _golden_targets())
@@ -164,8 +154,8 @@ BYTES_GOLDEN = [c for c in CASES if c.id == "protocol.golden.oracle-greedy-bytes
     pytest.param("accelerated", marks=pytest.mark.skipif(not BUILT,
                                                          reason=NOT_BUILT_REASON or "built")),
 ])
-@pytest.mark.parametrize("model", [m for m in _fixture_models()
-                                   if not (fixture_model_dir(m) / "tokenizer.json").is_file()])
+@pytest.mark.parametrize("model", [m for m in _fixture_models() if not any(
+    (fixture_model_dir(m) / name).is_file() for name in ("tokenizer.json", "tiktoken.model"))])
 def test_greedy_data_bytes_match_the_oracle_through_the_byte_tokenizer(
     model: str, engine: str
 ) -> None:

@@ -12,7 +12,8 @@ from support.reference_support import model, oracle
 
 from colibri.backend_kit.kv_state import KVState
 
-NAMES = ("glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny", "olmoe-tiny", "qwen3moe-tiny")
+NAMES = ("glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny", "olmoe-tiny", "qwen3moe-tiny",
+         "kimi-tiny")
 
 compositions = st.lists(
     st.tuples(

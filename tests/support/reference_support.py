@@ -17,7 +17,7 @@ from colibri.resources import fixture_model_dir
 
 ORACLE_FIXTURES = (
     "glm5-tiny", "glm5-tiny-dsa", "deepseek3-tiny", "glm5-tiny-mtp", "glm5-chat-tiny",
-    "glm5-chat-small", "olmoe-tiny", "qwen3moe-tiny",
+    "glm5-chat-small", "olmoe-tiny", "qwen3moe-tiny", "kimi-tiny",
 )
 
 
