@@ -31,7 +31,8 @@ from colibri.reference.indexer_presence import log_indexer
 from colibri.reference.quant.container import QuantContainer
 from colibri.reference.safetensors import Checkpoint
 
-from colibri.backend_kit.expert_disk import DiskTier, StoredTensors
+from colibri.backend_kit.checked_experts import CheckedExperts
+from colibri.backend_kit.expert_disk import DiskTier, StoredTensors, checkpoint_extents
 from colibri.backend_kit.expert_tiers import ExpertMemory, Tiers, dense_bytes, open_tiers
 from colibri.backend_kit.kv_state_backend import KVStateBackend
 from colibri.backend_kit.memory_budget import BudgetTooSmall, runtime_bytes
@@ -209,6 +210,11 @@ def expert_compute(model_dir: str, threads: int) -> AcceleratedExpertCompute:
     return AcceleratedExpertCompute(model_dir, threads)
 
 
+def _already_checked(_raw: np.ndarray, _code: int) -> bool:
+    """The check of an expert already found finite in these files."""
+    return True
+
+
 def _expert_tiers(model: Model, model_dir: Path, options: BackendOptions, log: TextIO) -> Tiers:
     """The store over mapped experts, or under RAM_GB the disk tier's reads into owned
     buffers, computed in their stored bytes (so an expert holds its stored size)."""
@@ -222,8 +228,17 @@ def _expert_tiers(model: Model, model_dir: Path, options: BackendOptions, log: T
     def finite(raw: np.ndarray, code: int) -> bool:
         return model.kernels.all_finite(raw, code, inline=True)  # on a reading thread
 
+    # An expert read again from unchanged files is not scanned again (checked_experts).
+    extents = checkpoint_extents(checkpoint)
+    checked = CheckedExperts(lambda layer, e: [info.file for info in extents(layer, e)])
+
     def build(stored: StoredTensors, layer: int, expert: int) -> Expert:
-        return stored_expert(stored, layer, expert, cfg, finite, container)
+        known = checked.known_finite(layer, expert)
+        built = stored_expert(stored, layer, expert, cfg, _already_checked if known else finite,
+                              container)
+        if not known:
+            checked.record_finite(layer, expert)  # stored_expert raised on a bad value
+        return built
 
     read: Any = model.read_expert  # Expert has the nbytes the store's LRU budgets by
     dense = dense_bytes(checkpoint, cfg, rows)
