@@ -97,6 +97,7 @@ def test_prefill_chunks_and_a_reused_prefix_are_byte_identical(name: str) -> Non
     assert m.prefill(s, ids[4:]).tobytes() == whole[4:].tobytes()
 
 
+@pytest.mark.usefixtures("no_runtime")  # the budget must not depend on this process's heap
 @pytest.mark.parametrize("name", MHA_FIXTURES)
 def test_the_ram_budget_reads_experts_from_disk_to_the_same_bytes(name: str) -> None:
     """``load_model(ram_gb=...)``: experts come through the disk tier's reads and a forward

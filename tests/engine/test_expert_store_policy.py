@@ -101,6 +101,7 @@ def _usage_with(tmp_path: Path, selections: int) -> None:
     usage_file.save(tmp_path / ".coli_usage", counts)
 
 
+@pytest.mark.usefixtures("no_runtime")  # the budget must not depend on this process's heap
 @pytest.mark.parametrize(("selections", "pinned"), [(4_999, False), (200_000, True)])
 def test_autopin_pins_the_hottest_experts_once_the_history_is_long_enough(
         tmp_path: Path, selections: int, pinned: bool) -> None:

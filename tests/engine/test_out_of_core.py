@@ -53,20 +53,6 @@ def _fixed_bytes(backend_name: str, model_dir: Path, monkeypatch: pytest.MonkeyP
     return round(float(need.group(1)) * 1e9)
 
 
-@pytest.fixture
-def no_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The budget's runtime part is this test process's heap, which grows from test to test;
-    fixing it at 0 makes the rest of the split exact (the cgroup bench measures the real one)."""
-    import importlib
-
-    for module in ("colibri.reference.backend", "colibri.accelerated.backend"):
-        try:
-            backend_module = importlib.import_module(module)
-        except ImportError:  # no native build: the accelerated cases are skipped anyway
-            continue
-        monkeypatch.setattr(backend_module, "runtime_bytes", lambda _dense: 0)
-
-
 def test_a_budget_below_the_fixed_part_is_refused_with_the_minimum() -> None:
     with pytest.raises(BudgetTooSmall, match=r"step holds .* need at least RAM_GB=0\.000003499"):
         split_budget(3_000, runtime=1_000, dense=1_500, kv=500, step=499)
@@ -299,6 +285,7 @@ def test_the_bytes_are_the_all_in_ram_bytes(backend_name: str, cached_experts: i
     assert capped == in_ram
 
 
+@pytest.mark.usefixtures("no_runtime")
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_load_model_takes_a_ram_budget(backend_name: str) -> None:
     """``load_model(dir, ram_gb=...)`` (both backends' library API): the same logits as the
