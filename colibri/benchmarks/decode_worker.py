@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from colibri.benchmarks.process_memory import rss_bytes
+
 PROMPT = [3, 14, 159, 26, 53, 58, 200, 11, 77, 240, 5, 99]
 #: Tokens of the longer prompt that prefill throughput is measured on.
 PREFILL_TOKENS = 64
@@ -44,16 +46,6 @@ Routes = list[list[Any]]
 def prefill_prompt(vocab_size: int) -> list[int]:
     """PREFILL_TOKENS deterministic ids inside the vocabulary (ids 0 and 1 left out)."""
     return [(37 * i + 11) % (vocab_size - 2) + 2 for i in range(PREFILL_TOKENS)]
-
-
-def rss_bytes() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _argmax(row: Any) -> int:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import resource
 import time
 from typing import Any
 
 import numpy as np
+
+from colibri.benchmarks.process_memory import peak_rss_bytes
 
 
 def read_bytes() -> int:
@@ -50,4 +51,4 @@ def decode(gguf: str, tokens: int = 24, prompt_tokens: int = 16,
     read = read_bytes() - before
     return {"tokens": out, "decode_s": seconds, "tok_s": tokens / seconds, "read_bytes": read,
             "read_bytes_per_token": read / tokens,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss_bytes": peak_rss_bytes()}

@@ -15,7 +15,6 @@ recorded on other prompts).
 from __future__ import annotations
 
 import io
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from colibri.benchmarks.out_of_core_llama import read_bytes
-from colibri.benchmarks.page_residency import cached_bytes, mapped_rss_bytes
+from colibri.benchmarks.page_mapping import SMAPS, mapped_sizes
+from colibri.benchmarks.page_residency import cached_bytes
+from colibri.benchmarks.process_memory import peak_rss_bytes
 from colibri.engine import usage_file
 from colibri.engine.backend import Backend, StepRow, usage_rows
 from colibri.engine.registry import BackendOptions, open_backend
@@ -77,7 +78,7 @@ def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt
     after = opened.tiers.counters()
     files = sorted(Path(model).glob("*.safetensors"))
     page_cache = cached_bytes(files)
-    mapped = mapped_rss_bytes(files)
+    mapped = mapped_sizes(SMAPS.read_text(), [str(f) for f in files])["resident_bytes"]
     if record_usage:
         for seed in range(prompt_seed + 1, prompt_seed + record_prompts):
             _record(opened, counts, rows, prompt(seed, prompt_tokens, shape.vocab_size), tokens)
@@ -96,19 +97,6 @@ def decode(model: str, backend: str = "accelerated", ram_gb: float = 0.0, prompt
         "mapped_model_rss_bytes": mapped,
         "log": log.getvalue().strip().splitlines(),
     }
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory since it started its program: ``VmHWM`` (the
-    address space's own high-water mark; ``ru_maxrss`` survives ``exec`` and would report
-    the parent that forked this worker when that parent was larger)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _record(opened: Backend, counts: np.ndarray, rows: list[int], ids: list[int],

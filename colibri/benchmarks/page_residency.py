@@ -1,10 +1,10 @@
-"""How much of some files the page cache holds now (``mincore`` over a read-only map), and how
-much of that a process maps (``/proc/<pid>/smaps``).
+"""How much of some files the page cache holds now: ``mincore`` over a read-only map.
 
 An engine bounded by ``RAM_GB`` alone (no memory cgroup) owns its resident memory, but the
 pages of its model files that the kernel caches count against the machine too. The bench's
 footprint is the process's peak resident memory plus the page cache's share of the model's
-files that the process does not map (a mapped page is in both counts once).
+files that the process does not map (``page_mapping.mapped_sizes``: a mapped page is in both
+counts once).
 """
 
 from __future__ import annotations
@@ -52,16 +52,3 @@ def cached_bytes(paths: list[Path]) -> int | None:
             libc_munmap(address, size)
     return total
 
-
-def mapped_rss_bytes(paths: list[Path], smaps: Path = Path("/proc/self/smaps")) -> int:
-    """Resident bytes of this process's mappings of ``paths`` (their pages in its RSS)."""
-    wanted = {str(path.resolve()) for path in paths}
-    total = 0
-    counting = False
-    for line in smaps.read_text().splitlines():
-        fields = line.split()
-        if fields and "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
-            counting = len(fields) >= 6 and fields[5] in wanted
-        elif counting and fields[:1] == ["Rss:"]:
-            total += int(fields[1]) * 1024
-    return total

@@ -43,6 +43,19 @@ def load_tokenizer(model_dir: Path) -> TextTokenizer | None:
     return loaded
 
 
+def backend_options(settings: EngineSettings, ctx: int) -> BackendOptions:
+    """What the settings ask of the backend they open (``ctx`` positions per slot)."""
+    return BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, device=settings.device,
+                          kv_slots=settings.kv_slots, ctx=ctx,
+                          rss_guard_bytes=settings.rss_guard_bytes,
+                          read_ahead=settings.read_ahead,
+                          vram_budget_bytes=settings.vram_budget_bytes,
+                          vram_reserve_bytes=settings.vram_reserve_bytes,
+                          cluster=settings.cluster,
+                          cluster_workers=settings.cluster_workers,
+                          cluster_placement=settings.cluster_placement)
+
+
 def build_runtime(
     settings: EngineSettings,
     env: Mapping[str, str],
@@ -58,15 +71,7 @@ def build_runtime(
     model_dir = settings.model_dir
     if backend is None:
         ctx = settings.ctx or min(DEFAULT_CTX, _max_positions(model_dir))
-        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, device=settings.device,
-                                 kv_slots=settings.kv_slots, ctx=ctx,
-                                 rss_guard_bytes=settings.rss_guard_bytes,
-                                 read_ahead=settings.read_ahead,
-                                 vram_budget_bytes=settings.vram_budget_bytes,
-                                 vram_reserve_bytes=settings.vram_reserve_bytes,
-                                 cluster=settings.cluster,
-                                 cluster_workers=settings.cluster_workers,
-                                 cluster_placement=settings.cluster_placement)
+        options = backend_options(settings, ctx)
         try:
             backend = open_backend(settings.backend, model_dir, options, log)
         except BackendUnavailable as exc:

@@ -472,3 +472,32 @@ def test_reading_ahead_changes_what_is_read_never_the_bytes(
     assert counters.prefetch_used <= counters.prefetched
     if fixture == "glm5-chat-small":  # trained: the residual stream predicts the routing
         assert counters.prefetch_used > 0
+
+
+@needs_library
+@pytest.mark.usefixtures("no_runtime")
+def test_the_engine_reads_ahead_only_when_read_ahead_asks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``READ_AHEAD`` reaches the backend through the engine's settings: with it, the store
+    reads ahead and the tokens are the plain run's; without it (the default), nothing is read
+    ahead."""
+    cfg = ModelConfig.from_dir(TINY)
+    expert = _held_bytes("accelerated", TINY)
+    budget = (_fixed_bytes("accelerated", TINY, monkeypatch)
+              + 8 * cfg.num_experts_per_tok * expert
+              + len(usage_rows(cfg)) * cfg.n_routed_experts * expert // 4)
+    script = [submit(1, 0, ids(*PROMPT), 6, ext="ids=1")]
+    plain = run_engine(script, model_dir=TINY, backend_name="accelerated")
+    opened: list[Any] = []
+
+    def keep(inner: Backend) -> Backend:
+        opened.append(inner)
+        return inner
+
+    for read_ahead, reads in (("1", True), (None, False)):
+        env = {"RAM_GB": f"{budget / 1e9:.9f}", **({"READ_AHEAD": read_ahead}
+                                                   if read_ahead else {})}
+        run = run_engine(script, model_dir=TINY, backend_name="accelerated", env=env,
+                         wrap=keep)
+        assert _tokens(run) == _tokens(plain)
+        assert (opened[-1].store.counters().prefetched > 0) is reads

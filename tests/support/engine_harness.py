@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from colibri.engine.backend import Backend
-from colibri.engine.main import build_runtime
+from colibri.engine.main import backend_options, build_runtime
 from colibri.engine.mux import MuxEngine
-from colibri.engine.registry import BackendOptions, open_backend
+from colibri.engine.registry import open_backend
 from colibri.engine.runtime import TextTokenizer
 from colibri.engine.settings import from_environment
 from colibri.engine.wire_input import BytesSource, Source
@@ -113,8 +113,7 @@ def run_engine(
     backend: Backend
     if model_dir is not None:
         settings = from_environment(environment, model_dir=model_dir, kv_slots=kv_slots, ctx=ctx)
-        options = BackendOptions(ram_budget_bytes=settings.ram_budget_bytes, kv_slots=kv_slots,
-                                 ctx=ctx)
+        options = backend_options(settings, ctx)
         backend = open_backend(backend_name, model_dir, options, log)
     else:
         settings = from_environment(
