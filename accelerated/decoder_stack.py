@@ -147,9 +147,10 @@ class DecoderStack:
     def _overlapped(k: Kernels, block: LayerBlock, x: F32, h: F32, chosen: I32, weights: F32,
                     pending: Any, clock: PhaseClock) -> None:
         """A routed layer whose misses are being read: its resident experts (and the shared
-        one) run while the reads are in flight, the rest once they arrive, then the weighted
-        sum; the bytes are ``routed_held``'s (every output lands in its place, the sum runs
-        once over all of them)."""
+        one) run while the reads are in flight, each miss as soon as its own read ends (so
+        only the last one's products follow the layer's reads), then the weighted sum; the
+        bytes are ``routed_held``'s (every output lands in its place, the sum runs once over
+        all of them, after the last)."""
         for e, ex in pending.resident():
             block.hold(e, ex)
         m, d = x.shape
@@ -158,10 +159,12 @@ class DecoderStack:
         started = time.perf_counter()  # the expert products only: reads are disk time
         block.experts_held(k, h, chosen, y, done)
         clock.matmul_s += time.perf_counter() - started
-        for e, ex in pending.wait():
+        for e, ex in pending.arrivals():  # each miss as soon as its read ends
             block.hold(e, ex)
+            started = time.perf_counter()
+            block.experts_held(k, h, chosen, y, done)
+            clock.matmul_s += time.perf_counter() - started
         started = time.perf_counter()
-        block.experts_held(k, h, chosen, y, done)
         block.combine(k, x, chosen, weights, y, done)
         clock.matmul_s += time.perf_counter() - started
 

@@ -13,8 +13,8 @@ same float32 values as the mapped one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, as_completed, wait
 from dataclasses import replace
 
 import numpy as np
@@ -82,9 +82,9 @@ class PendingExperts:
 
     def __init__(self, store: TieredExpertStore, ids: list[int],
                  found: list[ExpertWeights | None], missing: list[int], keys: list[Key],
-                 wait: Callable[[], list[ExpertWeights]] | None) -> None:
+                 reads: _Reads | None) -> None:
         self._store, self._ids, self._found = store, ids, found
-        self._missing, self._keys, self._wait = missing, keys, wait
+        self._missing, self._keys, self._reads = missing, keys, reads
 
     def resident(self) -> list[tuple[int, ExpertWeights]]:
         """(expert, weights) of the experts that were resident, in lookup order."""
@@ -92,28 +92,77 @@ class PendingExperts:
 
     @property
     def waiting(self) -> bool:
-        return self._wait is not None
+        return self._reads is not None
 
-    def wait(self) -> list[tuple[int, ExpertWeights]]:
-        """(expert, weights) of the misses, once read (in lookup order); the LRU then holds
-        them where their reservations stood. A failed read leaves nothing behind."""
-        if self._wait is None:
-            return []
-        wait, self._wait = self._wait, None
+    def arrivals(self) -> Iterator[tuple[int, ExpertWeights]]:
+        """(expert, weights) of the misses one at a time, in the order their reads end, so
+        the caller computes each while the others are still being read; the LRU holds them
+        where their reservations stood once every read has ended. A failed read (or a caller
+        that stops early) lets every read end and leaves nothing of the layer's misses
+        behind: an expert given before the failure must not be used past it."""
+        if self._reads is None:
+            return
+        reads, self._reads = self._reads, None
         try:
-            weights = wait()
+            for i in reads.in_order_of_arrival():
+                weights = reads.futures[i].result()
+                self._found[self._missing[i]] = weights
+                yield self._ids[self._missing[i]], weights
+            reads.book()
         except BaseException:
+            reads.end_all()
             self._store._unreserve(self._keys)
             raise
-        self._store._settle(self._keys, weights)
-        for i, w in zip(self._missing, weights, strict=True):
-            self._found[i] = w
-        return [(self._ids[i], w) for i, w in zip(self._missing, weights, strict=True)]
+        self._store._settle(self._keys, [f.result() for f in reads.futures])
+
+    def wait(self) -> list[tuple[int, ExpertWeights]]:
+        """(expert, weights) of the misses, once all are read (in lookup order)."""
+        for _ in self.arrivals():
+            pass
+        return [(self._ids[i], self._found[i]) for i in self._missing  # type: ignore[misc]
+                if self._found[i] is not None]
 
     def all(self) -> list[ExpertWeights]:
         """Every expert, in lookup order (waiting for the misses)."""
         self.wait()
         return [w for w in self._found if w is not None]
+
+
+class _Reads:
+    """A layer's misses in flight: one future per key, and the disk time and bytes to book
+    once they have all been read."""
+
+    def __init__(self, store: TieredExpertStore, futures: list[Future[ExpertWeights]],
+                 fresh: list[Key]) -> None:
+        self.futures, self._store, self._fresh = futures, store, fresh
+        self._started = time.perf_counter()
+
+    def in_order_of_arrival(self) -> Iterator[int]:
+        """The futures' indices as each ends (already ended ones first, in key order)."""
+        index = {id(f): i for i, f in enumerate(self.futures)}
+        running = []
+        for i, future in enumerate(self.futures):
+            if future.done():
+                yield i
+            else:
+                running.append(future)
+        for future in as_completed(running):
+            yield index[id(future)]
+
+    def results(self) -> list[ExpertWeights]:
+        """Every expert in key order, the time and bytes booked (``gather``'s failure rule)."""
+        weights = gather(self.futures)
+        self.book()
+        return weights
+
+    def end_all(self) -> None:
+        """Wait until no read is in flight (no read outlives a failed layer)."""
+        wait(self.futures)
+
+    def book(self) -> None:
+        counters = self._store._counters
+        counters.disk_seconds += time.perf_counter() - self._started
+        counters.disk_bytes += sum(self._store.stored_bytes(key) for key in self._fresh)
 
 
 class _Reserved:
@@ -235,32 +284,24 @@ class TieredExpertStore:
             # A wrong guess: a read still queued never starts, one running is let go.
             self._ahead.pop(key).cancel()
         keys = [(layer, ids[i]) for i in missing]
-        wait = None
+        reads = None
         if keys:
             try:
-                wait = self._start(keys, ahead)
+                reads = self._start(keys, ahead)
             except BaseException:
                 self._unreserve(keys)
                 raise
-        return PendingExperts(self, list(ids), found, missing, keys, wait)
+        return PendingExperts(self, list(ids), found, missing, keys, reads)
 
     def _start(self, keys: Sequence[Key], ahead: dict[Key, Future[ExpertWeights]] | None = None
-               ) -> Callable[[], list[ExpertWeights]]:
+               ) -> _Reads:
         """Start the reads of ``keys`` (the disk tier) but those already read ahead; the
-        returned wait gives the experts and books the disk time (from now) and bytes."""
+        disk time is booked from now."""
         ahead = ahead or {}
-        started = time.perf_counter()
         fresh = [key for key in keys if key not in ahead]
         submitted = iter(self.read_submit(fresh) if fresh else [])
         futures = [ahead[key] if key in ahead else next(submitted) for key in keys]
-
-        def done() -> list[ExpertWeights]:
-            weights = gather(futures)
-            self._counters.disk_seconds += time.perf_counter() - started
-            self._counters.disk_bytes += sum(self.stored_bytes(key) for key in fresh)
-            return weights
-
-        return done
+        return _Reads(self, futures, fresh)
 
     def prefetch(self, layer: int, ids: Iterable[int]) -> int:
         """Start reading layer ``layer``'s experts ``ids`` before its routing asks for them (a
@@ -342,7 +383,7 @@ class TieredExpertStore:
         """Bring an expert from the container (the disk tier) into RAM (the read ahead of it,
         if there is one)."""
         ahead = self._ahead.pop(key, None)
-        return self._start([key], {key: ahead} if ahead is not None else None)()[0]
+        return self._start([key], {key: ahead} if ahead is not None else None).results()[0]
 
     def stored_bytes(self, key: Key) -> int:
         """The expert's bytes in the container (what TIERS and the disk counters count)."""

@@ -14,6 +14,11 @@ experts, uniform and skewed routing) and each engine, the section measures:
 - on skewed routing at each cap, the same run with experts pinned from a ``.coli_usage``
   recorded on 8 other prompts (``PIN``, half the expert cache, as AUTOPIN would): the
   hit-rate gain pins buy over LRU alone;
+- on skewed routing at cap 1/4 (accelerated engine), ``CONVERSATIONS`` conversations decoded
+  together, one row each per step, as a server with that many users decodes them: LRU alone
+  and with the same pins. One conversation's routing is strongly correlated from token to
+  token, which an LRU keeps; several conversations share the cache and dilute that
+  locality, which is where a ranking from a usage history pays;
 - at cap 1/4 (accelerated engine): the same run reading the next layer's likely experts
   ahead (``READ_AHEAD=1``: its speed over LRU alone and the share of the experts read ahead
   that a layer then asked for), and the run bounded by ``RAM_GB`` alone, without the cgroup:
@@ -55,6 +60,9 @@ RAM_GB_ONLY = "ram_gb_only"
 TOKENS = {"accelerated": 24, "reference": 4, "llama_cpp": 24}
 PROMPT_TOKENS = 16
 MEASURED_PROMPT, USAGE_PROMPT = 1, 99
+#: Conversations decoded together in the shared-cache runs (prompt seeds from
+#: MEASURED_PROMPT on: none of them among the usage history's).
+CONVERSATIONS = 4
 #: Prompts the usage history is recorded on (none of them the measured one): 8 prompts of
 #: 24 tokens give each layer about 1,500 selections to rank 96 experts by.
 USAGE_PROMPTS = 8
@@ -163,32 +171,39 @@ def run_section(setup: Setup) -> dict[str, Any]:
             base = {"model": str(model), "backend": engine, "tokens": tokens[engine],
                     "prompt_tokens": PROMPT_TOKENS, "prompt_seed": MEASURED_PROMPT}
             _warm(model)
-            in_ram = _worker(DECODE, base, None)
+            in_ram = {1: _worker(DECODE, base, None)}
             if engine == setup.engines[0]:  # the history pins and predictions come from
                 _worker(DECODE, {**base, "prompt_seed": USAGE_PROMPT,
                                  "record_usage": str(usage),
                                  "record_prompts": USAGE_PROMPTS}, None)
-            step_s = in_ram["decode_s"] / tokens[engine] if "decode_s" in in_ram else None
+            shared = routing == "skewed" and engine == "accelerated" and usage.is_file()
+            if shared and QUARTER in limits:
+                in_ram[CONVERSATIONS] = _worker(DECODE, {**base, "conversations": CONVERSATIONS},
+                                                None)
             doc["runs"].append({"routing": routing, "engine": engine, "cap": "in RAM",
-                                **_summary(in_ram)})
+                                **_summary(in_ram[1])})
             for fraction, limit in limits.items():
+                pins = {"pin": str(usage), "pin_gb": 0.5 * fraction * size.experts / 1e9}
                 variants: list[tuple[str, dict[str, Any]]] = [("lru", {})]
                 if routing == "skewed" and usage.is_file():
                     # Half the expert cache, as AUTOPIN shares it out.
-                    variants.append(("pinned", {"pin": str(usage),
-                                                "pin_gb": 0.5 * fraction * size.experts / 1e9}))
+                    variants.append(("pinned", pins))
                 if fraction == QUARTER and engine == "accelerated":
                     variants.append(("read_ahead", {"read_ahead": 1}))
                     if cgroup_version:
                         variants.append((RAM_GB_ONLY, {}))
+                    if shared:
+                        many = {"conversations": CONVERSATIONS}
+                        variants += [("lru", many), ("pinned", {**pins, **many})]
                 for policy, extra in variants:
                     measured = _capped(DECODE, {**base, "ram_gb": limit / 1e9, **extra},
                                        limit, None if policy == RAM_GB_ONLY else cgroup_version)
                     row = _capped_row(routing, engine, policy, fraction, limit, measured,
-                                      in_ram, step_s, bandwidth, size.per_token)
-                    if step_s and bandwidth:
+                                      in_ram[extra.get("conversations", 1)], bandwidth,
+                                      size.per_token)
+                    if in_ram[1].get("step_s") and bandwidth:
                         row["predicted"] = _prediction(model, usage, fraction, size, bandwidth,
-                                                       step_s)
+                                                       in_ram[1]["step_s"])
                     doc["runs"].append(row)
         if setup.gguf and routing in setup.gguf and setup.peer_python:
             for fraction, limit in limits.items():
@@ -207,12 +222,17 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("tok_s", "read_bytes_per_token", "hit_rate", "peak_cgroup_bytes", "oom_kills",
             "peak_rss_bytes", "page_cache_bytes", "mapped_model_rss_bytes", "pinned",
             "prefetched", "prefetch_used", "error")
-    return {k: result[k] for k in keys if k in result}
+    out = {k: result[k] for k in keys if k in result}
+    if result.get("conversations", 1) > 1:
+        out["conversations"] = result["conversations"]
+    return out
 
 
 def _capped_row(routing: str, engine: str, policy: str, fraction: float, limit: int,
-                measured: dict[str, Any], in_ram: dict[str, Any], step_s: float | None,
-                bandwidth: float | None, per_token: int) -> dict[str, Any]:
+                measured: dict[str, Any], in_ram: dict[str, Any], bandwidth: float | None,
+                per_token: int) -> dict[str, Any]:
+    """A capped run's row; ``in_ram`` is the same engine's in-RAM run with as many
+    conversations (its tokens for sameness, its step time for the bound)."""
     row: dict[str, Any] = {"routing": routing, "engine": engine, "policy": policy,
                            "cap_fraction": fraction, "cap_bytes": limit, **_summary(measured)}
     if "tokens" in measured and "tokens" in in_ram:
@@ -227,9 +247,12 @@ def _capped_row(routing: str, engine: str, policy: str, fraction: float, limit: 
         row["rss_plus_page_cache_within_budget"] = footprint <= limit
     if measured.get("prefetched"):
         row["read_ahead_useful_share"] = measured["prefetch_used"] / measured["prefetched"]
+    step_s = in_ram.get("step_s")
     if bandwidth and step_s and "read_bytes_per_token" in measured:
-        read_s = measured["read_bytes_per_token"] / (bandwidth * 1e9)
-        bound = 1.0 / max(read_s, step_s)
+        # Per step: each conversation's token reads its share of the step's bytes.
+        rows = measured.get("conversations", 1)
+        read_s = rows * measured["read_bytes_per_token"] / (bandwidth * 1e9)
+        bound = rows / max(read_s, step_s)
         row["bound_tok_s"] = bound
         row["ratio_to_bound"] = measured["tok_s"] / bound
     return row
@@ -255,7 +278,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The figures the targets name: ratio to the bound at cap 1/4, the pins' hit-rate gain,
     the speed over llama.cpp, sameness and the peak within the cap."""
     out: dict[str, Any] = {}
-    by = {(r["routing"], r["engine"], r.get("policy"), r.get("cap_fraction")): r for r in runs}
+    by = {(r["routing"], r["engine"], r.get("policy"), r.get("cap_fraction")): r for r in runs
+          if r.get("conversations", 1) == 1}
+    shared = {r.get("policy"): r for r in runs if r.get("conversations", 1) > 1
+              and r.get("cap_fraction") == QUARTER and r["engine"] == "accelerated"}
     for routing in ("uniform", "skewed"):
         ours = by.get((routing, "accelerated", "lru", QUARTER), {})
         peer = by.get((routing, "llama_cpp", "mmap", QUARTER), {})
@@ -269,6 +295,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if ahead.get("tok_s") and ours.get("tok_s"):
             entry["read_ahead_speed_over_lru_at_quarter"] = ahead["tok_s"] / ours["tok_s"]
             entry["read_ahead_useful_share"] = ahead.get("read_ahead_useful_share")
+        if routing == "skewed" and shared.get("lru", {}).get("hit_rate") is not None \
+                and shared.get("pinned", {}).get("hit_rate") is not None:
+            entry["conversations_together"] = shared["lru"]["conversations"]
+            entry["pin_hit_gain_points_at_quarter_conversations_together"] = \
+                100 * (shared["pinned"]["hit_rate"] - shared["lru"]["hit_rate"])
         alone = by.get((routing, "accelerated", RAM_GB_ONLY, QUARTER), {})
         if "rss_plus_page_cache_within_budget" in alone:
             entry["ram_gb_alone_within_budget_at_quarter"] = \

@@ -16,8 +16,17 @@ from support.accelerated_support import needs_library
 
 from colibri import resources
 from colibri.benchmarks import memory_cgroup
-from colibri.benchmarks.out_of_core import Setup, run_section, summarize
+from colibri.benchmarks.out_of_core import (
+    CONVERSATIONS,
+    MEASURED_PROMPT,
+    USAGE_PROMPT,
+    USAGE_PROMPTS,
+    Setup,
+    run_section,
+    summarize,
+)
 from colibri.benchmarks.out_of_core_model import SKEW, skewed_bias
+from colibri.benchmarks.out_of_core_worker import conversation_seeds
 from colibri.plan import predict_decode, usage_hit_rate
 
 TINY = resources.fixture_model_dir("glm5-tiny")
@@ -57,11 +66,19 @@ def test_the_summary_names_the_targets_figures() -> None:
          "tok_s": 20.0, "hit_rate": 0.70, "same_tokens_as_in_ram": True},
         {"routing": "skewed", "engine": "accelerated", "policy": "pinned", "cap_fraction": 0.25,
          "tok_s": 24.0, "hit_rate": 0.85, "same_tokens_as_in_ram": False},
+        {"routing": "skewed", "engine": "accelerated", "policy": "lru", "cap_fraction": 0.25,
+         "conversations": 4, "tok_s": 30.0, "hit_rate": 0.50, "same_tokens_as_in_ram": True},
+        {"routing": "skewed", "engine": "accelerated", "policy": "pinned", "cap_fraction": 0.25,
+         "conversations": 4, "tok_s": 40.0, "hit_rate": 0.72, "same_tokens_as_in_ram": True},
     ]
     summary = summarize(runs)
     assert summary["uniform"]["speed_over_llama_cpp_at_quarter"] == pytest.approx(4.0)
     assert summary["uniform"]["ratio_to_bound_at_quarter"] == 0.93
     assert summary["skewed"]["pin_hit_gain_points_at_quarter"] == pytest.approx(15.0)
+    # The conversations decoded together are their own figure, not the one conversation's.
+    assert summary["skewed"]["conversations_together"] == 4
+    assert summary["skewed"]["pin_hit_gain_points_at_quarter_conversations_together"] == \
+        pytest.approx(22.0)
     assert summary["all_same_tokens"] is False  # one run differs: the summary says so
     assert summary["all_within_cap"] is True
 
@@ -103,9 +120,11 @@ def test_the_section_end_to_end_on_a_small_model(tmp_path: Path) -> None:
     capped = [r for r in doc["runs"] if r.get("cap_fraction") == 0.25]
     cgroup = memory_cgroup.available()[0] is not None
     alone = {(routing, "ram_gb_only") for routing in models} if cgroup else set()
-    assert {(r["routing"], r["policy"]) for r in capped} == {
-        ("uniform", "lru"), ("skewed", "lru"), ("skewed", "pinned"),
-        ("uniform", "read_ahead"), ("skewed", "read_ahead"), *alone}
+    assert {(r["routing"], r["policy"], r.get("conversations", 1)) for r in capped} == {
+        ("uniform", "lru", 1), ("skewed", "lru", 1), ("skewed", "pinned", 1),
+        ("uniform", "read_ahead", 1), ("skewed", "read_ahead", 1),
+        ("skewed", "lru", CONVERSATIONS), ("skewed", "pinned", CONVERSATIONS),
+        *((routing, policy, 1) for routing, policy in alone)}
     for row in capped:
         assert row["same_tokens_as_in_ram"] is True
         assert row["tok_s"] > 0 and 0.0 <= row["hit_rate"] <= 1.0
@@ -118,6 +137,16 @@ def test_the_section_end_to_end_on_a_small_model(tmp_path: Path) -> None:
             assert row["rss_plus_page_cache_within_budget"] is True
         elif cgroup and os.geteuid() == 0:
             assert row["peak_within_cap"] is True and row["oom_kills"] == 0
-    pinned = next(r for r in capped if r["policy"] == "pinned")
-    assert pinned["pinned"] > 0
+    pinned = [r for r in capped if r["policy"] == "pinned"]
+    assert all(r["pinned"] > 0 for r in pinned)
+    assert "pin_hit_gain_points_at_quarter_conversations_together" in doc["summary"]["skewed"]
     assert doc["summary"]["all_same_tokens"] is True
+
+
+def test_the_measured_conversations_share_no_prompt_with_the_usage_history() -> None:
+    """Pins are ranked on other prompts than the ones they are measured on: the measured
+    conversations' seeds and the usage history's are disjoint sets."""
+    measured = set(conversation_seeds(MEASURED_PROMPT, CONVERSATIONS))
+    history = set(range(USAGE_PROMPT, USAGE_PROMPT + USAGE_PROMPTS))
+    assert len(measured) == CONVERSATIONS and len(history) == USAGE_PROMPTS
+    assert measured.isdisjoint(history)

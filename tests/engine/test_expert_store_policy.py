@@ -3,7 +3,8 @@ the same lookups one at a time, one true LRU per layer, colibri's RSS guard and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -119,3 +120,72 @@ def test_autopin_pins_the_hottest_experts_once_the_history_is_long_enough(
         assert first_tiers[2] == str(every)  # resident before the first request
     else:
         assert "AUTOPIN" not in run.stderr and first_tiers[2] == "0"
+
+
+class _HeldReads:
+    """A disk tier whose reads end when the test says so (``finish``), in any order."""
+
+    def __init__(self) -> None:
+        self.futures: dict[tuple[int, int], Future[ExpertWeights]] = {}
+
+    def submit(self, keys: Sequence[tuple[int, int]]) -> list[Future[ExpertWeights]]:
+        for key in keys:
+            self.futures[key] = Future()
+        return [self.futures[key] for key in keys]
+
+    def finish(self, layer: int, e: int, error: Exception | None = None) -> None:
+        future = self.futures[(layer, e)]
+        if error is None:
+            future.set_result(_weights(layer, e))
+        else:
+            future.set_exception(error)
+
+
+def _misses_in_flight(disk: _HeldReads, experts: list[int]
+                      ) -> tuple[TieredExpertStore, Iterator[tuple[int, ExpertWeights]]]:
+    """A store with room for 8 experts whose first routed layer asked for ``experts``, none
+    resident: the store, and the misses as their reads end."""
+    store = TieredExpertStore(_weights, CFG, ROWS, 8 * EXPERT, lambda _l, _e: EXPERT,
+                              read_submit=disk.submit)
+    return store, store.experts_begin(ROWS[0], experts).arrivals()
+
+
+def test_a_layers_misses_are_handed_over_as_their_reads_end_and_cached_once_all_have() -> None:
+    disk, layer = _HeldReads(), ROWS[0]
+    store, arrivals = _misses_in_flight(disk, [1, 2, 3])
+    disk.finish(layer, 3)  # the last asked for is read first
+    assert next(arrivals)[0] == 3
+    assert not store.is_resident(layer, 3)  # cached only once the layer's reads have all ended
+    disk.finish(layer, 1)
+    disk.finish(layer, 2)
+    assert sorted(e for e, _ in arrivals) == [1, 2]
+    assert all(store.is_resident(layer, e) for e in (1, 2, 3))
+    assert store.counters().disk_bytes == 3 * EXPERT
+
+
+def test_a_failed_read_after_an_arrival_leaves_none_of_the_layers_misses() -> None:
+    disk, layer = _HeldReads(), ROWS[0]
+    store, arrivals = _misses_in_flight(disk, [1, 2, 3])
+    disk.finish(layer, 2)
+    assert next(arrivals)[0] == 2
+    disk.finish(layer, 1, OSError(5, "Input/output error"))
+    disk.finish(layer, 3)
+    with pytest.raises(OSError):
+        list(arrivals)
+    assert not any(store.is_resident(layer, e) for e in (1, 2, 3))
+    assert store.counters().disk_bytes == 0
+    assert store.trim(1 << 40) == 0
+    # The next lookup reads them again (nothing of the failed layer is trusted).
+    again = store.experts_begin(layer, [2])
+    assert again.waiting
+
+
+def test_a_caller_that_stops_early_leaves_none_of_the_layers_misses() -> None:
+    disk, layer = _HeldReads(), ROWS[0]
+    store, arrivals = _misses_in_flight(disk, [4, 5])
+    disk.finish(layer, 4)
+    next(arrivals)
+    disk.finish(layer, 5)
+    arrivals.close()  # the layer's compute failed: its reads are not kept
+    assert not store.is_resident(layer, 4) and not store.is_resident(layer, 5)
+    assert store.trim(1 << 40) == 0  # and no reservation still holds their bytes
