@@ -41,6 +41,7 @@ from colibri.reference.quant.safetensors_file import (
     SafetensorsDir,
     write_safetensors,
 )
+from colibri.reference.safetensors import text_model_name
 from colibri.reference.tensors import F32
 
 #: ``--experts`` / ``--dense`` choices -> (format, group size).
@@ -69,6 +70,7 @@ COPIED_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
+    "tiktoken.model",  # Kimi's rank-BPE vocabulary
 )
 SCALE_INV_SUFFIX = "_scale_inv"
 DEFAULT_SHARD_BYTES = 4 << 30
@@ -279,8 +281,10 @@ def convert(
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise ConvertError(f"{dst}: output exists and is not empty; refusing to overwrite it")
     source = _Source(src_dir)
-    plan = [(name, shape, nbytes, *_target(name, shape, experts, dense, io))
-            for name, shape, nbytes in source.names()
+    names = list(source.names())
+    wrapped = any(text_model_name(name) != name for name, _, _ in names)
+    plan = [(name, shape, nbytes, *_target(name, shape, experts, dense, io, wrapped))
+            for name, shape, nbytes in names
             if indexer or not is_indexer_tensor(name)]
     decoder_layers = _decoder_layers(src_dir) if layout == "colibri" else 0
     _preflight(plan)
@@ -289,11 +293,15 @@ def convert(
     dst.mkdir(parents=True, exist_ok=True)
     parts: dict[Part, _Shards] = {}
     stamps: dict[str, str] = {}
-    for name, shape, nbytes, fmt, gs in plan:
+    for source_name, shape, nbytes, fmt, gs in plan:
+        # A wrapper's text model is written under its text-model names, the names the
+        # engines and the container's format resolution read.
+        name = text_model_name(source_name)
         if fmt == Fmt.F32:
-            out = {name: _kept(source, name, shape)}
+            out = {name: _kept(source, source_name, shape)}
         else:
-            out = _encode(source, name, shape, fmt, gs)
+            encoded = _encode(source, source_name, shape, fmt, gs)
+            out = {name + key[len(source_name):]: array for key, array in encoded.items()}
             report.quantized += 1
             if _stamp_needed(name, shape, fmt, out) or (
                 layout == "colibri" and fmt == Fmt.FP8_E4M3_B128 and not is_routed_expert(name)
@@ -345,12 +353,19 @@ def _decoder_layers(src: Path) -> int:
 
 
 def _target(name: str, shape: tuple[int, ...], experts: str, dense: str,
-            io: str) -> tuple[Fmt, int]:
-    if name in IO_TENSORS:
+            io: str, wrapped: bool) -> tuple[Fmt, int]:
+    """A tensor's format. In a multimodal wrapper (``wrapped``: Kimi's text model under
+    ``model.language_model.``) the text model's tensors are matched by their text-model names,
+    as the engines read them; the wrapper's own tensors (a vision tower, a projector), which
+    no engine here reads, stay unquantized."""
+    text = text_model_name(name)
+    if text in IO_TENSORS:
         return SCHEMES[io]
-    if is_routed_expert(name):
+    if wrapped and text == name:
+        return Fmt.F32, 0
+    if is_routed_expert(text):
         return SCHEMES[experts]
-    if is_dense_linear(name, shape):
+    if is_dense_linear(text, shape):
         return SCHEMES[dense]
     return Fmt.F32, 0
 
