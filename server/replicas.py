@@ -8,10 +8,12 @@ serving. The set answers what the HTTP side asks of one supervisor (state, telem
 (:class:`ReplicaLayout`), and :meth:`ReplicaSet.submit` hands it to the replica that owns the
 slot with the replica's own slot number.
 
-The engines are plain child processes of the gateway, not Ray actors: a Ray actor in the token
-path costs a remote call per relayed frame, which the measurement in spec/DEVIATIONS.md
+The engines are child processes of the gateway, not Ray actors: a Ray actor in the token path
+costs a remote call per relayed frame, which the measurement in spec/DEVIATIONS.md
 ("Replicas") found larger than a decode step of a small model, while restart-on-death is what
-the supervisor already does (docs/cluster.md).
+the supervisor already does (docs/cluster.md). On a Ray cluster (``--replica-cluster``) each
+child is a relay to an engine on another node (``remote_replica``), which keeps Ray out of
+the token path too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from colibri.server.engine_client import EngineProcess, Event, Telemetry
+from colibri.server.remote_replica import REPLICA_INDEX
 from colibri.server.replica_layout import ReplicaLayout
 from colibri.server.supervisor import EngineSupervisor
 
@@ -33,9 +36,10 @@ REPLICA_STATE_DIR = "replica-{index}"
 
 
 def replica_env(env: Mapping[str, str], index: int) -> dict[str, str]:
-    """Replica ``index``'s engine environment: ``env`` with ``COLI_STATE_DIR`` (when set) made
-    the replica's own subfolder."""
+    """Replica ``index``'s engine environment: ``env`` with its index (``COLI_REPLICA_INDEX``)
+    and ``COLI_STATE_DIR`` (when set) made the replica's own subfolder."""
     own = dict(env)
+    own[REPLICA_INDEX] = str(index)  # which node a replica on a Ray cluster goes to
     state_dir = own.get("COLI_STATE_DIR")
     if state_dir:
         own["COLI_STATE_DIR"] = os.path.join(state_dir, REPLICA_STATE_DIR.format(index=index))

@@ -9,6 +9,9 @@ Three figures, side by side:
   own client thread, each new turn carrying the whole history) with 1 and 2 replicas:
   aggregate completion tokens per second, and the prefix-affinity hit rate of the follow-up
   turns (``/health`` ``replicas.affinity``);
+* the same two replicas with their engines on the two nodes of a simulated Ray cluster
+  (``ray.cluster_utils.Cluster``; ``--replica-cluster``, frames over one TCP connection per
+  engine): what placing replicas through Ray adds, on one machine;
 * what a Ray actor in the token path would cost: the median round trip of a no-op actor call
   on a local Ray, next to a decode step of the same engine (spec/DEVIATIONS.md "Replicas"
   explains why the replicas are child processes of the gateway and not Ray actors or Ray
@@ -115,6 +118,27 @@ def _measure_serving(argv: list[str], env: dict[str, str], replicas: int, *, tok
     return out
 
 
+def _on_ray_nodes(argv: list[str], env: dict[str, str], shape: dict[str, int]
+                  ) -> dict[str, Any]:
+    """Two replicas whose engines run on the two nodes of a simulated Ray cluster."""
+    try:
+        import ray.cluster_utils
+    except ImportError:
+        return {"skipped": "ray is not installed (pip install 'colibri[cluster]')"}
+    from colibri.server.remote_replica import remote_replica_argv
+
+    utils: Any = ray.cluster_utils  # (Ray ships no type stubs)
+    cluster = utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 80 * 1024 * 1024, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024)
+        relayed = remote_replica_argv(f"ray:{cluster.address}", argv)
+        measured = _measure_serving(relayed, env, 2, **shape)
+    finally:
+        cluster.shutdown()
+    return {"nodes": 2, **measured}
+
+
 def _ray_actor_round_trip(calls: int) -> dict[str, Any]:
     """Median seconds of a no-op Ray actor call on a local Ray started for this probe."""
     try:
@@ -163,12 +187,14 @@ def run(options: BenchOptions) -> dict[str, Any]:
                "SERVE_BATCH": "1", "NGEN": str(tokens), "KV_SLOTS": "1"}
         one = _measure_serving(argv, env, 1, **shape)
         two = _measure_serving(argv, env, 2, **shape)
+        on_nodes = _on_ray_nodes(argv, env, shape)
     decode_step_ms = 1000 * one["workload_s"] / max(one["completion_tokens"], 1)
     return {"model": str(Path(model)), **shape, "one_replica": one, "two_replicas": two,
             "ttft_ratio_two_over_one": round(two["ttft_ms_median"] / one["ttft_ms_median"], 3),
             "throughput_ratio_two_over_one": round(
                 two["aggregate_tok_s"] / one["aggregate_tok_s"], 3),
             "one_replica_ms_per_token": round(decode_step_ms, 3),
+            "two_replicas_on_ray_nodes": on_nodes,
             "ray_actor_call": _ray_actor_round_trip(200)}
 
 

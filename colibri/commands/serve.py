@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--kv-slots slots; a conversation's turns go to the replica "
                              "holding its KV prefix, and --max-queue is shared (env "
                              "COLI_REPLICAS; default: 1)")
+    parser.add_argument("--replica-cluster", default=os.environ.get("COLI_REPLICA_CLUSTER"),
+                        metavar="ray[:ADDRESS]",
+                        help="run the replicas' engines on the nodes of this running Ray "
+                             "cluster (replica i on the i-th alive node) instead of as child "
+                             "processes here; every node needs the model and colibri at the "
+                             "same paths (env COLI_REPLICA_CLUSTER; default: here)")
     parser.add_argument("--ctx", type=int, default=None, metavar="TOKENS",
                         help="the engine's context in tokens, prompt and reply together (its "
                              "CTX; default: 4096, or the model's limit where smaller)")
@@ -169,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from colibri.server.chat_family import GLM, ChatFamilyError, family_for_model
     from colibri.server.context import ServerConfig
     from colibri.server.engine_client import EngineStartError
+    from colibri.server.remote_replica import remote_replica_argv
     from colibri.server.runner import (
         ConfigError,
         EngineSpec,
@@ -213,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
     # Tornado's access log: method, path, status and duration only; never a body.
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     model_dir = args.model or str(resources.default_model_dir())
+    if args.replica_cluster:  # the engines start on other nodes, in other folders
+        model_dir = str(Path(model_dir).resolve())
     spec = EngineSpec(model_dir, args.accelerated, args.engine_cmd, args.backend)
     env = engine_env(spec, config)
     ctx = getattr(args, "ctx", None)
@@ -253,8 +262,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"colibri serve: --auto-tier: {exc}", file=sys.stderr)
             return 1
     try:
-        return asyncio.run(serve_forever(config, engine_argv(spec, config.kv_slots),
-                                         env, args.port))
+        argv = engine_argv(spec, config.kv_slots)
+        if args.replica_cluster:
+            argv = remote_replica_argv(args.replica_cluster, argv)
+        return asyncio.run(serve_forever(config, argv, env, args.port))
     except OSError as exc:
         print(f"colibri serve: cannot listen on {args.host}:{args.port}: {exc}",
               file=sys.stderr)

@@ -165,10 +165,10 @@ def test_every_turn_of_a_conversation_has_its_key() -> None:
     assert conversation_slot(first, 1) == 0
 
 
-def test_each_replica_saves_its_kv_in_its_own_folder() -> None:
+def test_each_replica_saves_its_kv_in_its_own_folder_and_knows_its_index() -> None:
     assert replica_env({"COLI_STATE_DIR": "/s", "X": "1"}, 2) == {
-        "COLI_STATE_DIR": os.path.join("/s", "replica-2"), "X": "1"}
-    assert replica_env({"X": "1"}, 0) == {"X": "1"}
+        "COLI_STATE_DIR": os.path.join("/s", "replica-2"), "X": "1", "COLI_REPLICA_INDEX": "2"}
+    assert replica_env({"X": "1"}, 0) == {"X": "1", "COLI_REPLICA_INDEX": "0"}
     with pytest.raises(ValueError, match="--replicas must be at least 1"):
         ReplicaSet(["engine"], {}, 0, 1)
 
