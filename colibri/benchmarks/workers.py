@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import traceback
+import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -87,13 +87,22 @@ def _resolve(function: str) -> Callable[..., dict[str, Any]]:
     except ModuleNotFoundError as exc:
         if exc.name not in ("colibri", "colibri.benchmarks"):
             raise
-        # A peer's interpreter without colibri: the module file beside this one.
-        spec = importlib.util.spec_from_file_location(module_name, HERE / f"{module_name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _load_beside(module_name)
     found: Callable[..., dict[str, Any]] = getattr(module, name)
     return found
+
+
+def _load_beside(module_name: str) -> types.ModuleType:
+    """A module of this folder in a peer's interpreter, which has no colibri: ``colibri`` and
+    ``colibri.benchmarks`` stand in as bare packages over this checkout's folders (their
+    ``__init__`` never runs: it imports what a peer lacks), so the module's own imports of
+    the standard-library-only files beside it (``process_memory``) resolve to those files."""
+    for name, folder in (("colibri", HERE.parent), ("colibri.benchmarks", HERE)):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(folder)]
+            sys.modules[name] = package
+    return importlib.import_module(f"colibri.benchmarks.{module_name}")
 
 
 def main(argv: list[str] | None = None) -> int:
