@@ -11,6 +11,8 @@ experts, uniform and skewed routing) and each engine, the section measures:
   read from storage per token (``/proc/<pid>/io``), the RAM hit rate, the cgroup's peak
   memory and OOM kills, whether the tokens equal the in-RAM run's, and the bound
   ``1 / max(bytes read per token / read bandwidth, the in-RAM step time)`` with the ratio to it;
+  the share of the decode during which reads were in flight and the rate they came in at
+  then (where the time between them goes);
 - on skewed routing at each cap, the same run with experts pinned from a ``.coli_usage``
   recorded on 8 other prompts (``PIN``, half the expert cache, as AUTOPIN would): the
   hit-rate gain pins buy over LRU alone;
@@ -223,6 +225,11 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_bytes", "page_cache_bytes", "mapped_model_rss_bytes", "pinned",
             "prefetched", "prefetch_used", "error")
     out = {k: result[k] for k in keys if k in result}
+    if result.get("disk_s") and result.get("decode_s"):
+        # The share of the decode during which a layer's reads were in flight: 1.0 would be
+        # a disk never idle, which the bound assumes.
+        out["reads_in_flight_share"] = result["disk_s"] / result["decode_s"]
+        out["read_gb_s_while_in_flight"] = result.get("disk_bytes", 0) / result["disk_s"] / 1e9
     if result.get("conversations", 1) > 1:
         out["conversations"] = result["conversations"]
     return out

@@ -129,6 +129,9 @@ def test_the_section_end_to_end_on_a_small_model(tmp_path: Path) -> None:
         assert row["same_tokens_as_in_ram"] is True
         assert row["tok_s"] > 0 and 0.0 <= row["hit_rate"] <= 1.0
         assert "read_bytes_per_token" in row
+        if row["hit_rate"] < 1.0:  # something was read: how busy the disk was, and how fast
+            assert 0.0 < row["reads_in_flight_share"] <= 1.0
+            assert row["read_gb_s_while_in_flight"] > 0
         if doc["read_bandwidth_gb_s"]:
             assert row["bound_tok_s"] > 0 and "tok_s" in row["predicted"]
         if row["policy"] == "ram_gb_only":  # no cgroup: resident + page cache vs the budget
