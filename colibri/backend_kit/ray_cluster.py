@@ -1,4 +1,4 @@
-"""Expert workers as Ray actors: the transport behind ``RemoteExperts`` on a Ray cluster.
+"""Expert workers as Ray actors behind ``RemoteExperts`` on a Ray cluster.
 
 ``--cluster ray`` starts a local Ray on demand (a small object store, no dashboard); ``--cluster
 ray:ADDRESS`` joins an existing cluster (``ray start --head`` on one machine, ``ray start
@@ -8,9 +8,11 @@ already called ``ray.init`` (a test that built a simulated cluster) is used as i
 Placement: one worker per alive node (or ``workers`` of them, dealt round robin over the
 nodes), each an actor that opens the model directory on its own node and loads its share. Ray
 restarts a worker whose process dies (``max_restarts``); the restarted worker reloads its share
-in its constructor. Calls are never retried (``max_task_retries=0``): a call in flight when its
-worker dies fails, the step's requests end with an error, and the next step's calls wait for
-the restarted worker.
+in its constructor. The layer calls do not go through Ray: each worker listens on a direct
+channel (``expert_channel``: one TCP connection from the engine, a request and an answer per
+layer), which Ray's ``serve`` call locates. Calls are never retried: a call in flight when
+its worker dies fails as the connection closes, the step's requests end with an error, and
+the next step's calls wait for the restarted worker and connect to it.
 
 Ray is imported only here and only when a cluster is opened: the engine's start-up without
 ``--cluster`` never loads it. Ray ships no type stubs, so it is held as ``Any`` behind this
@@ -21,14 +23,21 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import numpy as np
-
+from colibri.backend_kit.expert_channel import (
+    ChannelServer,
+    WorkerFailed,
+    no_delay,
+    peer_closed,
+    read_answer,
+    send_request,
+)
 from colibri.backend_kit.expert_worker import ExpertWorker
 from colibri.backend_kit.placement_file import read_placement
 from colibri.backend_kit.remote_experts import (
@@ -90,43 +99,19 @@ def _ray() -> Any:
 
 
 class RayCaller:
-    """``ExpertCaller`` over Ray actors: every call submitted at once, then each answer
-    awaited within what is left of the deadline."""
+    """The expert workers' control through Ray: waiting out a restart (the worker answers
+    ``ready`` once its share is reloaded), their process ids, and their end. The layer calls
+    are ``ChannelCaller``'s."""
 
     def __init__(self, ray: Any, actors: list[Any], names: list[str], started: bool) -> None:
         self.ray = ray
         self.actors = actors
         self.names = names
         self.started = started
-        #: Workers whose last call failed with the worker lost: Ray is restarting them, and a
-        #: call submitted before the restart ends fails at once (ActorUnavailableError), so
-        #: the next call waits for them to be ready first, within its deadline.
+        #: Workers whose last call found them lost: Ray is restarting them, and a call made
+        #: before the restart ends fails at once (ActorUnavailableError), so the next call
+        #: waits for them to be ready first, within its deadline.
         self._restarting: set[int] = set()
-
-    def call(self, calls: Sequence[tuple[int, ExpertCall]], deadline_s: float) -> list[F32]:
-        ray = self.ray
-        until = time.monotonic() + deadline_s
-        for owner in sorted({owner for owner, _ in calls} & self._restarting):
-            self._await_ready(owner, until, f"layer {calls[0][1].layer}")
-        refs = [self.actors[owner].run.remote(c.layer, c.experts, c.x, c.start, c.rows)
-                for owner, c in calls]
-        answers: list[F32] = []
-        for (owner, c), ref in zip(calls, refs, strict=True):
-            name = self.names[owner]
-            try:
-                answer = ray.get(ref, timeout=max(0.0, until - time.monotonic()))
-            except ray.exceptions.GetTimeoutError:
-                raise RemoteExpertError(f"expert worker {name} did not answer layer {c.layer} "
-                                        f"within {deadline_s:g} s") from None
-            except ray.exceptions.RayActorError as exc:
-                self._restarting.add(owner)
-                raise RemoteExpertError(f"expert worker {name} was lost during layer "
-                                        f"{c.layer}: {type(exc).__name__}") from None
-            except ray.exceptions.RayError as exc:
-                raise RemoteExpertError(f"expert worker {name} failed layer {c.layer}: "
-                                        f"{str(exc).strip().splitlines()[-1]}") from None
-            answers.append(np.asarray(answer))
-        return answers
 
     def _await_ready(self, owner: int, until: float, during: str) -> tuple[Any, ...]:
         """Worker ``owner``'s ``ready`` answer once Ray has restarted it (its share reloaded),
@@ -165,6 +150,121 @@ class RayCaller:
         self.actors = []
         if self.started:
             self.ray.shutdown()
+
+
+class ChannelWorker(ExpertWorker):
+    """An expert worker that answers its layer calls over a direct channel
+    (``expert_channel``); Ray places it, restarts it and asks where it listens."""
+
+    _server: ChannelServer | None = None
+
+    def serve(self) -> tuple[str, int]:
+        """(this node's IP, the port of the worker's channel), the channel opened once."""
+        if self._server is None:
+            self._server = ChannelServer(self.run)
+        return str(_ray().util.get_node_ip_address()), self._server.port
+
+
+class ChannelCaller(RayCaller):
+    """``ExpertCaller`` over one direct connection per worker: a layer's requests sent to
+    every owner at once, then each answer read within what is left of the deadline.
+
+    A connection found closed before a layer's request (the worker died between calls) is
+    waited out as a restart; one that breaks while a layer's request is out fails the layer
+    at once, and the worker is treated as restarting: the next call waits for Ray's restart
+    (its share reloaded) and connects to the new process. A connection given up on by the
+    deadline, or left with an answer unread because another owner failed first, is closed
+    and opened again for the next call, so no late answer is ever read as a later layer's."""
+
+    def __init__(self, ray: Any, actors: list[Any], names: list[str], started: bool) -> None:
+        super().__init__(ray, actors, names, started)
+        self._conns: list[socket.socket | None] = [None] * len(actors)
+
+    def _connection(self, owner: int, until: float, during: str) -> socket.socket:
+        conn = self._conns[owner]
+        if conn is not None:
+            return conn
+        name = self.names[owner]
+        try:
+            ip, port = self.ray.get(self.actors[owner].serve.remote(),
+                                    timeout=max(0.0, until - time.monotonic()))
+            conn = socket.create_connection((ip, port), max(0.001, until - time.monotonic()))
+        except self.ray.exceptions.GetTimeoutError:
+            raise RemoteExpertError(f"expert worker {name} did not answer {during} in "
+                                    "time") from None
+        except (self.ray.exceptions.RayError, OSError) as exc:
+            self._restarting.add(owner)
+            raise RemoteExpertError(f"expert worker {name} could not be reached for "
+                                    f"{during}: {type(exc).__name__}") from None
+        no_delay(conn)
+        self._conns[owner] = conn
+        return conn
+
+    def connect(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Open every worker's channel now (at start-up, so a first call meets only the
+        channel)."""
+        until = time.monotonic() + timeout_s
+        for owner in range(len(self.actors)):
+            self._connection(owner, until, "start-up")
+
+    def _drop(self, owner: int) -> None:
+        conn, self._conns[owner] = self._conns[owner], None
+        if conn is not None:
+            conn.close()
+
+    def call(self, calls: Sequence[tuple[int, ExpertCall]], deadline_s: float) -> list[F32]:
+        until = time.monotonic() + deadline_s
+        during = f"layer {calls[0][1].layer}" if calls else "a call"
+        owners = {owner for owner, _ in calls}
+        for owner in owners:
+            conn = self._conns[owner]
+            if conn is not None and peer_closed(conn):  # it died since the last call
+                self._drop(owner)
+                self._restarting.add(owner)
+        for owner in sorted(owners & self._restarting):
+            self._await_ready(owner, until, during)
+        pending = [owner for owner, _ in calls]
+        try:
+            conns = []
+            for owner, c in calls:
+                conn = self._connection(owner, until, during)
+                try:
+                    conn.settimeout(max(0.001, until - time.monotonic()))
+                    send_request(conn, c)
+                except OSError:
+                    raise self._lost(owner, c.layer) from None
+                conns.append(conn)
+            answers: list[F32] = []
+            for (owner, c), conn in zip(calls, conns, strict=True):
+                name = self.names[owner]
+                try:
+                    conn.settimeout(max(0.001, until - time.monotonic()))
+                    answers.append(read_answer(conn))
+                except TimeoutError:
+                    raise RemoteExpertError(f"expert worker {name} did not answer layer "
+                                            f"{c.layer} within {deadline_s:g} s") from None
+                except WorkerFailed as exc:
+                    pending.remove(owner)  # the answer was read: the connection is in step
+                    raise RemoteExpertError(f"expert worker {name} failed layer {c.layer}: "
+                                            f"{exc}") from None
+                except OSError:
+                    raise self._lost(owner, c.layer) from None
+                pending.remove(owner)
+            return answers
+        finally:
+            for owner in pending:  # an answer may still come: never read it as another's
+                self._drop(owner)
+
+    def _lost(self, owner: int, layer: int) -> RemoteExpertError:
+        self._drop(owner)
+        self._restarting.add(owner)
+        return RemoteExpertError(f"expert worker {self.names[owner]} was lost during layer "
+                                 f"{layer}: its connection closed")
+
+    def close(self) -> None:
+        for owner in range(len(self._conns)):
+            self._drop(owner)
+        super().close()
 
 
 def _cluster_errors_to_stderr() -> None:
@@ -242,7 +342,7 @@ def open_ray_experts(spec: ClusterSpec, model_dir: str, factory: str, layers: Se
     per_node: dict[str, int] = {}
     for node in where:
         per_node[str(node["NodeID"])] = per_node.get(str(node["NodeID"]), 0) + 1
-    worker_class = ray.remote(ExpertWorker)
+    worker_class = ray.remote(ChannelWorker)
     actors: list[Any] = []
     names: list[str] = []
     for i, node in enumerate(where):
@@ -258,13 +358,18 @@ def open_ray_experts(spec: ClusterSpec, model_dir: str, factory: str, layers: Se
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=True),
         ).remote(model_dir, factory, placement.owned(i), threads))
         names.append(f"{i} ({node.get('NodeManagerAddress', '?')})")
-    caller = RayCaller(ray, actors, names, started)
+    caller = ChannelCaller(ray, actors, names, started)
     try:
         ready = ray.get([a.ready.remote() for a in actors], timeout=START_TIMEOUT_S)
     except ray.exceptions.RayError as exc:
         caller.close()
         raise ClusterStartError(f"--cluster {spec}: an expert worker did not start: "
                                 f"{str(exc).strip().splitlines()[-1]}") from None
+    try:
+        caller.connect()
+    except RemoteExpertError as exc:
+        caller.close()
+        raise ClusterStartError(f"--cluster {spec}: {exc}") from None
     for name, (pid, held, nbytes) in zip(names, ready, strict=True):
         print(f"== expert worker {name}: pid {pid}, {held} experts, {nbytes / 1e6:.1f} MB ==",
               file=log)

@@ -6,8 +6,9 @@ cluster; a Ray that misbehaves costs only its deadline):
 * ``decode``: glm5-tiny (or ``--model``) decoded at batch 1 by the single process and by the
   clustered engine on a simulated two-node cluster, side by side: tok/s, their ratio, and the
   per-layer round trip (median, p90) the clustered engine measured;
-* ``transport``: the per-layer call alone, plain actor calls against a Ray compiled graph
-  (``cluster_transport.py`` says why the compiled graph runs on one node only).
+* ``transport``: the per-layer call alone: the engine's direct channels, plain actor calls
+  and a Ray compiled graph (``cluster_transport.py`` says why the compiled graph runs on one
+  node only).
 
 Needs Ray (the ``cluster`` extra); without it the section is refused.
 """
@@ -42,7 +43,7 @@ def run(options: BenchOptions) -> dict[str, Any]:
                               "calls": TRANSPORT_CALLS, "warmup": 30},
                              "cluster transport", timeout_s=DEADLINE_S)
     return {"decode": decode, "transport": transport,
-            "transport_used": "plain actor calls (docs/cluster.md, 'Latency')"}
+            "transport_used": "direct channels (docs/cluster.md, 'Latency')"}
 
 
 register(
@@ -50,7 +51,7 @@ register(
         name="cluster",
         engines=("reference", "accelerated"),
         description="expert workers on a simulated 2-node Ray cluster: decode vs single "
-        "process, per-layer round trip, plain calls vs compiled graphs",
+        "process, per-layer round trip, direct channels vs plain calls vs compiled graphs",
         run=run,
     )
 )

@@ -34,8 +34,8 @@ def test_the_transport_measurement_times_plain_calls_and_a_compiled_graph() -> N
                           "cluster transport", timeout_s=300)
     assert "error" not in result, result
     assert result["payload_bytes"] == 64
-    for name in ("plain_two_nodes", "plain_one_node", "compiled_one_node"):
+    for name in ("plain_two_nodes", "plain_one_node", "compiled_one_node", "channel_two_nodes"):
         assert 0 < result[name]["median_us"] <= result[name]["p90_us"], name
     assert result["compiled_one_node"]["compile_s"] > 0
     assert "not_run" in result["compiled_two_nodes"]
-    assert result["compiled_speedup"] > 0
+    assert result["compiled_speedup"] > 0 and result["channel_speedup_two_nodes"] > 0
