@@ -17,15 +17,13 @@ from typing import Any
 
 import pytest
 from colibri.server.remote_replica import NAMESPACE, actor_name, main, remote_replica_argv
-from support.cluster_support import ray_cluster
+from support.cluster_support import ray_cluster  # noqa: F401 (the module's simulated cluster)
 from support.server_harness import interrupt, serve_process
 
 from colibri import resources
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "glm-5.2-colibri"
-
-__all__ = ["ray_cluster"]  # the module's simulated cluster (a pytest fixture)
 
 
 def health(url: str) -> dict[str, Any]:
@@ -36,6 +34,7 @@ def health(url: str) -> dict[str, Any]:
 
 def wait_ready(url: str, replicas: int, limit_s: float = 120.0) -> dict[str, Any]:
     deadline = time.monotonic() + limit_s
+    found: dict[str, Any] = {}
     while True:
         try:
             found = health(url)
@@ -45,7 +44,7 @@ def wait_ready(url: str, replicas: int, limit_s: float = 120.0) -> dict[str, Any
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise AssertionError(f"replicas never all ready: {found if 'found' in dir() else ''}")
+            raise AssertionError(f"replicas never all ready: {found}")
         time.sleep(0.1)
 
 
@@ -66,7 +65,8 @@ def hosts(ray: Any, gateway_pid: int, replicas: int) -> list[Any]:
 
 
 @pytest.fixture()
-def served(ray_cluster: Any, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def served(ray_cluster: Any,  # noqa: F811 (the fixture imported above)
+           tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLI_")}
     env["XDG_STATE_HOME"] = str(tmp_path)
     model = resources.fixture_model_dir("glm5-chat-tiny")
