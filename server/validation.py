@@ -209,12 +209,17 @@ def _response_format(body: JSON) -> bytes:
     return data
 
 
+#: The sampling a request gets when it names none (``COLI_TEMP`` overrides the temperature).
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_P = 0.9
+
+
 def default_temperature() -> float:
     try:
-        value = float(os.environ.get("COLI_TEMP", "0.7"))
+        value = float(os.environ.get("COLI_TEMP", str(DEFAULT_TEMPERATURE)))
     except ValueError:
-        return 0.7
-    return value if math.isfinite(value) and 0 <= value <= 2 else 0.7
+        return DEFAULT_TEMPERATURE
+    return value if math.isfinite(value) and 0 <= value <= 2 else DEFAULT_TEMPERATURE
 
 
 def shaping(body: JSON, server_max_tokens: int) -> Shaping:
@@ -265,7 +270,7 @@ def shaping(body: JSON, server_max_tokens: int) -> Shaping:
         raise bad("`temperature` must be between 0 and 2.", "temperature")
     top_p = body.get("top_p")
     if top_p is None:
-        top_p = 0.9
+        top_p = DEFAULT_TOP_P
     if not _is_number(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
         raise bad("`top_p` must be greater than 0 and at most 1.", "top_p")
     return Shaping(min(max_tokens, server_max_tokens), float(temperature), float(top_p), stop,

@@ -42,12 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from colibri.benchmarks import BenchOptions, Section, register
+from colibri.benchmarks import BenchOptions, Section, first_contact, register
+from colibri.benchmarks.rates import rate
 from colibri.fixtures import chat_small_data as data
 from colibri.resources import default_model_dir
 
 #: Generation tasks scored by exact match (topics of the data mixture).
-TASKS = ("add2", "add3", "sub2", "mul1", "units", "sort", "count", "classify", "tools", "chat")
+TASKS = ("add2", "add3", "sub2", "mul1", "units", "sort", "count", "classify", "tools", "chat",
+         "add1", "mul1d", "sum_after_product", "product_after_sum", "classify_doc", "off_topic")
 #: The card's headline tasks, scored on HEADLINE_EXAMPLES questions each: 2-digit addition and
 #: the closed-set questions (``classify`` is also what System One is scored on).
 HEADLINE = ("add2", "classify")
@@ -60,28 +62,6 @@ LOSS_TOPICS = tuple(data.MIXTURE)
 LOSS_EXAMPLES = 20
 MAX_NEW_TOKENS = 120
 UNIGRAM_FIT_EXAMPLES = 400
-#: Two-sided 95 % normal quantile.
-Z95 = 1.959963984540054
-
-
-def wilson(right: int, total: int, z: float = Z95) -> tuple[float, float] | None:
-    """The Wilson score interval of a binomial rate (None without trials): unlike the normal
-    approximation it stays inside [0, 1] and is not empty at 0 or n successes."""
-    if total == 0:
-        return None
-    p = right / total
-    denom = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denom
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def rate(right: int, total: int) -> dict[str, Any]:
-    interval = wilson(right, total)
-    return {"right": right, "examples": total, "rate": right / total if total else None,
-            "ci95": list(interval) if interval else None}
-
-
 @dataclass
 class Tally:
     """Right and total counts per thinking mode."""
@@ -316,7 +296,8 @@ METHOD = (
 
 
 def evaluate(model_dir: Path, examples: int = DEFAULT_EXAMPLES,
-             headline: int = HEADLINE_EXAMPLES) -> dict[str, Any]:
+             headline: int = HEADLINE_EXAMPLES,
+             first_questions: int = first_contact.ITEMS) -> dict[str, Any]:
     started, cpu_started = time.perf_counter(), time.process_time()
     test, validation = splits(headline, examples)
     ev = Evaluator(model_dir)
@@ -336,6 +317,9 @@ def evaluate(model_dir: Path, examples: int = DEFAULT_EXAMPLES,
         "training_stream": training_stream(),
         "tasks": tasks,
         "system_one": ev.system_one(test["classify"]),
+        "system_one_documents": ev.system_one(test["classify_doc"]),
+        "first_contact": first_contact.measure(first_contact.sampled_reply(
+            ev.model, ev.tokenizer, ev.stops, MAX_NEW_TOKENS), first_questions),
         "validation": validation,
         "mtp_acceptance": accepted / drafts if drafts else None,
         "mtp_drafts": drafts,
@@ -376,8 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headline-examples", type=int, default=HEADLINE_EXAMPLES,
                         help="held-out questions per headline task (" + ", ".join(HEADLINE) + ")")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    parser.add_argument("--first-questions", type=int, default=first_contact.ITEMS,
+                        help="held-out items per kind of first question (first_contact)")
     args = parser.parse_args(argv)
-    result = evaluate(args.model or default_model_dir(), args.examples, args.headline_examples)
+    result = evaluate(args.model or default_model_dir(), args.examples, args.headline_examples,
+                      args.first_questions)
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)
     if args.json is not None:

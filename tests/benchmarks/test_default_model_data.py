@@ -30,11 +30,14 @@ from colibri.benchmarks.default_model import (
     TASKS,
     VALIDATION_EXAMPLES,
     size_of,
-    wilson,
 )
+from colibri.benchmarks.rates import wilson
 from colibri.resources import default_model_dir
 
-CHAT_TASKS = ["add2", "add3", "sub2", "mul1", "units", "sort", "count", "chat"]
+CHAT_TASKS = ["add2", "add3", "sub2", "mul1", "units", "sort", "count", "chat", "add1", "mul1d",
+              "off_topic"]
+#: Topics whose questions are partly reserved: training never draws a reserved one.
+RESERVING = ("add1", "sum_after_product", "product_after_sum", "classify_doc", "off_topic")
 
 
 def sorted_values(fn: dict[str, Any]) -> dict[str, Any]:
@@ -66,11 +69,57 @@ def test_chat_examples_are_the_servers_rendering(topic: str) -> None:
             assert data.as_asked(example, on) == request.prompt
 
 
+@pytest.mark.parametrize("topic", sorted(data.CONVERSATIONS))
+def test_conversations_are_the_servers_rendering_of_their_messages(topic: str) -> None:
+    for example in data.draw(topic, 30, data.HELDOUT_SEED):
+        messages = data.messages_of(example)
+        assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+        assert messages[1]["content"] == example.earlier[0]
+        thinking = example.prompt.endswith("<think>")
+        effort = None
+        if thinking:
+            word = example.prompt.split("Reasoning Effort: ")[1].split("<|user|>")[0]
+            effort = {"Low": "low", "Medium": "medium", "High": "high", "Max": "xhigh"}[word]
+        rendered = render_chat(messages, thinking=thinking, effort=effort, tools=None,
+                               continued=False)
+        assert rendered.prompt == example.prompt
+        for on in (True, False):
+            request = render_chat(messages, thinking=on, effort=None, tools=None,
+                                  continued=False)
+            assert data.as_asked(example, on) == request.prompt
+
+
+@pytest.mark.parametrize("topic", RESERVING)
+def test_training_never_draws_a_reserved_question(topic: str) -> None:
+    generate = data.EXTRA[topic][0]
+    rng = random.Random(5)
+    drawn = [generate(rng) for _ in range(3000)]
+    assert not [k for e in drawn for k in data.turn_keys(e)
+                if data.reservable(k) and data.reserved(k)]
+    # ...while the question space itself has reserved questions for the held-out splits.
+    space = data.draw(topic, 3000, 5)
+    assert any(data.reserved(data.question_key(e)) for e in space)
+    # The replayed stream agrees: no stage trained a reserved question of this topic.
+    trained = data.training_questions().get(topic, frozenset())
+    assert not [k for k in trained if data.reservable(k) and data.reserved(k)]
+
+
+def test_one_digit_sums_held_out_are_asked_nowhere_in_training() -> None:
+    held = [e for e in data.draw("add1", 2000, 9) if data.reserved(data.question_key(e))]
+    assert held
+    train = data.training_keys()  # every turn of every conversation included
+    assert not [e.answer for e in held if data.question_key(e) in train]
+
+
 def test_closed_set_examples_are_system_ones_rendering() -> None:
     examples = data.draw("classify", 60, data.HELDOUT_SEED)
     assert {e.kind for e in examples} == {"category", "sentiment", "parity", "language",
                                           "compare"}
-    for example in examples + list(data.heldout("classify", 60).examples):
+    documents = data.draw("classify_doc", 60, data.HELDOUT_SEED)
+    assert {e.kind for e in documents} == {"document"}
+    assert {e.answer for e in documents} == {"yes", "no"}
+    for example in (examples + list(data.heldout("classify", 60).examples) + documents
+                    + list(data.heldout("classify_doc", 60).examples)):
         assert example.answer in example.options
         decision = Decision(example.state, example.question, list(example.options), "sum")
         assert render(decision) == example.prompt
