@@ -104,6 +104,31 @@ def test_training_never_draws_a_reserved_question(topic: str) -> None:
     assert not [k for k in trained if data.reservable(k) and data.reserved(k)]
 
 
+def test_closed_spaces_are_the_small_ones_the_stages_could_use_up() -> None:
+    def closed(topic: str) -> bool:
+        keys = {k for e in data.draw(topic, 50, 3) for k in data.turn_keys(e)}
+        return all(data.CLOSED_SPACE.match(k) for k in keys)
+
+    assert all(closed(t) for t in ("add2", "sub2", "units", "classify", "tools", "chat"))
+    for topic in ("add1", "add3", "mul1", "mul1d", "classify_doc", "off_topic", "sort", "count"):
+        keys = {k for e in data.draw(topic, 50, 3) for k in data.turn_keys(e)}
+        assert not [k for k in keys if data.CLOSED_SPACE.match(k)], topic
+
+
+def test_a_closing_stream_draws_no_closed_question_earlier_stages_did_not() -> None:
+    before = data.training_keys()
+    extra = tuple((name, 0.1) for name in data.EXTRA)
+    source = data.stream(data.TRAIN_SEED + 7, extra=extra, closed_before=before)
+    drawn = [source() for _ in range(4000)]
+    assert not [k for e in drawn for k in data.turn_keys(e)
+                if data.CLOSED_SPACE.match(k) and k not in before]
+    assert {e.topic for e in drawn} >= {"add2", "classify", "sum_after_product", "add1"}
+    # Without closing, the same stream draws new two-digit sums (what the closing prevents).
+    open_source = data.stream(data.TRAIN_SEED + 7, extra=extra)
+    assert [k for _ in range(4000) for k in data.turn_keys(open_source())
+            if data.CLOSED_SPACE.match(k) and k not in before]
+
+
 def test_one_digit_sums_held_out_are_asked_nowhere_in_training() -> None:
     held = [e for e in data.draw("add1", 2000, 9) if data.reserved(data.question_key(e))]
     assert held
@@ -178,6 +203,7 @@ def test_training_run_lists_each_recorded_stage_recipe() -> None:
         assert recorded["data"]["train_seed"] == data.TRAIN_SEED
         assert recorded["training"].get("topics", "the whole mixture") == "the whole mixture"
         assert recorded["training"]["max_len"] == data.TRAINER_MAX_LEN
+        assert stage.closed == recorded["training"].get("closed_spaces", False)
 
 
 @pytest.mark.slow
