@@ -49,7 +49,8 @@ from colibri.resources import default_model_dir
 
 #: Generation tasks scored by exact match (topics of the data mixture).
 TASKS = ("add2", "add3", "sub2", "mul1", "units", "sort", "count", "classify", "tools", "chat",
-         "add1", "mul1d", "sum_after_product", "product_after_sum", "classify_doc", "off_topic")
+         "add1", "mul1d", "sum_after_product", "product_after_sum", "classify_state",
+         "classify_doc", "off_topic")
 #: The card's headline tasks, scored on HEADLINE_EXAMPLES questions each: 2-digit addition and
 #: the closed-set questions (``classify`` is also what System One is scored on).
 HEADLINE = ("add2", "classify")
@@ -317,7 +318,9 @@ def evaluate(model_dir: Path, examples: int = DEFAULT_EXAMPLES,
         "training_stream": training_stream(),
         "tasks": tasks,
         "system_one": ev.system_one(test["classify"]),
-        "system_one_documents": ev.system_one(test["classify_doc"]),
+        # Yes/no about a short document: the state it gives a thing, and a stated value.
+        "system_one_states": ev.system_one(test["classify_state"]),
+        "system_one_values": ev.system_one(test["classify_doc"]),
         "first_contact": first_contact.measure(first_contact.sampled_reply(
             ev.model, ev.tokenizer, ev.stops, MAX_NEW_TOKENS), first_questions),
         "validation": validation,

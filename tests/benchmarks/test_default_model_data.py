@@ -37,7 +37,8 @@ from colibri.resources import default_model_dir
 CHAT_TASKS = ["add2", "add3", "sub2", "mul1", "units", "sort", "count", "chat", "add1", "mul1d",
               "off_topic"]
 #: Topics whose questions are partly reserved: training never draws a reserved one.
-RESERVING = ("add1", "sum_after_product", "product_after_sum", "classify_doc", "off_topic")
+RESERVING = ("add1", "sum_after_product", "product_after_sum", "classify_doc", "classify_state",
+             "off_topic")
 
 
 def sorted_values(fn: dict[str, Any]) -> dict[str, Any]:
@@ -110,7 +111,8 @@ def test_closed_spaces_are_the_small_ones_the_stages_could_use_up() -> None:
         return all(data.CLOSED_SPACE.match(k) for k in keys)
 
     assert all(closed(t) for t in ("add2", "sub2", "units", "classify", "tools", "chat"))
-    for topic in ("add1", "add3", "mul1", "mul1d", "classify_doc", "off_topic", "sort", "count"):
+    for topic in ("add1", "add3", "mul1", "mul1d", "classify_doc", "classify_state", "off_topic",
+                  "sort", "count"):
         keys = {k for e in data.draw(topic, 50, 3) for k in data.turn_keys(e)}
         assert not [k for k in keys if data.CLOSED_SPACE.match(k)], topic
 
@@ -140,11 +142,13 @@ def test_closed_set_examples_are_system_ones_rendering() -> None:
     examples = data.draw("classify", 60, data.HELDOUT_SEED)
     assert {e.kind for e in examples} == {"category", "sentiment", "parity", "language",
                                           "compare"}
-    documents = data.draw("classify_doc", 60, data.HELDOUT_SEED)
-    assert {e.kind for e in documents} == {"document"}
-    assert {e.answer for e in documents} == {"yes", "no"}
-    for example in (examples + list(data.heldout("classify", 60).examples) + documents
-                    + list(data.heldout("classify_doc", 60).examples)):
+    documents = []
+    for topic, kind in (("classify_doc", "document"), ("classify_state", "state")):
+        drawn = data.draw(topic, 60, data.HELDOUT_SEED)
+        assert {e.kind for e in drawn} == {kind}
+        assert {e.answer for e in drawn} == {"yes", "no"}
+        documents += drawn + list(data.heldout(topic, 60).examples)
+    for example in examples + list(data.heldout("classify", 60).examples) + documents:
         assert example.answer in example.options
         decision = Decision(example.state, example.question, list(example.options), "sum")
         assert render(decision) == example.prompt

@@ -162,11 +162,13 @@ def test_committed_fixture_models_stay_under_24_mb() -> None:
     trained default (~4.5 MiB: 2.2 M bf16 parameters with its MTP head, plus its oracle), came;
     it was raised by that model's size and no more, so a new fixture still has to fit.
     kimi-tiny (~305 KiB) did not fit the ~91 KiB left: Kimi's format alone fixes 256 special
-    ids, so its vocabulary and logits cannot shrink below that; the cap was raised by 320 KiB."""
+    ids, so its vocabulary and logits cannot shrink below that; the cap was raised by 320 KiB.
+    The default model's two first-contact training stages added 256 KiB of recorded loss curve
+    (training.json, train_log.txt), which the replay tests check step by step."""
     from colibri.resources import fixtures_dir
 
     total = sum(p.stat().st_size for p in (fixtures_dir() / "models").rglob("*") if p.is_file())
-    cap = 24 * 1024 * 1024 + 320 * 1024
+    cap = 24 * 1024 * 1024 + 576 * 1024
     assert total < cap, f"fixtures/models holds {total / 2**20:.1f} MiB"
 
 
